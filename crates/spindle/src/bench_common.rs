@@ -1,0 +1,65 @@
+//! Output convention shared by every `spindle bench <what>` command (SYSTEM.md §5):
+//! a human table by default, one JSON object with `--json`.
+
+use serde::Serialize;
+
+/// One measured figure compared with its anchor.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchResult {
+    pub name: String,
+    pub unit: String,
+    pub spindle: f64,
+    /// What the figure is compared to, e.g. "crushtool 16.2.15 --test".
+    pub reference: String,
+    pub reference_value: f64,
+    /// Greater than 1 means Spindle is better.
+    pub ratio: f64,
+}
+
+impl BenchResult {
+    /// Builds a result where a larger value is better (throughput).
+    pub fn higher_is_better(
+        name: impl Into<String>,
+        unit: impl Into<String>,
+        spindle: f64,
+        reference: impl Into<String>,
+        reference_value: f64,
+    ) -> Self {
+        let ratio = if reference_value > 0.0 { spindle / reference_value } else { f64::NAN };
+        BenchResult {
+            name: name.into(),
+            unit: unit.into(),
+            spindle,
+            reference: reference.into(),
+            reference_value,
+            ratio,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct BenchReport<'a> {
+    bench: &'a str,
+    results: &'a [BenchResult],
+}
+
+/// Prints the results as a table, or as the JSON object of the convention.
+pub fn print_report(bench: &str, results: &[BenchResult], json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(&BenchReport { bench, results })?);
+        return Ok(());
+    }
+    let name_width = results.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+    let ref_width = results.iter().map(|r| r.reference.len()).max().unwrap_or(9).max(9);
+    println!(
+        "{:<name_width$}  {:>14}  {:<ref_width$}  {:>14}  {:>7}  unit",
+        "name", "spindle", "reference", "ref value", "ratio"
+    );
+    for r in results {
+        println!(
+            "{:<name_width$}  {:>14.3}  {:<ref_width$}  {:>14.3}  {:>7.2}  {}",
+            r.name, r.spindle, r.reference, r.reference_value, r.ratio, r.unit
+        );
+    }
+    Ok(())
+}

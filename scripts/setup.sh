@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what Spindle's build, tests and benchmarks need on a fresh Debian 12 machine.
+# Idempotent: does nothing when everything is present. Needs root (or sudo) to install.
+set -euo pipefail
+
+# Debian packages and a file each one provides (checked before installing).
+declare -A PACKAGES=(
+  [ceph-base]=/usr/bin/crushtool        # CRUSH oracle for tests and the CRUSH benchmark
+  [libisal2]=/usr/lib/x86_64-linux-gnu/libisal.so.2   # ISA-L, the EC benchmark's anchor
+)
+
+missing=()
+for pkg in "${!PACKAGES[@]}"; do
+  if [ "$pkg" = libisal2 ] && [ "$(uname -m)" != x86_64 ]; then
+    continue
+  fi
+  [ -e "${PACKAGES[$pkg]}" ] || missing+=("$pkg")
+done
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo (Rust toolchain) not found; install Rust first (rustup or Debian's cargo)" >&2
+  exit 1
+fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  if [ "$(id -u)" -eq 0 ]; then
+    SUDO=""
+  elif command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+  else
+    echo "setup: need root to install ${missing[*]} (run as root or install them yourself)" >&2
+    exit 1
+  fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  for pkg in "${missing[@]}"; do
+    if [ ! -e "${PACKAGES[$pkg]}" ]; then
+      echo "setup: $pkg installed but ${PACKAGES[$pkg]} is still missing" >&2
+      exit 1
+    fi
+  done
+fi

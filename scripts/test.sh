@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs Spindle's whole test suite: installs what the tests need, then formatting, lints
+# and every test of the workspace. Fails loudly; no test skips because a tool is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+# Reference data (CRUSH and EC vectors) lives in the sibling shared/ folder.
+export SPINDLE_SHARED_DIR="${SPINDLE_SHARED_DIR:-$(cd .. && pwd)/shared}"
+if [ ! -d "$SPINDLE_SHARED_DIR/crush/vectors/public" ]; then
+  echo "test: reference data not found at $SPINDLE_SHARED_DIR (set SPINDLE_SHARED_DIR)" >&2
+  exit 1
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+mkdir -p target
+cargo test --workspace 2>&1 | tee target/test-output.txt
+awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "%d passed, %d failed\n", p, f; if (p == 0) exit 1 }' target/test-output.txt
