@@ -45,7 +45,9 @@ impl BatchEngine {
                         return Ok(Straw2Engine::Avx2);
                     }
                 }
-                Err(crate::CrushError::Invalid("this CPU has no AVX2".to_string()))
+                Err(crate::CrushError::Invalid(
+                    "this CPU has no AVX2".to_string(),
+                ))
             }
         }
     }
@@ -90,7 +92,9 @@ pub fn map_batch(
         return Err(crate::CrushError::NoSuchRule(rule_id));
     }
     if num_rep > 255 {
-        return Err(crate::CrushError::Invalid(format!("num_rep {num_rep} exceeds 255")));
+        return Err(crate::CrushError::Invalid(format!(
+            "num_rep {num_rep} exceeds 255"
+        )));
     }
     let straw2 = engine.resolve()?;
     out.num_rep = num_rep;
@@ -100,7 +104,9 @@ pub fn map_batch(
     out.lens.resize(inputs.len(), 0);
     let mut row = Vec::with_capacity(num_rep);
     for (i, &x) in inputs.iter().enumerate() {
-        let n = do_rule_with(map, rule_id, x, &mut row, num_rep, weights, workspace, straw2);
+        let n = do_rule_with(
+            map, rule_id, x, &mut row, num_rep, weights, workspace, straw2,
+        );
         out.items[i * num_rep..i * num_rep + n].copy_from_slice(&row[..n]);
         out.lens[i] = n as u8;
     }

@@ -26,9 +26,13 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn take(&mut self, n: usize, what: &str) -> Result<&[u8], CrushError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or_else(|| {
-            CrushError::Binary(format!("truncated at byte {} reading {what}", self.pos))
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or_else(|| {
+                CrushError::Binary(format!("truncated at byte {} reading {what}", self.pos))
+            })?;
         let s = &self.bytes[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -50,7 +54,9 @@ impl Reader<'_> {
     fn count(&mut self, what: &str) -> Result<u32, CrushError> {
         let n = self.u32(what)?;
         if n > MAX_ENTRIES {
-            return Err(CrushError::Binary(format!("{what} count {n} is implausible")));
+            return Err(CrushError::Binary(format!(
+                "{what} count {n} is implausible"
+            )));
         }
         Ok(n)
     }
@@ -68,7 +74,9 @@ impl Reader<'_> {
                 len = self.u32(what)?;
             }
             if len > MAX_ENTRIES {
-                return Err(CrushError::Binary(format!("{what} string length {len} is implausible")));
+                return Err(CrushError::Binary(format!(
+                    "{what} string length {len} is implausible"
+                )));
             }
             let s = self.take(len as usize, what)?;
             let s = String::from_utf8(s.to_vec())
@@ -101,7 +109,11 @@ pub fn decode(bytes: &[u8]) -> Result<CrushMap, CrushError> {
     if !(0..=MAX_ENTRIES as i32).contains(&max_buckets) || max_rules > 256 || max_devices < 0 {
         return Err(CrushError::Binary("implausible map dimensions".to_string()));
     }
-    let mut map = CrushMap { tunables: Tunables::LEGACY, max_devices, ..CrushMap::default() };
+    let mut map = CrushMap {
+        tunables: Tunables::LEGACY,
+        max_devices,
+        ..CrushMap::default()
+    };
     for index in 0..max_buckets as usize {
         let alg = r.u32("bucket alg")?;
         if alg == 0 {
@@ -117,7 +129,9 @@ pub fn decode(bytes: &[u8]) -> Result<CrushMap, CrushError> {
         let alg = BucketAlg::from_id(alg_byte)
             .ok_or_else(|| CrushError::Binary(format!("bucket {id}: unknown alg {alg_byte}")))?;
         if id != -1 - index as i32 {
-            return Err(CrushError::Binary(format!("bucket at index {index} has id {id}")));
+            return Err(CrushError::Binary(format!(
+                "bucket at index {index} has id {id}"
+            )));
         }
         let mut items = Vec::with_capacity(size);
         for _ in 0..size {
@@ -152,7 +166,9 @@ pub fn decode(bytes: &[u8]) -> Result<CrushMap, CrushError> {
                     bucket.node_weights.push(r.u32("tree node weight")?);
                 }
                 if size > 0 && num_nodes < 2 * size {
-                    return Err(CrushError::Binary(format!("tree bucket {id}: too few nodes")));
+                    return Err(CrushError::Binary(format!(
+                        "tree bucket {id}: too few nodes"
+                    )));
                 }
                 bucket.item_weights = (0..size)
                     .map(|i| bucket.node_weights[crate::builder::tree_leaf_node(i)])
@@ -180,7 +196,9 @@ pub fn decode(bytes: &[u8]) -> Result<CrushMap, CrushError> {
         let len = r.count("rule length")?;
         let ruleset = r.u8("ruleset")?;
         if u32::from(ruleset) != index {
-            return Err(CrushError::Binary(format!("rule {index}: ruleset {ruleset} != rule id")));
+            return Err(CrushError::Binary(format!(
+                "rule {index}: ruleset {ruleset} != rule id"
+            )));
         }
         let rule_type = r.u8("rule type")?;
         let min_size = r.u8("rule min_size")?;
@@ -190,12 +208,16 @@ pub fn decode(bytes: &[u8]) -> Result<CrushMap, CrushError> {
             let op = r.u32("step op")?;
             let arg1 = r.i32("step arg1")?;
             let arg2 = r.i32("step arg2")?;
-            steps.push(
-                Step::decode(op, arg1, arg2)
-                    .ok_or_else(|| CrushError::Binary(format!("rule {index}: unknown step op {op}")))?,
-            );
+            steps.push(Step::decode(op, arg1, arg2).ok_or_else(|| {
+                CrushError::Binary(format!("rule {index}: unknown step op {op}"))
+            })?);
         }
-        map.rules.push(Some(Rule { rule_type, min_size, max_size, steps }));
+        map.rules.push(Some(Rule {
+            rule_type,
+            min_size,
+            max_size,
+            steps,
+        }));
     }
     map.type_names = r.string_map("type names")?;
     map.item_names = r.string_map("item names")?;
@@ -234,7 +256,9 @@ pub fn decode(bytes: &[u8]) -> Result<CrushMap, CrushError> {
     if !r.at_end() {
         let n = r.u32("choose_args")?;
         if n != 0 {
-            return Err(CrushError::Binary("choose_args (weight sets) are not supported".to_string()));
+            return Err(CrushError::Binary(
+                "choose_args (weight sets) are not supported".to_string(),
+            ));
         }
     }
     Ok(map)

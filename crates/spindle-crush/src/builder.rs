@@ -5,7 +5,7 @@
 //! so a bucket built here maps identically to one compiled by `crushtool`.
 
 use crate::error::CrushError;
-use crate::map::{Bucket, BucketAlg, CrushMap};
+use crate::map::{Bucket, BucketAlg, CrushMap, Rule, Step};
 
 /// Limits Ceph's compiler enforces on text weights.
 pub const MAX_DEVICE_WEIGHT_16_16: u64 = 100 * 0x10000;
@@ -40,8 +40,8 @@ pub fn make_bucket(
         BucketAlg::Uniform => {
             let item_weight = weights.first().copied().unwrap_or(0);
             bucket.item_weights = vec![item_weight; size];
-            bucket.weight = u32::try_from(u64::from(item_weight) * size as u64)
-                .map_err(|_| overflow())?;
+            bucket.weight =
+                u32::try_from(u64::from(item_weight) * size as u64).map_err(|_| overflow())?;
         }
         BucketAlg::List => {
             let mut sum = 0u32;
@@ -53,7 +53,11 @@ pub fn make_bucket(
         }
         BucketAlg::Tree => {
             bucket.node_weights = tree_node_weights(weights).ok_or_else(overflow)?;
-            bucket.weight = bucket.node_weights.get(bucket.node_weights.len() / 2).copied().unwrap_or(0);
+            bucket.weight = bucket
+                .node_weights
+                .get(bucket.node_weights.len() / 2)
+                .copied()
+                .unwrap_or(0);
         }
         BucketAlg::Straw => {
             bucket.weight = checked_sum(weights).ok_or_else(overflow)?;
@@ -131,7 +135,10 @@ pub fn calc_straws(weights: &[u32], straw_calc_version: u8) -> Vec<u32> {
     // Indices sorted by weight, stable (insertion sort as in Ceph: equal weights keep order).
     let mut reverse: Vec<usize> = Vec::with_capacity(size);
     for i in 0..size {
-        let pos = reverse.iter().position(|&r| weights[i] < weights[r]).unwrap_or(reverse.len());
+        let pos = reverse
+            .iter()
+            .position(|&r| weights[i] < weights[r])
+            .unwrap_or(reverse.len());
         reverse.insert(pos, i);
     }
     let mut numleft = size as i64;
@@ -201,22 +208,34 @@ pub fn calc_straws(weights: &[u32], straw_calc_version: u8) -> Vec<u32> {
 /// `crush_add_bucket` does) and returns the id used.
 pub fn add_bucket(map: &mut CrushMap, id: i32, mut bucket: Bucket) -> Result<i32, CrushError> {
     let id = if id == 0 {
-        let free = map.buckets.iter().position(Option::is_none).unwrap_or(map.buckets.len());
+        let free = map
+            .buckets
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(map.buckets.len());
         -1 - free as i32
     } else {
         id
     };
     if id >= 0 {
-        return Err(CrushError::Invalid(format!("bucket id {id} must be negative")));
+        return Err(CrushError::Invalid(format!(
+            "bucket id {id} must be negative"
+        )));
     }
     let index = (-1 - i64::from(id)) as usize;
     if index >= 1 << 20 {
-        return Err(CrushError::Invalid(format!("bucket id {id} is out of range")));
+        return Err(CrushError::Invalid(format!(
+            "bucket id {id} is out of range"
+        )));
     }
     if map.buckets.len() <= index {
         // Ceph grows the bucket array to 8, then by doubling; `max_buckets` is visible in
         // the binary format and in automatic shadow bucket ids.
-        let mut new_len = if map.buckets.is_empty() { 8 } else { map.buckets.len() * 2 };
+        let mut new_len = if map.buckets.is_empty() {
+            8
+        } else {
+            map.buckets.len() * 2
+        };
         while index >= new_len {
             new_len *= 2;
         }
@@ -267,5 +286,189 @@ mod tests {
         let b = make_bucket(BucketAlg::List, 0, 1, &[0, 1, 2], &[1, 2, 3], 1).unwrap();
         assert_eq!(b.sum_weights, vec![1, 3, 6]);
         assert_eq!(b.weight, 6);
+    }
+}
+
+/// Programmatic construction of a map (what the monitor uses to describe a cluster).
+///
+/// ```
+/// use spindle_crush::builder::MapBuilder;
+/// use spindle_crush::{BucketAlg, Step};
+/// let mut b = MapBuilder::new();
+/// b.add_type(0, "osd").add_type(1, "host").add_type(2, "root");
+/// for id in 0..4 {
+///     b.add_device(id, &format!("osd.{id}"), None).unwrap();
+/// }
+/// let h0 = b.add_bucket("h0", "host", BucketAlg::Straw2, &[(0, 0x10000), (1, 0x10000)]).unwrap();
+/// let h1 = b.add_bucket("h1", "host", BucketAlg::Straw2, &[(2, 0x10000), (3, 0x10000)]).unwrap();
+/// let root = b.add_bucket("default", "root", BucketAlg::Straw2, &[(h0, 0), (h1, 0)]).unwrap();
+/// let rule = b.add_replicated_rule("replicated", root, "host").unwrap();
+/// let map = b.build();
+/// assert_eq!(map.map_input(rule, 7, 2, &map.default_reweights()).len(), 2);
+/// ```
+#[derive(Debug, Clone)]
+pub struct MapBuilder {
+    map: CrushMap,
+}
+
+impl Default for MapBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MapBuilder {
+    /// An empty map with Ceph's current default tunables.
+    pub fn new() -> Self {
+        MapBuilder {
+            map: CrushMap::default(),
+        }
+    }
+
+    pub fn with_tunables(mut self, tunables: crate::map::Tunables) -> Self {
+        self.map.tunables = tunables;
+        self
+    }
+
+    pub fn add_type(&mut self, id: i32, name: &str) -> &mut Self {
+        self.map.type_names.insert(id, name.to_string());
+        self
+    }
+
+    /// Adds a device with an optional device class.
+    pub fn add_device(
+        &mut self,
+        id: i32,
+        name: &str,
+        class: Option<&str>,
+    ) -> Result<(), CrushError> {
+        if id < 0 {
+            return Err(CrushError::Invalid(format!("device id {id} must be >= 0")));
+        }
+        if self.map.item_names.contains_key(&id) || self.map.item_id(name).is_some() {
+            return Err(CrushError::Invalid(format!(
+                "device {id} ({name}) already exists"
+            )));
+        }
+        self.map.item_names.insert(id, name.to_string());
+        if let Some(class) = class {
+            let cid = match self.map.class_id(class) {
+                Some(c) => c,
+                None => {
+                    let c = self.map.class_names.keys().next_back().map_or(0, |l| l + 1);
+                    self.map.class_names.insert(c, class.to_string());
+                    c
+                }
+            };
+            self.map.class_map.insert(id, cid);
+        }
+        Ok(())
+    }
+
+    /// Adds a bucket of `items` (id, 16.16 weight). A weight of 0 for a bucket item means
+    /// "that bucket's own total weight". Returns the new (negative) id.
+    pub fn add_bucket(
+        &mut self,
+        name: &str,
+        type_name: &str,
+        alg: BucketAlg,
+        items: &[(i32, u32)],
+    ) -> Result<i32, CrushError> {
+        let type_id = self
+            .map
+            .type_id(type_name)
+            .ok_or_else(|| CrushError::Invalid(format!("type '{type_name}' is not defined")))?;
+        if self.map.item_id(name).is_some() {
+            return Err(CrushError::Invalid(format!("item '{name}' already exists")));
+        }
+        let mut ids = Vec::with_capacity(items.len());
+        let mut weights = Vec::with_capacity(items.len());
+        for &(id, weight) in items {
+            let weight = if id < 0 && weight == 0 {
+                self.map
+                    .bucket(id)
+                    .ok_or_else(|| CrushError::Invalid(format!("bucket {id} does not exist")))?
+                    .weight
+            } else {
+                weight
+            };
+            if id >= 0 && !self.map.item_names.contains_key(&id) {
+                return Err(CrushError::Invalid(format!("device {id} does not exist")));
+            }
+            ids.push(id);
+            weights.push(weight);
+        }
+        let bucket = make_bucket(
+            alg,
+            0,
+            type_id as u16,
+            &ids,
+            &weights,
+            self.map.tunables.straw_calc_version,
+        )?;
+        let id = add_bucket(&mut self.map, 0, bucket)?;
+        self.map.item_names.insert(id, name.to_string());
+        Ok(id)
+    }
+
+    /// Adds a rule with explicit steps; returns its id.
+    pub fn add_rule(
+        &mut self,
+        name: &str,
+        rule_type: u8,
+        steps: Vec<Step>,
+    ) -> Result<i32, CrushError> {
+        if self.map.rule_id(name).is_some() {
+            return Err(CrushError::Invalid(format!("rule '{name}' already exists")));
+        }
+        let id = self
+            .map
+            .rules
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(self.map.rules.len());
+        if id > 255 {
+            return Err(CrushError::Invalid("too many rules".to_string()));
+        }
+        if id == self.map.rules.len() {
+            self.map.rules.push(None);
+        }
+        self.map.rules[id] = Some(Rule {
+            rule_type,
+            min_size: 1,
+            max_size: 100,
+            steps,
+        });
+        self.map.rule_names.insert(id as i32, name.to_string());
+        Ok(id as i32)
+    }
+
+    /// The rule Ceph creates for replicated pools: one device under each `failure_domain`.
+    pub fn add_replicated_rule(
+        &mut self,
+        name: &str,
+        root: i32,
+        failure_domain: &str,
+    ) -> Result<i32, CrushError> {
+        let type_id = self.map.type_id(failure_domain).ok_or_else(|| {
+            CrushError::Invalid(format!("type '{failure_domain}' is not defined"))
+        })?;
+        let steps = vec![
+            Step::Take { item: root },
+            if type_id == 0 {
+                Step::ChooseFirstN { num: 0, type_id }
+            } else {
+                Step::ChooseLeafFirstN { num: 0, type_id }
+            },
+            Step::Emit,
+        ];
+        self.add_rule(name, crate::map::RULE_TYPE_REPLICATED, steps)
+    }
+
+    /// Finishes the map: builds the per-class shadow trees and computes `max_devices`.
+    pub fn build(mut self) -> CrushMap {
+        let _ = crate::classes::populate_classes(&mut self.map, &std::collections::BTreeMap::new());
+        self.map.finalize();
+        self.map
     }
 }

@@ -119,7 +119,10 @@ fn clone_for_class(
     let id = add_bucket(map, bno, bucket)?;
     map.class_map.insert(id, class);
     map.item_names.insert(id, copy_name);
-    map.class_bucket.entry(original_id).or_default().insert(class, id);
+    map.class_bucket
+        .entry(original_id)
+        .or_default()
+        .insert(class, id);
     Ok(id)
 }
 

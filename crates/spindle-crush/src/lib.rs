@@ -39,8 +39,9 @@ pub fn load_map(bytes: &[u8]) -> Result<CrushMap, CrushError> {
     if binary::is_binary(bytes) {
         binary::decode(bytes)
     } else {
-        let text = std::str::from_utf8(bytes)
-            .map_err(|e| CrushError::Invalid(format!("map is neither binary nor UTF-8 text: {e}")))?;
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            CrushError::Invalid(format!("map is neither binary nor UTF-8 text: {e}"))
+        })?;
         text::parse_text(text)
     }
 }

@@ -137,11 +137,23 @@ impl Step {
         Some(match op {
             0 => Step::Noop,
             1 => Step::Take { item: arg1 },
-            2 => Step::ChooseFirstN { num: arg1, type_id: arg2 },
-            3 => Step::ChooseIndep { num: arg1, type_id: arg2 },
+            2 => Step::ChooseFirstN {
+                num: arg1,
+                type_id: arg2,
+            },
+            3 => Step::ChooseIndep {
+                num: arg1,
+                type_id: arg2,
+            },
             4 => Step::Emit,
-            6 => Step::ChooseLeafFirstN { num: arg1, type_id: arg2 },
-            7 => Step::ChooseLeafIndep { num: arg1, type_id: arg2 },
+            6 => Step::ChooseLeafFirstN {
+                num: arg1,
+                type_id: arg2,
+            },
+            7 => Step::ChooseLeafIndep {
+                num: arg1,
+                type_id: arg2,
+            },
             8 => Step::SetChooseTries(arg1),
             9 => Step::SetChooseLeafTries(arg1),
             10 => Step::SetChooseLocalTries(arg1),
@@ -201,12 +213,23 @@ impl Tunables {
         chooseleaf_descend_once: 1,
         ..Tunables::LEGACY
     };
-    pub const FIREFLY: Tunables = Tunables { chooseleaf_vary_r: 1, ..Tunables::BOBTAIL };
-    pub const HAMMER: Tunables =
-        Tunables { allowed_bucket_algs: V4_ALLOWED_BUCKET_ALGS, ..Tunables::FIREFLY };
-    pub const JEWEL: Tunables = Tunables { chooseleaf_stable: 1, ..Tunables::HAMMER };
+    pub const FIREFLY: Tunables = Tunables {
+        chooseleaf_vary_r: 1,
+        ..Tunables::BOBTAIL
+    };
+    pub const HAMMER: Tunables = Tunables {
+        allowed_bucket_algs: V4_ALLOWED_BUCKET_ALGS,
+        ..Tunables::FIREFLY
+    };
+    pub const JEWEL: Tunables = Tunables {
+        chooseleaf_stable: 1,
+        ..Tunables::HAMMER
+    };
     /// Ceph's current defaults ("optimal" = jewel, with straw_calc_version 1).
-    pub const DEFAULT: Tunables = Tunables { straw_calc_version: 1, ..Tunables::JEWEL };
+    pub const DEFAULT: Tunables = Tunables {
+        straw_calc_version: 1,
+        ..Tunables::JEWEL
+    };
 
     /// Looks up a named profile as `ceph osd crush tunables <profile>` knows them.
     pub fn profile(name: &str) -> Option<Tunables> {
@@ -284,29 +307,47 @@ impl CrushMap {
     }
 
     pub fn rule(&self, id: i32) -> Option<&Rule> {
-        usize::try_from(id).ok().and_then(|i| self.rules.get(i)).and_then(Option::as_ref)
+        usize::try_from(id)
+            .ok()
+            .and_then(|i| self.rules.get(i))
+            .and_then(Option::as_ref)
     }
 
     /// Id of the item (device or bucket) with this name.
     pub fn item_id(&self, name: &str) -> Option<i32> {
-        self.item_names.iter().find(|(_, n)| n.as_str() == name).map(|(id, _)| *id)
+        self.item_names
+            .iter()
+            .find(|(_, n)| n.as_str() == name)
+            .map(|(id, _)| *id)
     }
 
     pub fn type_id(&self, name: &str) -> Option<i32> {
-        self.type_names.iter().find(|(_, n)| n.as_str() == name).map(|(id, _)| *id)
+        self.type_names
+            .iter()
+            .find(|(_, n)| n.as_str() == name)
+            .map(|(id, _)| *id)
     }
 
     pub fn class_id(&self, name: &str) -> Option<i32> {
-        self.class_names.iter().find(|(_, n)| n.as_str() == name).map(|(id, _)| *id)
+        self.class_names
+            .iter()
+            .find(|(_, n)| n.as_str() == name)
+            .map(|(id, _)| *id)
     }
 
     pub fn rule_id(&self, name: &str) -> Option<i32> {
-        self.rule_names.iter().find(|(_, n)| n.as_str() == name).map(|(id, _)| *id)
+        self.rule_names
+            .iter()
+            .find(|(_, n)| n.as_str() == name)
+            .map(|(id, _)| *id)
     }
 
     /// True if the device appears in some bucket (crushtool gives absent devices weight 0).
     pub fn device_in_hierarchy(&self, device: i32) -> bool {
-        self.buckets.iter().flatten().any(|b| b.items.contains(&device))
+        self.buckets
+            .iter()
+            .flatten()
+            .any(|b| b.items.contains(&device))
     }
 
     /// True for a shadow (per-class) bucket.
@@ -317,7 +358,10 @@ impl CrushMap {
     /// Splits a shadow bucket id into (original bucket id, class id).
     pub fn split_shadow(&self, id: i32) -> Option<(i32, i32)> {
         self.class_bucket.iter().find_map(|(orig, by_class)| {
-            by_class.iter().find(|(_, shadow)| **shadow == id).map(|(class, _)| (*orig, *class))
+            by_class
+                .iter()
+                .find(|(_, shadow)| **shadow == id)
+                .map(|(class, _)| (*orig, *class))
         })
     }
 
@@ -351,6 +395,9 @@ impl CrushMap {
                 }
             }
         }
-        present.into_iter().map(|p| if p { WEIGHT_ONE } else { 0 }).collect()
+        present
+            .into_iter()
+            .map(|p| if p { WEIGHT_ONE } else { 0 })
+            .collect()
     }
 }

@@ -75,7 +75,16 @@ pub fn do_rule(
     weights: &[u32],
     workspace: &mut Workspace,
 ) -> usize {
-    do_rule_with(map, rule_id, x, result, result_max, weights, workspace, Straw2Engine::Scalar)
+    do_rule_with(
+        map,
+        rule_id,
+        x,
+        result,
+        result_max,
+        weights,
+        workspace,
+        Straw2Engine::Scalar,
+    )
 }
 
 /// [`do_rule`] with a chosen straw2 engine (see [`crate::batch`]).
@@ -102,7 +111,13 @@ pub fn do_rule_with(
     let (a, rest) = workspace.scratch.split_at_mut(result_max);
     let (b, rest) = rest.split_at_mut(result_max);
     let c = &mut rest[..result_max];
-    let mut ctx = Ctx { map, straw2, weights, perms: &mut workspace.perms, generation };
+    let mut ctx = Ctx {
+        map,
+        straw2,
+        weights,
+        perms: &mut workspace.perms,
+        generation,
+    };
 
     let tunables = &map.tunables;
     // The original choose_total_tries counted retries, not tries: add one.
@@ -118,7 +133,11 @@ pub fn do_rule_with(
     let mut w_is_a = true;
     let mut wsize = 0usize;
     for step in &rule.steps {
-        let (w, o): (&mut [i32], &mut [i32]) = if w_is_a { (&mut *a, &mut *b) } else { (&mut *b, &mut *a) };
+        let (w, o): (&mut [i32], &mut [i32]) = if w_is_a {
+            (&mut *a, &mut *b)
+        } else {
+            (&mut *b, &mut *a)
+        };
         match *step {
             Step::Take { item } => {
                 let valid_device = item >= 0 && item < map.max_devices;
@@ -165,9 +184,14 @@ pub fn do_rule_with(
                 if wsize == 0 {
                     continue;
                 }
-                let firstn = matches!(step, Step::ChooseFirstN { .. } | Step::ChooseLeafFirstN { .. });
-                let recurse_to_leaf =
-                    matches!(step, Step::ChooseLeafFirstN { .. } | Step::ChooseLeafIndep { .. });
+                let firstn = matches!(
+                    step,
+                    Step::ChooseFirstN { .. } | Step::ChooseLeafFirstN { .. }
+                );
+                let recurse_to_leaf = matches!(
+                    step,
+                    Step::ChooseLeafFirstN { .. } | Step::ChooseLeafIndep { .. }
+                );
                 let mut osize = 0usize;
                 for i in 0..wsize {
                     let mut numrep = num;
@@ -207,7 +231,11 @@ pub fn do_rule_with(
                             result_max - osize,
                             &params,
                             recurse_to_leaf,
-                            if recurse_to_leaf { Some(&mut c[osize..]) } else { None },
+                            if recurse_to_leaf {
+                                Some(&mut c[osize..])
+                            } else {
+                                None
+                            },
                             0,
                         );
                         osize += got;
@@ -223,9 +251,17 @@ pub fn do_rule_with(
                             &mut o[osize..],
                             0,
                             choose_tries as u32,
-                            if choose_leaf_tries != 0 { choose_leaf_tries as u32 } else { 1 },
+                            if choose_leaf_tries != 0 {
+                                choose_leaf_tries as u32
+                            } else {
+                                1
+                            },
                             recurse_to_leaf,
-                            if recurse_to_leaf { Some(&mut c[osize..]) } else { None },
+                            if recurse_to_leaf {
+                                Some(&mut c[osize..])
+                            } else {
+                                None
+                            },
                             0,
                         );
                         osize += out_size;
@@ -356,7 +392,11 @@ fn choose_firstn(
                     reject = false;
                     if !collide && recurse_to_leaf {
                         if item < 0 {
-                            let sub_r = if params.vary_r != 0 { r >> (params.vary_r - 1) } else { 0 };
+                            let sub_r = if params.vary_r != 0 {
+                                r >> (params.vary_r - 1)
+                            } else {
+                                0
+                            };
                             let child = map.bucket(item).expect("checked above");
                             let leaf_out = out2.as_deref_mut().expect("chooseleaf has out2");
                             let sub_params = FirstNParams {
@@ -368,7 +408,11 @@ fn choose_firstn(
                                 ctx,
                                 child,
                                 x,
-                                if params.stable != 0 { 1 } else { outpos as i32 + 1 },
+                                if params.stable != 0 {
+                                    1
+                                } else {
+                                    outpos as i32 + 1
+                                },
                                 0,
                                 leaf_out,
                                 outpos,
@@ -502,7 +546,19 @@ fn choose_indep(
                     if item < 0 {
                         let child = map.bucket(item).expect("checked above");
                         choose_indep(
-                            ctx, child, x, 1, numrep, 0, leaf_out, rep, recurse_tries, 0, false, None, r,
+                            ctx,
+                            child,
+                            x,
+                            1,
+                            numrep,
+                            0,
+                            leaf_out,
+                            rep,
+                            recurse_tries,
+                            0,
+                            false,
+                            None,
+                            r,
                         );
                         if leaf_out[rep] == ITEM_NONE {
                             break; // placed nothing; no leaf
@@ -542,7 +598,8 @@ fn bucket_choose(ctx: &mut Ctx<'_>, bucket: &Bucket, x: i32, r: i32) -> i32 {
         BucketAlg::Uniform => perm_choose(ctx, bucket, x as i32, r),
         BucketAlg::List => {
             for i in (0..bucket.size()).rev() {
-                let mut w = u64::from(hash32_4(x, bucket.items[i] as u32, ru, bucket.id as u32) & 0xffff);
+                let mut w =
+                    u64::from(hash32_4(x, bucket.items[i] as u32, ru, bucket.id as u32) & 0xffff);
                 w = (w * u64::from(bucket.sum_weights[i])) >> 16;
                 if w < u64::from(bucket.item_weights[i]) {
                     return bucket.items[i];
@@ -558,7 +615,11 @@ fn bucket_choose(ctx: &mut Ctx<'_>, bucket: &Bucket, x: i32, r: i32) -> i32 {
                 let t = (u64::from(hash32_4(x, n as u32, ru, bucket.id as u32)) * w) >> 32;
                 let h = n.trailing_zeros();
                 let l = n - (1 << (h - 1));
-                n = if t < u64::from(bucket.node_weights[l]) { l } else { n + (1 << (h - 1)) };
+                n = if t < u64::from(bucket.node_weights[l]) {
+                    l
+                } else {
+                    n + (1 << (h - 1))
+                };
             }
             bucket.items.get(n >> 1).copied().unwrap_or(bucket.items[0])
         }
@@ -584,25 +645,46 @@ fn bucket_choose(ctx: &mut Ctx<'_>, bucket: &Bucket, x: i32, r: i32) -> i32 {
     }
 }
 
-/// straw2: every item draws `ln(hash) / weight`; the largest draw wins.
+/// straw2: every item draws `ln(hash) / weight`; the largest draw wins (the first one on
+/// ties). Hashes are computed four at a time so their long dependency chains overlap.
 #[inline]
 pub(crate) fn straw2_choose(bucket: &Bucket, x: u32, r: u32) -> i32 {
+    let items = &bucket.items;
+    let weights = &bucket.item_weights;
+    let size = items.len().min(weights.len());
+    // Starting from (0, i64::MIN) with a strict `>` is Ceph's `i == 0 || draw > high`.
     let mut high = 0usize;
-    let mut high_draw = 0i64;
-    for i in 0..bucket.size() {
-        let w = bucket.item_weights[i];
-        let draw = if w != 0 {
-            let u = hash32_3(x, bucket.items[i] as u32, r) & 0xffff;
-            straw2_draw(u, w)
-        } else {
-            i64::MIN
-        };
-        if i == 0 || draw > high_draw {
+    let mut high_draw = i64::MIN;
+    let mut i = 0;
+    while i + 4 <= size {
+        let b = [
+            items[i] as u32,
+            items[i + 1] as u32,
+            items[i + 2] as u32,
+            items[i + 3] as u32,
+        ];
+        let h = crate::hash::hash32_3_x4(x, b, r);
+        let mut draws = [0i64; 4];
+        for k in 0..4 {
+            draws[k] = straw2_draw(h[k] & 0xffff, weights[i + k]);
+        }
+        for (k, &draw) in draws.iter().enumerate() {
+            if draw > high_draw {
+                high = i + k;
+                high_draw = draw;
+            }
+        }
+        i += 4;
+    }
+    while i < size {
+        let draw = straw2_draw(hash32_3(x, items[i] as u32, r) & 0xffff, weights[i]);
+        if draw > high_draw {
             high = i;
             high_draw = draw;
         }
+        i += 1;
     }
-    bucket.items[high]
+    items[high]
 }
 
 /// Ceph's `bucket_perm_choose`: the r-th element of a pseudo-random permutation of the
@@ -661,7 +743,15 @@ impl CrushMap {
     pub fn map_input(&self, rule_id: i32, x: i32, num_rep: usize, weights: &[u32]) -> Vec<i32> {
         let mut result = Vec::with_capacity(num_rep);
         let mut workspace = Workspace::new();
-        do_rule(self, rule_id, x, &mut result, num_rep, weights, &mut workspace);
+        do_rule(
+            self,
+            rule_id,
+            x,
+            &mut result,
+            num_rep,
+            weights,
+            &mut workspace,
+        );
         result
     }
 }

@@ -48,7 +48,10 @@ unsafe fn hash32_3_x8(x: u32, items: __m256i, r: u32) -> __m256i {
     let mut a = _mm256_set1_epi32(x as i32);
     let mut b = items;
     let mut c = _mm256_set1_epi32(r as i32);
-    let mut hash = _mm256_xor_si256(_mm256_set1_epi32(HASH_SEED as i32), _mm256_xor_si256(a, _mm256_xor_si256(b, c)));
+    let mut hash = _mm256_xor_si256(
+        _mm256_set1_epi32(HASH_SEED as i32),
+        _mm256_xor_si256(a, _mm256_xor_si256(b, c)),
+    );
     let mut xv = _mm256_set1_epi32(231_232);
     let mut yv = _mm256_set1_epi32(1232);
     mix(&mut a, &mut b, &mut hash);
@@ -63,7 +66,10 @@ unsafe fn hash32_3_x8(x: u32, items: __m256i, r: u32) -> __m256i {
 #[inline(always)]
 unsafe fn ln_minus_one_x4(xn: __m128i, iexpon: __m128i) -> __m256i {
     let xn64 = _mm256_cvtepu32_epi64(xn);
-    let index1 = _mm256_sub_epi64(_mm256_slli_epi64::<1>(_mm256_srli_epi64::<8>(xn64)), _mm256_set1_epi64x(256));
+    let index1 = _mm256_sub_epi64(
+        _mm256_slli_epi64::<1>(_mm256_srli_epi64::<8>(xn64)),
+        _mm256_set1_epi64x(256),
+    );
     let base = RH_LH_TBL.as_ptr();
     let rh = _mm256_i64gather_epi64::<8>(base, index1);
     let lh = _mm256_i64gather_epi64::<8>(base.add(1), index1);
@@ -83,7 +89,10 @@ unsafe fn ln_minus_one_x4(xn: __m128i, iexpon: __m128i) -> __m256i {
 unsafe fn i64_to_f64(v: __m256i) -> __m256d {
     const MAGIC: f64 = 6_755_399_441_055_744.0; // 2^52 + 2^51
     let magic_bits = _mm256_castpd_si256(_mm256_set1_pd(MAGIC));
-    _mm256_sub_pd(_mm256_castsi256_pd(_mm256_add_epi64(v, magic_bits)), _mm256_set1_pd(MAGIC))
+    _mm256_sub_pd(
+        _mm256_castsi256_pd(_mm256_add_epi64(v, magic_bits)),
+        _mm256_set1_pd(MAGIC),
+    )
 }
 
 /// Exact conversion of u32 values (zero-extended to 64-bit lanes) to f64.
@@ -92,7 +101,10 @@ unsafe fn u32_to_f64(v: __m128i) -> __m256d {
     const MAGIC: f64 = 4_503_599_627_370_496.0; // 2^52
     let magic_bits = _mm256_castpd_si256(_mm256_set1_pd(MAGIC));
     let wide = _mm256_cvtepu32_epi64(v);
-    _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(wide, magic_bits)), _mm256_set1_pd(MAGIC))
+    _mm256_sub_pd(
+        _mm256_castsi256_pd(_mm256_or_si256(wide, magic_bits)),
+        _mm256_set1_pd(MAGIC),
+    )
 }
 
 /// Approximate straw2 draws of eight items (-inf for zero weights).
@@ -106,7 +118,10 @@ unsafe fn draws_x8(x: u32, r: u32, items: &[i32; 8], weights: &[u32; 8], out: &m
         _mm256_srli_epi32::<23>(_mm256_castps_si256(_mm256_cvtepi32_ps(xv))),
         _mm256_set1_epi32(127),
     );
-    let shift = _mm256_max_epi32(_mm256_sub_epi32(_mm256_set1_epi32(15), exp), _mm256_setzero_si256());
+    let shift = _mm256_max_epi32(
+        _mm256_sub_epi32(_mm256_set1_epi32(15), exp),
+        _mm256_setzero_si256(),
+    );
     let xn = _mm256_sllv_epi32(xv, shift);
     let iexpon = _mm256_sub_epi32(_mm256_set1_epi32(15), shift);
     let w = _mm256_loadu_si256(weights.as_ptr().cast());

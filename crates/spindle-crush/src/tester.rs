@@ -46,8 +46,11 @@ pub fn run_test(map: &CrushMap, options: &TestOptions, out: &mut String) {
         max_x = 1023;
     }
     let mut weights = map.default_reweights();
-    let overrides: BTreeMap<i32, u32> =
-        options.weights.iter().map(|&(dev, w)| (dev, reweight_16_16(w))).collect();
+    let overrides: BTreeMap<i32, u32> = options
+        .weights
+        .iter()
+        .map(|&(dev, w)| (dev, reweight_16_16(w)))
+        .collect();
     for (dev, w) in &overrides {
         if *dev >= 0 && (*dev as usize) < weights.len() {
             weights[*dev as usize] = *w;
@@ -81,7 +84,15 @@ pub fn run_test(map: &CrushMap, options: &TestOptions, out: &mut String) {
             let mut per = vec![0u64; weights.len()];
             let mut sizes: BTreeMap<usize, u64> = BTreeMap::new();
             for x in min_x..=max_x {
-                do_rule(map, r, x, &mut result, nr.max(0) as usize, &weights, &mut workspace);
+                do_rule(
+                    map,
+                    r,
+                    x,
+                    &mut result,
+                    nr.max(0) as usize,
+                    &weights,
+                    &mut workspace,
+                );
                 if options.show_mappings {
                     out.push_str("CRUSH rule ");
                     let _ = write!(out, "{r} x {x} [");
@@ -123,7 +134,8 @@ pub fn run_test(map: &CrushMap, options: &TestOptions, out: &mut String) {
                 }
                 if options.show_utilization {
                     let num_objects = (max_x - min_x + 1) as f32;
-                    let expected_objects = nr.min(maximum_affected_by_rule(map, r)) as f32 * num_objects;
+                    let expected_objects =
+                        nr.min(maximum_affected_by_rule(map, r)) as f32 * num_objects;
                     for (i, count) in per.iter().enumerate() {
                         let proportional = weights[i] as f32 / total_weight as f32;
                         let expected = proportional * expected_objects;
@@ -144,7 +156,9 @@ pub fn run_test(map: &CrushMap, options: &TestOptions, out: &mut String) {
 /// crushtool's upper bound on how many distinct items a rule can return
 /// (`CrushTester::get_maximum_affected_by_rule`), used for the expected utilization.
 fn maximum_affected_by_rule(map: &CrushMap, rule_id: i32) -> i32 {
-    let Some(rule) = map.rule(rule_id) else { return 0 };
+    let Some(rule) = map.rule(rule_id) else {
+        return 0;
+    };
     let mut affected_types = Vec::new();
     let mut replications_by_type: BTreeMap<i32, i32> = BTreeMap::new();
     for step in &rule.steps {

@@ -31,17 +31,26 @@ fn tokenize(input: &str) -> Vec<Token> {
         for ch in content.chars() {
             if ch.is_whitespace() || matches!(ch, '{' | '}' | '[' | ']') {
                 if !current.is_empty() {
-                    tokens.push(Token { text: std::mem::take(&mut current), line });
+                    tokens.push(Token {
+                        text: std::mem::take(&mut current),
+                        line,
+                    });
                 }
                 if !ch.is_whitespace() {
-                    tokens.push(Token { text: ch.to_string(), line });
+                    tokens.push(Token {
+                        text: ch.to_string(),
+                        line,
+                    });
                 }
             } else {
                 current.push(ch);
             }
         }
         if !current.is_empty() {
-            tokens.push(Token { text: current, line });
+            tokens.push(Token {
+                text: current,
+                line,
+            });
         }
     }
     tokens
@@ -54,7 +63,9 @@ struct Cursor {
 }
 
 fn is_name(s: &str) -> bool {
-    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 impl Cursor {
@@ -71,7 +82,10 @@ impl Cursor {
             Some(t) => format!("'{}'", t.text),
             None => "end of file".to_string(),
         };
-        CrushError::Parse { line: self.line(), message: format!("expected {expected}, found {found}") }
+        CrushError::Parse {
+            line: self.line(),
+            message: format!("expected {expected}, found {found}"),
+        }
     }
 
     fn next(&mut self, expected: &str) -> Result<Token, CrushError> {
@@ -183,11 +197,23 @@ struct BucketDef {
 
 #[derive(Debug, Clone)]
 enum StepDef {
-    Take { item: String, class: Option<String>, line: usize },
-    Choose { leaf: bool, firstn: bool, num: i32, type_name: String, line: usize },
+    Take {
+        item: String,
+        class: Option<String>,
+        line: usize,
+    },
+    Choose {
+        leaf: bool,
+        firstn: bool,
+        num: i32,
+        type_name: String,
+        line: usize,
+    },
     Emit,
     Noop,
-    Set { step: Step },
+    Set {
+        step: Step,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -203,9 +229,21 @@ struct RuleDef {
 
 #[derive(Debug, Clone)]
 enum Stmt {
-    Tunable { name: String, value: i64, line: usize },
-    Device { id: i32, name: String, class: Option<String>, line: usize },
-    Type { id: i32, name: String },
+    Tunable {
+        name: String,
+        value: i64,
+        line: usize,
+    },
+    Device {
+        id: i32,
+        name: String,
+        class: Option<String>,
+        line: usize,
+    },
+    Type {
+        id: i32,
+        name: String,
+    },
     Bucket(BucketDef),
     Rule(RuleDef),
 }
@@ -213,7 +251,11 @@ enum Stmt {
 fn parse_stmts(input: &str) -> Result<Vec<Stmt>, CrushError> {
     let tokens = tokenize(input);
     let last_line = input.lines().count().max(1);
-    let mut c = Cursor { tokens, pos: 0, last_line };
+    let mut c = Cursor {
+        tokens,
+        pos: 0,
+        last_line,
+    };
     let mut stmts = Vec::new();
     while let Some(tok) = c.peek().cloned() {
         match tok.text.as_str() {
@@ -221,14 +263,27 @@ fn parse_stmts(input: &str) -> Result<Vec<Stmt>, CrushError> {
                 c.pos += 1;
                 let name = c.name("tunable name")?.text;
                 let (value, _) = c.int("tunable value")?;
-                stmts.push(Stmt::Tunable { name, value, line: tok.line });
+                stmts.push(Stmt::Tunable {
+                    name,
+                    value,
+                    line: tok.line,
+                });
             }
             "device" => {
                 c.pos += 1;
                 let id = c.int_in("device id", 0, i64::from(i32::MAX) - 1)? as i32;
                 let name = c.name("device name")?.text;
-                let class = if c.accept("class") { Some(c.name("class name")?.text) } else { None };
-                stmts.push(Stmt::Device { id, name, class, line: tok.line });
+                let class = if c.accept("class") {
+                    Some(c.name("class name")?.text)
+                } else {
+                    None
+                };
+                stmts.push(Stmt::Device {
+                    id,
+                    name,
+                    class,
+                    line: tok.line,
+                });
             }
             "type" => {
                 c.pos += 1;
@@ -251,7 +306,11 @@ fn parse_stmts(input: &str) -> Result<Vec<Stmt>, CrushError> {
             }
             _ if is_name(&tok.text) => {
                 c.pos += 1;
-                stmts.push(Stmt::Bucket(parse_bucket(&mut c, tok.text.clone(), tok.line)?));
+                stmts.push(Stmt::Bucket(parse_bucket(
+                    &mut c,
+                    tok.text.clone(),
+                    tok.line,
+                )?));
             }
             _ => return Err(c.error("'tunable', 'device', 'type', a bucket or 'rule'")),
         }
@@ -287,13 +346,16 @@ fn parse_bucket(c: &mut Cursor, type_name: String, line: usize) -> Result<Bucket
             }
             "alg" => {
                 let alg_tok = c.name("bucket algorithm")?;
-                def.alg = Some(BucketAlg::from_name(&alg_tok.text).ok_or_else(|| CrushError::Parse {
-                    line: alg_tok.line,
-                    message: format!(
+                def.alg =
+                    Some(
+                        BucketAlg::from_name(&alg_tok.text).ok_or_else(|| CrushError::Parse {
+                            line: alg_tok.line,
+                            message: format!(
                         "unknown bucket alg '{}' (expected uniform, list, tree, straw or straw2)",
                         alg_tok.text
                     ),
-                })?);
+                        })?,
+                    );
             }
             "hash" => {
                 if c.accept("rjenkins1") {
@@ -311,7 +373,12 @@ fn parse_bucket(c: &mut Cursor, type_name: String, line: usize) -> Result<Bucket
             }
             "item" => {
                 let name = c.name("item name")?.text;
-                let mut item = ItemLine { name, weight: None, pos: None, line: tok.line };
+                let mut item = ItemLine {
+                    name,
+                    weight: None,
+                    pos: None,
+                    line: tok.line,
+                };
                 loop {
                     if c.accept("weight") {
                         item.weight = Some(c.real("item weight")?.0);
@@ -338,7 +405,11 @@ fn parse_bucket(c: &mut Cursor, type_name: String, line: usize) -> Result<Bucket
 }
 
 fn parse_rule(c: &mut Cursor, line: usize) -> Result<RuleDef, CrushError> {
-    let name = if c.peek().is_some_and(|t| t.text != "{") { Some(c.name("rule name")?.text) } else { None };
+    let name = if c.peek().is_some_and(|t| t.text != "{") {
+        Some(c.name("rule name")?.text)
+    } else {
+        None
+    };
     c.keyword("{")?;
     if !c.accept("id") {
         c.keyword("ruleset").map_err(|_| c.error("'id'"))?;
@@ -378,7 +449,15 @@ fn parse_rule(c: &mut Cursor, line: usize) -> Result<RuleDef, CrushError> {
             }
         }
     }
-    Ok(RuleDef { name, id, rule_type, min_size, max_size, steps, line })
+    Ok(RuleDef {
+        name,
+        id,
+        rule_type,
+        min_size,
+        max_size,
+        steps,
+        line,
+    })
 }
 
 fn parse_step(c: &mut Cursor) -> Result<StepDef, CrushError> {
@@ -391,7 +470,11 @@ fn parse_step(c: &mut Cursor) -> Result<StepDef, CrushError> {
     match tok.text.as_str() {
         "take" => {
             let item = c.name("item name after 'take'")?.text;
-            let class = if c.accept("class") { Some(c.name("class name")?.text) } else { None };
+            let class = if c.accept("class") {
+                Some(c.name("class name")?.text)
+            } else {
+                None
+            };
             Ok(StepDef::Take { item, class, line })
         }
         "choose" | "chooseleaf" => {
@@ -410,7 +493,13 @@ fn parse_step(c: &mut Cursor) -> Result<StepDef, CrushError> {
             let num = c.int_in("replica count", -1024, 1024)? as i32;
             c.keyword("type")?;
             let type_name = c.name("type name")?.text;
-            Ok(StepDef::Choose { leaf, firstn, num, type_name, line })
+            Ok(StepDef::Choose {
+                leaf,
+                firstn,
+                num,
+                type_name,
+                line,
+            })
         }
         "emit" => Ok(StepDef::Emit),
         "noop" => Ok(StepDef::Noop),
@@ -442,7 +531,10 @@ pub fn parse_text(input: &str) -> Result<CrushMap, CrushError> {
     let mut stmts = parse_stmts(input)?;
     adjust_bucket_order(&mut stmts)?;
 
-    let mut map = CrushMap { tunables: Tunables::LEGACY, ..CrushMap::default() };
+    let mut map = CrushMap {
+        tunables: Tunables::LEGACY,
+        ..CrushMap::default()
+    };
     let mut item_id: HashMap<String, i32> = HashMap::new();
     let mut used_ids: BTreeMap<i32, ()> = BTreeMap::new();
     let mut item_weight: HashMap<i32, u32> = HashMap::new();
@@ -466,10 +558,12 @@ pub fn parse_text(input: &str) -> Result<CrushMap, CrushError> {
                 let v = *value;
                 let t = &mut map.tunables;
                 let small = |v: i64| -> Result<u8, CrushError> {
-                    u8::try_from(v).map_err(|_| perr(*line, format!("tunable {name} value {v} out of range")))
+                    u8::try_from(v)
+                        .map_err(|_| perr(*line, format!("tunable {name} value {v} out of range")))
                 };
                 let big = |v: i64| -> Result<u32, CrushError> {
-                    u32::try_from(v).map_err(|_| perr(*line, format!("tunable {name} value {v} out of range")))
+                    u32::try_from(v)
+                        .map_err(|_| perr(*line, format!("tunable {name} value {v} out of range")))
                 };
                 match name.as_str() {
                     "choose_local_tries" => t.choose_local_tries = big(v)?,
@@ -483,7 +577,12 @@ pub fn parse_text(input: &str) -> Result<CrushMap, CrushError> {
                     _ => return Err(perr(*line, format!("tunable '{name}' not recognized"))),
                 }
             }
-            Stmt::Device { id, name, class, line } => {
+            Stmt::Device {
+                id,
+                name,
+                class,
+                line,
+            } => {
                 if item_id.contains_key(name) {
                     return Err(perr(*line, format!("item '{name}' defined twice")));
                 }
@@ -503,7 +602,10 @@ pub fn parse_text(input: &str) -> Result<CrushMap, CrushError> {
             }
             Stmt::Bucket(def) => {
                 if saw_rule {
-                    return Err(perr(def.line, "buckets must be defined before rules".to_string()));
+                    return Err(perr(
+                        def.line,
+                        "buckets must be defined before rules".to_string(),
+                    ));
                 }
                 compile_bucket(
                     &mut map,
@@ -534,7 +636,11 @@ fn get_or_create_class(map: &mut CrushMap, class: &str) -> i32 {
     if let Some(id) = map.class_id(class) {
         return id;
     }
-    let id = map.class_names.keys().next_back().map_or(0, |last| last + 1);
+    let id = map
+        .class_names
+        .keys()
+        .next_back()
+        .map_or(0, |last| last + 1);
     map.class_names.insert(id, class.to_string());
     id
 }
@@ -549,7 +655,10 @@ fn adjust_bucket_order(stmts: &mut [Stmt]) -> Result<(), CrushError> {
         if let Stmt::Bucket(b) = stmt {
             names.push(b.name.clone());
             position.insert(b.name.clone(), index);
-            contents.insert(b.name.clone(), b.items.iter().map(|i| i.name.clone()).collect());
+            contents.insert(
+                b.name.clone(),
+                b.items.iter().map(|i| i.name.clone()).collect(),
+            );
         }
     }
     for i in 0..names.len() {
@@ -563,7 +672,10 @@ fn adjust_bucket_order(stmts: &mut [Stmt]) -> Result<(), CrushError> {
                     };
                     return Err(perr(
                         line,
-                        format!("bucket '{}' and bucket '{}' contain each other", names[i], names[j]),
+                        format!(
+                            "bucket '{}' and bucket '{}' contain each other",
+                            names[i], names[j]
+                        ),
                     ));
                 }
                 stmts.swap(position[&names[i]], position[&names[j]]);
@@ -582,11 +694,17 @@ fn compile_bucket(
     type_id: &HashMap<String, i32>,
     class_bucket: &mut BTreeMap<i32, BTreeMap<i32, i32>>,
 ) -> Result<(), CrushError> {
-    let type_value = *type_id
-        .get(&def.type_name)
-        .ok_or_else(|| perr(def.line, format!("bucket type '{}' is not defined", def.type_name)))?;
+    let type_value = *type_id.get(&def.type_name).ok_or_else(|| {
+        perr(
+            def.line,
+            format!("bucket type '{}' is not defined", def.type_name),
+        )
+    })?;
     if item_id.contains_key(&def.name) {
-        return Err(perr(def.line, format!("bucket or device '{}' is already defined", def.name)));
+        return Err(perr(
+            def.line,
+            format!("bucket or device '{}' is already defined", def.name),
+        ));
     }
     let alg = def
         .alg
@@ -595,7 +713,10 @@ fn compile_bucket(
     for (class, id, line) in &def.class_ids {
         let cid = get_or_create_class(map, class);
         if class_ids.insert(cid, *id).is_some() {
-            return Err(perr(*line, format!("duplicate device class {class} for bucket {}", def.name)));
+            return Err(perr(
+                *line,
+                format!("duplicate device class {class} for bucket {}", def.name),
+            ));
         }
     }
     // Positions: explicit `pos` values first, the rest fill the gaps in order.
@@ -605,7 +726,10 @@ fn compile_bucket(
             if !used_pos.insert(pos) {
                 return Err(perr(
                     item.line,
-                    format!("item '{}' in bucket '{}' has explicit pos {pos}, which is occupied", item.name, def.name),
+                    format!(
+                        "item '{}' in bucket '{}' has explicit pos {pos}, which is occupied",
+                        item.name, def.name
+                    ),
                 ));
             }
         }
@@ -621,15 +745,29 @@ fn compile_bucket(
     let mut uniform_weight: Option<u32> = None;
     for item in &def.items {
         let id = *item_id.get(&item.name).ok_or_else(|| {
-            perr(item.line, format!("item '{}' in bucket '{}' is not defined", item.name, def.name))
+            perr(
+                item.line,
+                format!(
+                    "item '{}' in bucket '{}' is not defined",
+                    item.name, def.name
+                ),
+            )
         })?;
         let mut weight = item_weight.get(&id).copied().unwrap_or(0x10000);
         if let Some(w) = item.weight {
             // Ceph: float multiply, then truncation to unsigned.
             let scaled = w * 65536.0f32;
-            let limit = if id >= 0 { MAX_DEVICE_WEIGHT_16_16 } else { MAX_BUCKET_WEIGHT_16_16 };
+            let limit = if id >= 0 {
+                MAX_DEVICE_WEIGHT_16_16
+            } else {
+                MAX_BUCKET_WEIGHT_16_16
+            };
             if f64::from(scaled) > limit as f64 {
-                let what = if id >= 0 { "device weight limited to 100" } else { "bucket weight limited to 65535" };
+                let what = if id >= 0 {
+                    "device weight limited to 100"
+                } else {
+                    "bucket weight limited to 65535"
+                };
                 return Err(perr(item.line, format!("item '{}': {what}", item.name)));
             }
             weight = scaled as u32;
@@ -653,7 +791,10 @@ fn compile_bucket(
             Some(p) if p as usize >= size => {
                 return Err(perr(
                     item.line,
-                    format!("item '{}' in bucket '{}' has pos {p} >= size {size}", item.name, def.name),
+                    format!(
+                        "item '{}' in bucket '{}' has pos {p} >= size {size}",
+                        item.name, def.name
+                    ),
                 ))
             }
             Some(p) => p,
@@ -668,7 +809,13 @@ fn compile_bucket(
         items[pos as usize] = id;
         weights[pos as usize] = weight;
         bucket_weight = bucket_weight.checked_add(weight).ok_or_else(|| {
-            perr(item.line, format!("weights of bucket '{}' overflow; lower the item weights", def.name))
+            perr(
+                item.line,
+                format!(
+                    "weights of bucket '{}' overflow; lower the item weights",
+                    def.name
+                ),
+            )
         })?;
     }
     let id = match def.id {
@@ -681,9 +828,17 @@ fn compile_bucket(
             id
         }
     };
-    let bucket = make_bucket(alg, def.hash, type_value as u16, &items, &weights, map.tunables.straw_calc_version)
+    let bucket = make_bucket(
+        alg,
+        def.hash,
+        type_value as u16,
+        &items,
+        &weights,
+        map.tunables.straw_calc_version,
+    )
+    .map_err(|e| perr(def.line, format!("bucket '{}': {e}", def.name)))?;
+    add_bucket(map, id, bucket)
         .map_err(|e| perr(def.line, format!("bucket '{}': {e}", def.name)))?;
-    add_bucket(map, id, bucket).map_err(|e| perr(def.line, format!("bucket '{}': {e}", def.name)))?;
     used_ids.insert(id, ());
     item_id.insert(def.name.clone(), id);
     item_weight.insert(id, bucket_weight);
@@ -704,7 +859,10 @@ fn compile_rule(
     let rname = def.name.clone().unwrap_or_default();
     if let Some(name) = &def.name {
         if rule_id.contains_key(name) {
-            return Err(perr(def.line, format!("rule name '{name}' already defined")));
+            return Err(perr(
+                def.line,
+                format!("rule name '{name}' already defined"),
+            ));
         }
     }
     if map.rule(def.id).is_some() {
@@ -751,7 +909,12 @@ fn compile_rule(
     if map.rules.len() <= index {
         map.rules.resize(index + 1, None);
     }
-    map.rules[index] = Some(Rule { rule_type: def.rule_type, min_size: def.min_size, max_size: def.max_size, steps });
+    map.rules[index] = Some(Rule {
+        rule_type: def.rule_type,
+        min_size: def.min_size,
+        max_size: def.max_size,
+        steps,
+    });
     if let Some(name) = &def.name {
         map.rule_names.insert(def.id, name.clone());
         rule_id.insert(name.clone(), def.id);
@@ -794,13 +957,21 @@ pub fn print_text(map: &CrushMap) -> String {
         let _ = writeln!(out, "tunable choose_local_tries {}", t.choose_local_tries);
     }
     if t.choose_local_fallback_tries != l.choose_local_fallback_tries {
-        let _ = writeln!(out, "tunable choose_local_fallback_tries {}", t.choose_local_fallback_tries);
+        let _ = writeln!(
+            out,
+            "tunable choose_local_fallback_tries {}",
+            t.choose_local_fallback_tries
+        );
     }
     if t.choose_total_tries != l.choose_total_tries {
         let _ = writeln!(out, "tunable choose_total_tries {}", t.choose_total_tries);
     }
     if t.chooseleaf_descend_once != 0 {
-        let _ = writeln!(out, "tunable chooseleaf_descend_once {}", t.chooseleaf_descend_once);
+        let _ = writeln!(
+            out,
+            "tunable chooseleaf_descend_once {}",
+            t.chooseleaf_descend_once
+        );
     }
     if t.chooseleaf_vary_r != 0 {
         let _ = writeln!(out, "tunable chooseleaf_vary_r {}", t.chooseleaf_vary_r);
@@ -888,16 +1059,32 @@ pub fn print_text(map: &CrushMap) -> String {
                 Step::SetChooseLeafVaryR(v) => writeln!(out, "\tstep set_chooseleaf_vary_r {v}"),
                 Step::SetChooseLeafStable(v) => writeln!(out, "\tstep set_chooseleaf_stable {v}"),
                 Step::ChooseFirstN { num, type_id } => {
-                    writeln!(out, "\tstep choose firstn {num} type {}", type_name(map, type_id))
+                    writeln!(
+                        out,
+                        "\tstep choose firstn {num} type {}",
+                        type_name(map, type_id)
+                    )
                 }
                 Step::ChooseIndep { num, type_id } => {
-                    writeln!(out, "\tstep choose indep {num} type {}", type_name(map, type_id))
+                    writeln!(
+                        out,
+                        "\tstep choose indep {num} type {}",
+                        type_name(map, type_id)
+                    )
                 }
                 Step::ChooseLeafFirstN { num, type_id } => {
-                    writeln!(out, "\tstep chooseleaf firstn {num} type {}", type_name(map, type_id))
+                    writeln!(
+                        out,
+                        "\tstep chooseleaf firstn {num} type {}",
+                        type_name(map, type_id)
+                    )
                 }
                 Step::ChooseLeafIndep { num, type_id } => {
-                    writeln!(out, "\tstep chooseleaf indep {num} type {}", type_name(map, type_id))
+                    writeln!(
+                        out,
+                        "\tstep chooseleaf indep {num} type {}",
+                        type_name(map, type_id)
+                    )
                 }
             };
         }
@@ -923,19 +1110,31 @@ fn print_bucket_tree(map: &CrushMap, id: i32, done: &mut [bool], out: &mut Strin
     if map.is_shadow(id) {
         return;
     }
-    let _ = writeln!(out, "{} {} {{", type_name(map, i32::from(bucket.type_id)), item_name(map, id));
+    let _ = writeln!(
+        out,
+        "{} {} {{",
+        type_name(map, i32::from(bucket.type_id)),
+        item_name(map, id)
+    );
     let _ = writeln!(out, "\tid {id}\t\t# do not change unnecessarily");
     if let Some(by_class) = map.class_bucket.get(&id) {
         for (class, shadow) in by_class {
             let class_name = map.class_names.get(class).cloned().unwrap_or_default();
-            let _ = writeln!(out, "\tid {shadow} class {class_name}\t\t# do not change unnecessarily");
+            let _ = writeln!(
+                out,
+                "\tid {shadow} class {class_name}\t\t# do not change unnecessarily"
+            );
         }
     }
     let _ = writeln!(out, "\t# weight {}", format_weight(bucket.weight));
     let _ = write!(out, "\talg {}", bucket.alg.name());
     let dopos = match bucket.alg {
         BucketAlg::Uniform => {
-            let _ = write!(out, "\t# do not change bucket size ({}) unnecessarily", bucket.size());
+            let _ = write!(
+                out,
+                "\t# do not change bucket size ({}) unnecessarily",
+                bucket.size()
+            );
             true
         }
         BucketAlg::List => {
@@ -951,7 +1150,12 @@ fn print_bucket_tree(map: &CrushMap, id: i32, done: &mut [bool], out: &mut Strin
     out.push('\n');
     let _ = writeln!(out, "\thash {}\t# rjenkins1", bucket.hash);
     for (pos, &item) in bucket.items.iter().enumerate() {
-        let _ = write!(out, "\titem {} weight {}", item_name(map, item), format_weight(item_weight_at(bucket, pos)));
+        let _ = write!(
+            out,
+            "\titem {} weight {}",
+            item_name(map, item),
+            format_weight(item_weight_at(bucket, pos))
+        );
         if dopos {
             let _ = write!(out, " pos {pos}");
         }

@@ -80,8 +80,19 @@ fn random_map(rng: &mut Rng) -> Generated {
     // Devices.
     let device_count = counts[0] * rng.range(1, 4) as usize;
     for _ in 0..device_count {
-        let class = if classes { if rng.below(2) == 0 { " class ssd" } else { " class hdd" } } else { "" };
-        let _ = writeln!(device_lines, "device {next_device} osd.{next_device}{class}");
+        let class = if classes {
+            if rng.below(2) == 0 {
+                " class ssd"
+            } else {
+                " class hdd"
+            }
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            device_lines,
+            "device {next_device} osd.{next_device}{class}"
+        );
         level_items.push(format!("osd.{next_device}"));
         next_device += 1;
     }
@@ -90,7 +101,12 @@ fn random_map(rng: &mut Rng) -> Generated {
         let n_buckets = if level == depth { 1 } else { n_buckets };
         let mut groups: Vec<Vec<String>> = vec![Vec::new(); n_buckets];
         for (i, item) in level_items.iter().enumerate() {
-            groups[if i < n_buckets { i } else { rng.below(n_buckets as u64) as usize }].push(item.clone());
+            groups[if i < n_buckets {
+                i
+            } else {
+                rng.below(n_buckets as u64) as usize
+            }]
+            .push(item.clone());
         }
         let mut next_level = Vec::new();
         for (g, items) in groups.into_iter().enumerate() {
@@ -100,14 +116,22 @@ fn random_map(rng: &mut Rng) -> Generated {
             // so the mappings through them) are whatever the heap held. That is undefined
             // behaviour we cannot and should not reproduce, so maps with device classes use
             // the other four algorithms; tree buckets are covered by class-free maps.
-            let alg = if classes { ALGS[[0, 1, 3, 4][rng.below(4) as usize]] } else { ALGS[rng.below(5) as usize] };
+            let alg = if classes {
+                ALGS[[0, 1, 3, 4][rng.below(4) as usize]]
+            } else {
+                ALGS[rng.below(5) as usize]
+            };
             let _ = writeln!(buckets_text, "{} {name} {{", type_names[level]);
             let _ = writeln!(buckets_text, "\tid {next_bucket}");
             next_bucket -= 1;
             let _ = writeln!(buckets_text, "\talg {alg}\n\thash 0");
             let uniform_w = weight_text(rng);
             for item in items {
-                let w = if alg == "uniform" { uniform_w.clone() } else { weight_text(rng) };
+                let w = if alg == "uniform" {
+                    uniform_w.clone()
+                } else {
+                    weight_text(rng)
+                };
                 if alg == "uniform" || level == 1 || rng.below(2) == 0 {
                     let _ = writeln!(buckets_text, "\titem {item} weight {w}");
                 } else {
@@ -127,31 +151,61 @@ fn random_map(rng: &mut Rng) -> Generated {
     t.push_str(&buckets_text);
     // Rules over a random failure-domain level.
     let mut rules = Vec::new();
-    let take_class = if classes && rng.below(2) == 0 { " class ssd" } else { "" };
+    let take_class = if classes && rng.below(2) == 0 {
+        " class ssd"
+    } else {
+        ""
+    };
     for id in 0..4 {
         let indep = id % 2 == 1;
         let leaf = rng.below(3) != 0;
         let domain = type_names[rng.below(depth as u64) as usize];
-        let _ = writeln!(t, "rule r{id} {{\n\tid {id}\n\ttype {}\n\tmin_size 1\n\tmax_size 10", if indep { "erasure" } else { "replicated" });
+        let _ = writeln!(
+            t,
+            "rule r{id} {{\n\tid {id}\n\ttype {}\n\tmin_size 1\n\tmax_size 10",
+            if indep { "erasure" } else { "replicated" }
+        );
         if indep || rng.below(3) == 0 {
-            let _ = writeln!(t, "\tstep set_chooseleaf_tries {}\n\tstep set_choose_tries {}", rng.range(1, 5), rng.range(20, 100));
+            let _ = writeln!(
+                t,
+                "\tstep set_chooseleaf_tries {}\n\tstep set_choose_tries {}",
+                rng.range(1, 5),
+                rng.range(20, 100)
+            );
         }
         if rng.below(6) == 0 {
-            let _ = writeln!(t, "\tstep set_chooseleaf_vary_r {}\n\tstep set_chooseleaf_stable {}", rng.below(2), rng.below(2));
+            let _ = writeln!(
+                t,
+                "\tstep set_chooseleaf_vary_r {}\n\tstep set_chooseleaf_stable {}",
+                rng.below(2),
+                rng.below(2)
+            );
         }
-        let _ = writeln!(t, "\tstep take {root}{}", if id < 2 { take_class } else { "" });
+        let _ = writeln!(
+            t,
+            "\tstep take {root}{}",
+            if id < 2 { take_class } else { "" }
+        );
         let mode = if indep { "indep" } else { "firstn" };
         if depth >= 2 && rng.below(3) == 0 {
             let upper = type_names[rng.range(1, depth as i64 - 1) as usize];
             let _ = writeln!(t, "\tstep choose {mode} {} type {upper}", rng.range(0, 3));
             let _ = writeln!(t, "\tstep chooseleaf {mode} {} type osd", rng.range(0, 2));
         } else {
-            let _ = writeln!(t, "\tstep {} {mode} 0 type {domain}", if leaf { "chooseleaf" } else { "choose" });
+            let _ = writeln!(
+                t,
+                "\tstep {} {mode} 0 type {domain}",
+                if leaf { "chooseleaf" } else { "choose" }
+            );
         }
         let _ = writeln!(t, "\tstep emit\n}}");
         rules.push((id, indep));
     }
-    Generated { text: t, rules, devices: next_device }
+    Generated {
+        text: t,
+        rules,
+        devices: next_device,
+    }
 }
 
 #[test]
@@ -159,11 +213,18 @@ fn random_maps_match_crushtool() {
     let crushtool = common::crushtool();
     let seed: u64 = match std::env::var("SPINDLE_CRUSH_SEED") {
         Ok(s) => s.parse().expect("SPINDLE_CRUSH_SEED must be an integer"),
-        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
     };
-    let maps: usize = std::env::var("SPINDLE_CRUSH_MAPS").ok().and_then(|s| s.parse().ok()).unwrap_or(200);
+    let maps: usize = std::env::var("SPINDLE_CRUSH_MAPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
     eprintln!("differential: seed {seed}, {maps} maps (replay with SPINDLE_CRUSH_SEED={seed})");
-    let dir = std::env::temp_dir().join(format!("spindle-crush-diff-{}-{seed}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("spindle-crush-diff-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rng = Rng(seed);
     let mut compared_lines = 0usize;
@@ -174,9 +235,21 @@ fn random_maps_match_crushtool() {
         let src = dir.join("map.txt");
         let bin = dir.join("map.bin");
         std::fs::write(&src, &generated.text).unwrap();
-        let context = || format!("map {index} (seed {seed}), kept in {}:\n{}", src.display(), generated.text);
+        let context = || {
+            format!(
+                "map {index} (seed {seed}), kept in {}:\n{}",
+                src.display(),
+                generated.text
+            )
+        };
         // Compile with crushtool; Spindle must produce identical bytes.
-        let output = Command::new(&crushtool).arg("-c").arg(&src).arg("-o").arg(&bin).output().unwrap();
+        let output = Command::new(&crushtool)
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&bin)
+            .output()
+            .unwrap();
         let parsed = text::parse_text(&generated.text);
         if !output.status.success() {
             // crushtool refused the map (e.g. a class rule over a uniform bucket, whose
@@ -192,10 +265,19 @@ fn random_maps_match_crushtool() {
         }
         let ours = parsed.unwrap_or_else(|e| panic!("{e}\n{}", context()));
         let theirs_bin = std::fs::read(&bin).unwrap();
-        assert!(binary::encode(&ours) == theirs_bin, "compiled map differs from crushtool -c\n{}", context());
+        assert!(
+            binary::encode(&ours) == theirs_bin,
+            "compiled map differs from crushtool -c\n{}",
+            context()
+        );
         // Decompile: identical text.
         let decompiled = common::run(Command::new(&crushtool).arg("-d").arg(&bin));
-        assert_eq!(text::print_text(&ours), decompiled, "decompiled text differs\n{}", context());
+        assert_eq!(
+            text::print_text(&ours),
+            decompiled,
+            "decompiled text differs\n{}",
+            context()
+        );
         // Mappings with random reweights.
         let mut args: Vec<String> = Vec::new();
         let mut weights = Vec::new();
@@ -212,7 +294,14 @@ fn random_maps_match_crushtool() {
             Command::new(&crushtool)
                 .arg("-i")
                 .arg(&bin)
-                .args(["--test", "--show-mappings", "--rule", &rule.to_string(), "--num-rep", &num_rep.to_string()])
+                .args([
+                    "--test",
+                    "--show-mappings",
+                    "--rule",
+                    &rule.to_string(),
+                    "--num-rep",
+                    &num_rep.to_string(),
+                ])
                 .args(["--min-x", "0", "--max-x", &max_x.to_string()])
                 .args(&args),
             std::time::Duration::from_secs(20),
@@ -223,7 +312,11 @@ fn random_maps_match_crushtool() {
             // every mapping. Those lines are still Ceph's answer and are compared below.
             let complete = expected.lines().count() == (max_x + 1) as usize;
             let emits_buckets = expected.contains("[-") || expected.contains(",-");
-            assert!(complete && emits_buckets, "crushtool failed: {status:?}\n{}", context());
+            assert!(
+                complete && emits_buckets,
+                "crushtool failed: {status:?}\n{}",
+                context()
+            );
             oracle_crashes += 1;
         }
         let mut out = String::new();
@@ -245,7 +338,13 @@ fn random_maps_match_crushtool() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     eprintln!("differential: {compared_lines} mapping lines identical, {rejected} maps rejected by both, crushtool aborted after printing on {oracle_crashes}");
-    assert!(rejected * 4 < maps, "too many rejected maps ({rejected}): the generator is off");
+    assert!(
+        rejected * 4 < maps,
+        "too many rejected maps ({rejected}): the generator is off"
+    );
     // A map whose only devices were all reweighted to 0 prints nothing in both tools.
-    assert!(compared_lines >= (maps - rejected) * 300 * 9 / 10, "compared only {compared_lines} lines");
+    assert!(
+        compared_lines >= (maps - rejected) * 300 * 9 / 10,
+        "compared only {compared_lines} lines"
+    );
 }

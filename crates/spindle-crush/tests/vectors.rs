@@ -22,23 +22,36 @@ fn cases() -> Vec<Case> {
     let root = common::shared_dir().join("crush/vectors/public");
     let mut names: Vec<_> = std::fs::read_dir(&root)
         .expect("vector dir")
-        .map(|e| e.expect("entry").file_name().into_string().expect("utf-8 name"))
+        .map(|e| {
+            e.expect("entry")
+                .file_name()
+                .into_string()
+                .expect("utf-8 name")
+        })
         .collect();
     names.sort();
-    assert!(names.len() >= 14, "expected the 14 public cases, found {}", names.len());
+    assert!(
+        names.len() >= 14,
+        "expected the 14 public cases, found {}",
+        names.len()
+    );
     names
         .into_iter()
         .map(|name| {
             let dir = root.join(&name);
             let case: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap()).unwrap();
+                serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).unwrap())
+                    .unwrap();
             let reweights = case["reweights"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|r| {
                     let w = &r["weight"];
-                    let w = w.as_f64().or_else(|| w.as_str().and_then(|s| s.parse().ok())).unwrap();
+                    let w = w
+                        .as_f64()
+                        .or_else(|| w.as_str().and_then(|s| s.parse().ok()))
+                        .unwrap();
                     (r["osd"].as_i64().unwrap() as i32, w as f32)
                 })
                 .collect();
@@ -59,7 +72,12 @@ fn cases() -> Vec<Case> {
 fn text_maps_round_trip_exactly() {
     for case in cases() {
         let map = text::parse_text(&case.map_txt).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        assert_eq!(text::print_text(&map), case.map_txt, "{}: decompile differs", case.name);
+        assert_eq!(
+            text::print_text(&map),
+            case.map_txt,
+            "{}: decompile differs",
+            case.name
+        );
     }
 }
 
@@ -67,9 +85,19 @@ fn text_maps_round_trip_exactly() {
 fn binary_maps_decode_to_the_text_map_and_encode_back() {
     for case in cases() {
         let from_text = text::parse_text(&case.map_txt).unwrap();
-        let from_bin = binary::decode(&case.map_bin).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        assert_eq!(from_bin, from_text, "{}: binary and text maps differ", case.name);
-        assert_eq!(binary::encode(&from_text), case.map_bin, "{}: encoding differs from crushtool -c", case.name);
+        let from_bin =
+            binary::decode(&case.map_bin).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        assert_eq!(
+            from_bin, from_text,
+            "{}: binary and text maps differ",
+            case.name
+        );
+        assert_eq!(
+            binary::encode(&from_text),
+            case.map_bin,
+            "{}: encoding differs from crushtool -c",
+            case.name
+        );
     }
 }
 
@@ -90,7 +118,10 @@ fn crushtool_test_output_is_reproduced() {
         run_test(&map, &options, &mut out);
         if out != case.mappings {
             let first = out.lines().zip(case.mappings.lines()).find(|(a, b)| a != b);
-            panic!("{}: first difference (ours, crushtool): {first:?}", case.name);
+            panic!(
+                "{}: first difference (ours, crushtool): {first:?}",
+                case.name
+            );
         }
     }
 }
@@ -108,7 +139,17 @@ fn batch_engines_reproduce_the_vectors() {
         for engine in [BatchEngine::Scalar, BatchEngine::Auto] {
             let mut out = BatchResult::default();
             let mut ws = Workspace::new();
-            map_batch(&map, case.rule, &inputs, case.num_rep, &weights, engine, &mut ws, &mut out).unwrap();
+            map_batch(
+                &map,
+                case.rule,
+                &inputs,
+                case.num_rep,
+                &weights,
+                engine,
+                &mut ws,
+                &mut out,
+            )
+            .unwrap();
             for (x, line) in expected.iter().enumerate() {
                 let items: Vec<String> = out.get(x).iter().map(|i| i.to_string()).collect();
                 let ours = format!("CRUSH rule {} x {x} [{}]", case.rule, items.join(","));

@@ -67,7 +67,15 @@ pub fn run(args: BenchCrushArgs) -> anyhow::Result<()> {
         let start = Instant::now();
         let mut sum = 0u64;
         for &x in &inputs {
-            do_rule(&map, args.rule, x, &mut row, args.num_rep, &weights, &mut workspace);
+            do_rule(
+                &map,
+                args.rule,
+                x,
+                &mut row,
+                args.num_rep,
+                &weights,
+                &mut workspace,
+            );
             sum = sum.wrapping_add(row.iter().map(|&i| i as u64).sum::<u64>());
         }
         best[0] = best[0].min(start.elapsed().as_secs_f64());
@@ -76,7 +84,16 @@ pub fn run(args: BenchCrushArgs) -> anyhow::Result<()> {
         let start = Instant::now();
         let mut sum = 0u64;
         for part in inputs.chunks(chunk) {
-            map_batch(&map, args.rule, part, args.num_rep, &weights, BatchEngine::Auto, &mut workspace, &mut batch)?;
+            map_batch(
+                &map,
+                args.rule,
+                part,
+                args.num_rep,
+                &weights,
+                BatchEngine::Auto,
+                &mut workspace,
+                &mut batch,
+            )?;
             for i in 0..batch.len() {
                 sum = sum.wrapping_add(batch.get(i).iter().map(|&i| i as u64).sum::<u64>());
             }
@@ -85,7 +102,14 @@ pub fn run(args: BenchCrushArgs) -> anyhow::Result<()> {
         checksum_batch = sum;
         // crushtool, minus its start-up (same command with a single input).
         for (slot, flag) in [(2, "--show-mappings"), (3, "--show-statistics")] {
-            let full = time_crushtool(&crushtool, &map_bin, flag, args.rule, args.num_rep, args.inputs - 1)?;
+            let full = time_crushtool(
+                &crushtool,
+                &map_bin,
+                flag,
+                args.rule,
+                args.num_rep,
+                args.inputs - 1,
+            )?;
             let startup = time_crushtool(&crushtool, &map_bin, flag, args.rule, args.num_rep, 0)?;
             best[slot] = best[slot].min((full - startup).max(1e-9));
         }
@@ -100,7 +124,13 @@ pub fn run(args: BenchCrushArgs) -> anyhow::Result<()> {
     let anchor = rate(best[3].min(best[2]));
     let anchor_name = "crushtool 16 --test (faster of --show-mappings/--show-statistics), 1 thread";
     let results = vec![
-        BenchResult::higher_is_better("crush scalar h8x4_straw2 rule0 r3", "mappings/s", rate(best[0]), anchor_name, anchor),
+        BenchResult::higher_is_better(
+            "crush scalar h8x4_straw2 rule0 r3",
+            "mappings/s",
+            rate(best[0]),
+            anchor_name,
+            anchor,
+        ),
         BenchResult::higher_is_better(
             format!("crush batch-{engine} h8x4_straw2 rule0 r3"),
             "mappings/s",
@@ -141,7 +171,14 @@ fn time_crushtool(
     let status = Command::new(crushtool)
         .arg("-i")
         .arg(map)
-        .args(["--test", flag, "--rule", &rule.to_string(), "--num-rep", &num_rep.to_string()])
+        .args([
+            "--test",
+            flag,
+            "--rule",
+            &rule.to_string(),
+            "--num-rep",
+            &num_rep.to_string(),
+        ])
         .args(["--min-x", "0", "--max-x", &max_x.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

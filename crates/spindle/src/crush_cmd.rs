@@ -82,7 +82,8 @@ pub fn run(command: CrushCommand) -> anyhow::Result<()> {
             let map = read_map(&input)?;
             let text = text::print_text(&map);
             match output {
-                Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?,
                 None => print!("{text}"),
             }
             Ok(())
@@ -106,8 +107,12 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
     };
     let mut weights = Vec::new();
     for pair in args.weight.chunks(2) {
-        let dev: i32 = pair[0].parse().with_context(|| format!("--weight: bad device id '{}'", pair[0]))?;
-        let w: f32 = pair[1].parse().with_context(|| format!("--weight: bad weight '{}'", pair[1]))?;
+        let dev: i32 = pair[0]
+            .parse()
+            .with_context(|| format!("--weight: bad device id '{}'", pair[0]))?;
+        let w: f32 = pair[1]
+            .parse()
+            .with_context(|| format!("--weight: bad weight '{}'", pair[1]))?;
         if !(0.0..=1.0).contains(&w) {
             eprintln!("spindle: warning: --weight {dev} {w} clamped to 0..1 as crushtool does");
         }
@@ -133,7 +138,10 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
         show_utilization: args.show_utilization,
         show_bad_mappings: args.show_bad_mappings,
     };
-    let any_output = args.show_mappings || args.show_statistics || args.show_utilization || args.show_bad_mappings;
+    let any_output = args.show_mappings
+        || args.show_statistics
+        || args.show_utilization
+        || args.show_bad_mappings;
     if !any_output {
         print_summary(&map, &map_name, &options);
         return Ok(());
@@ -174,7 +182,15 @@ fn print_summary(map: &CrushMap, map_name: &str, options: &TestOptions) {
         let mut holes = 0u64;
         let mut short = 0u64;
         for x in 0..inputs {
-            spindle_crush::do_rule(map, rule_id, x, &mut result, num_rep, &weights, &mut workspace);
+            spindle_crush::do_rule(
+                map,
+                rule_id,
+                x,
+                &mut result,
+                num_rep,
+                &weights,
+                &mut workspace,
+            );
             if result.len() < num_rep {
                 short += 1;
             }
@@ -187,14 +203,25 @@ fn print_summary(map: &CrushMap, map_name: &str, options: &TestOptions) {
             }
         }
         let name = map.rule_names.get(&rule_id).cloned().unwrap_or_default();
-        let kind = if rule.rule_type == spindle_crush::map::RULE_TYPE_ERASURE { "erasure" } else { "replicated" };
+        let kind = if rule.rule_type == spindle_crush::map::RULE_TYPE_ERASURE {
+            "erasure"
+        } else {
+            "replicated"
+        };
         println!("\nrule {rule_id} ({name}, {kind}), {num_rep} per input: {short} short results, {holes} holes");
         let total: u64 = per_device.iter().sum();
         println!("  {:>8}  {:>8}  {:>7}", "device", "inputs", "share");
         for (dev, count) in per_device.iter().enumerate() {
             if *count > 0 {
-                let dev_name = map.item_names.get(&(dev as i32)).cloned().unwrap_or_default();
-                println!("  {dev_name:>8}  {count:>8}  {:>6.2}%", 100.0 * *count as f64 / total.max(1) as f64);
+                let dev_name = map
+                    .item_names
+                    .get(&(dev as i32))
+                    .cloned()
+                    .unwrap_or_default();
+                println!(
+                    "  {dev_name:>8}  {count:>8}  {:>6.2}%",
+                    100.0 * *count as f64 / total.max(1) as f64
+                );
             }
         }
     }

@@ -31,7 +31,9 @@ pub fn crushtool() -> PathBuf {
 }
 
 pub fn run(cmd: &mut Command) -> String {
-    let output = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     assert!(
         output.status.success(),
         "{cmd:?} failed: {}\n{}",
@@ -44,7 +46,10 @@ pub fn run(cmd: &mut Command) -> String {
 /// Runs a command with a time limit; returns its exit status (None if it had to be killed)
 /// and everything it wrote to stdout. crushtool can deadlock in its crash handler after
 /// corrupting its heap, so oracle runs are bounded.
-pub fn run_with_timeout(cmd: &mut Command, limit: std::time::Duration) -> (Option<std::process::ExitStatus>, String) {
+pub fn run_with_timeout(
+    cmd: &mut Command,
+    limit: std::time::Duration,
+) -> (Option<std::process::ExitStatus>, String) {
     use std::io::Read;
     let mut child = cmd
         .stdout(std::process::Stdio::piped())
