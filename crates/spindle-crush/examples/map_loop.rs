@@ -1,5 +1,5 @@
 //! Profiling aid: maps N inputs of a map (text or binary) through a rule, scalar or batch.
-//! `cargo run --release --example map_loop -- MAP RULE NUM_REP INPUTS [scalar|batch]`
+//! `cargo run --release --example map_loop -- MAP RULE NUM_REP INPUTS [scalar|batch|batch-scalar]`
 
 use spindle_crush::batch::{map_batch, BatchEngine, BatchResult};
 use spindle_crush::{do_rule, load_map, Workspace};
@@ -7,13 +7,19 @@ use spindle_crush::{do_rule, load_map, Workspace};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 5 {
-        return Err("usage: map_loop MAP RULE NUM_REP INPUTS [scalar|batch]".into());
+        return Err("usage: map_loop MAP RULE NUM_REP INPUTS [scalar|batch|batch-scalar]".into());
     }
     let map = load_map(&std::fs::read(&args[1])?)?;
     let rule: i32 = args[2].parse()?;
     let num_rep: usize = args[3].parse()?;
     let inputs: i32 = args[4].parse()?;
-    let batch = args.get(5).is_some_and(|m| m == "batch");
+    let mode = args.get(5).map_or("scalar", String::as_str);
+    let batch = mode.starts_with("batch");
+    let engine = if mode == "batch-scalar" {
+        BatchEngine::Scalar
+    } else {
+        BatchEngine::Auto
+    };
     let weights = map.default_reweights();
     let mut ws = Workspace::new();
     let start = std::time::Instant::now();
@@ -23,14 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut out = BatchResult::default();
         for part in xs.chunks(4096) {
             map_batch(
-                &map,
-                rule,
-                part,
-                num_rep,
-                &weights,
-                BatchEngine::Auto,
-                &mut ws,
-                &mut out,
+                &map, rule, part, num_rep, &weights, engine, &mut ws, &mut out,
             )?;
             sum += out.items.iter().map(|&i| i64::from(i)).sum::<i64>();
         }

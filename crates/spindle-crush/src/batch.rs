@@ -3,10 +3,12 @@
 //! The batch API is what the client's placement kernel calls (one call per batch of
 //! placement groups), and the unit an accelerator engine would take over. Two engines:
 //! - `Scalar`: the reference [`crate::mapper::do_rule`] in a loop;
-//! - `Avx2` (x86_64, chosen at run time when the CPU has AVX2): the same control flow, but
-//!   straw2 buckets draw eight items at a time: rjenkins hash, fixed-point log (table
-//!   gathers) and the weight division in SIMD, with an exact integer re-check of the
-//!   near-winners so results stay bit-identical to Ceph (see `straw2_choose_avx2`).
+//! - `Avx2` (x86_64, chosen at run time when the CPU has AVX2): for the common replicated
+//!   rule shape over straw2 buckets, eight inputs advance in lock step and each step makes
+//!   eight straw2 choices in one pass of vectors (`simt.rs`); other rules keep the scalar
+//!   control flow with straw2 buckets drawing eight items at a time (`simd.rs`). Both
+//!   compute draws in f64 and re-check near ties with Ceph's integer code, so results
+//!   stay bit-identical.
 //!
 //! Invariant: both engines return identical results for every input (property-tested).
 
@@ -78,6 +80,7 @@ impl BatchResult {
 }
 
 /// Maps every input through `rule_id`. Reuses `out` (no allocation once it has grown).
+#[allow(clippy::too_many_arguments)] // mirrors `do_rule`'s parameters plus the batch ones
 pub fn map_batch(
     map: &CrushMap,
     rule_id: i32,
@@ -102,6 +105,36 @@ pub fn map_batch(
     out.items.resize(inputs.len() * num_rep, crate::ITEM_NONE);
     out.lens.clear();
     out.lens.resize(inputs.len(), 0);
+    if let Some(plan) = crate::lanes::Plan::new(map, rule_id, num_rep) {
+        let (items, lens) = (&mut out.items, &mut out.lens);
+        match straw2 {
+            Straw2Engine::Scalar => crate::lanes::map_lanes(
+                map,
+                &plan,
+                inputs,
+                num_rep,
+                weights,
+                items,
+                lens,
+                crate::lanes::step_portable,
+            ),
+            #[cfg(target_arch = "x86_64")]
+            Straw2Engine::Avx2 => crate::lanes::map_lanes(
+                map,
+                &plan,
+                inputs,
+                num_rep,
+                weights,
+                items,
+                lens,
+                |p, r| {
+                    // SAFETY: `Straw2Engine::Avx2` is only resolved after AVX2 was detected.
+                    unsafe { crate::simd::step_avx2(map, p, r) }
+                },
+            ),
+        }
+        return Ok(());
+    }
     let mut row = Vec::with_capacity(num_rep);
     for (i, &x) in inputs.iter().enumerate() {
         let n = do_rule_with(

@@ -97,6 +97,34 @@ pub fn hash32_3_x4(a: u32, b: [u32; 4], c: u32) -> [u32; 4] {
     hash
 }
 
+/// `hash32_3(a[i], b[i], c[i])` for eight lanes, as eight interleaved scalar chains.
+#[inline(always)]
+pub fn hash32_3_x8(a: [u32; 8], b: [u32; 8], c: [u32; 8]) -> [u32; 8] {
+    let (mut av, mut bv, mut cv) = (a, b, c);
+    let mut hash = [0u32; 8];
+    for i in 0..8 {
+        hash[i] = HASH_SEED ^ a[i] ^ b[i] ^ c[i];
+    }
+    let mut x = [X0; 8];
+    let mut y = [Y0; 8];
+    for i in 0..8 {
+        mix(&mut av[i], &mut bv[i], &mut hash[i]);
+    }
+    for i in 0..8 {
+        mix(&mut cv[i], &mut x[i], &mut hash[i]);
+    }
+    for i in 0..8 {
+        mix(&mut y[i], &mut av[i], &mut hash[i]);
+    }
+    for i in 0..8 {
+        mix(&mut bv[i], &mut x[i], &mut hash[i]);
+    }
+    for i in 0..8 {
+        mix(&mut y[i], &mut cv[i], &mut hash[i]);
+    }
+    hash
+}
+
 /// Hash of four values (list and tree buckets).
 #[inline(always)]
 pub fn hash32_4(a: u32, b: u32, c: u32, d: u32) -> u32 {

@@ -20,6 +20,7 @@ pub mod builder;
 pub mod classes;
 pub mod error;
 pub mod hash;
+mod lanes;
 pub mod ln;
 mod ln_tables;
 pub mod map;

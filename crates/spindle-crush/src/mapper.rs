@@ -193,7 +193,7 @@ pub fn do_rule_with(
                     Step::ChooseLeafFirstN { .. } | Step::ChooseLeafIndep { .. }
                 );
                 let mut osize = 0usize;
-                for i in 0..wsize {
+                for &w_item in w.iter().take(wsize) {
                     let mut numrep = num;
                     if numrep <= 0 {
                         numrep += result_max as i32;
@@ -201,7 +201,7 @@ pub fn do_rule_with(
                             continue;
                         }
                     }
-                    let Some(bucket) = map.bucket(w[i]) else {
+                    let Some(bucket) = map.bucket(w_item) else {
                         continue; // probably ITEM_NONE from an indep step
                     };
                     if firstn {
@@ -436,11 +436,10 @@ fn choose_firstn(
                 if reject || collide {
                     ftotal += 1;
                     flocal += 1;
-                    if collide && flocal <= params.local_retries {
-                        retry_bucket = true;
-                    } else if params.local_fallback_retries > 0
-                        && flocal <= in_bucket.size() as u32 + params.local_fallback_retries
-                    {
+                    let local_retry = collide && flocal <= params.local_retries;
+                    let fallback_retry = params.local_fallback_retries > 0
+                        && flocal <= in_bucket.size() as u32 + params.local_fallback_retries;
+                    if local_retry || fallback_retry {
                         retry_bucket = true;
                     } else if ftotal < params.tries {
                         retry_descent = true;

@@ -1,7 +1,8 @@
 //! AVX2 straw2 draw (x86_64 only; callers check for AVX2 at run time).
 //!
 //! Eight items are drawn per step: the rjenkins1 hash in 32-bit lanes, CRUSH's fixed-point
-//! log with 64-bit table gathers, and `ln / weight` as an f64 division. The f64 quotient
+//! log as a gather from a 64 Ki-entry table of its exact values, and `ln / weight` as an
+//! f64 division. The f64 quotient
 //! is within 2^-5 of the exact rational value (|ln| < 2^48, weight >= 1, one correctly
 //! rounded division), and Ceph's integer draw is that value truncated toward zero. So the
 //! exact winner's approximate draw is within 1 + 2^-4 of the largest approximate draw;
@@ -13,15 +14,15 @@ use std::arch::x86_64::*;
 
 use crate::hash::{hash32_3, HASH_SEED};
 use crate::ln::straw2_draw;
-use crate::ln_tables::{LL_TBL, RH_LH_TBL};
 use crate::map::Bucket;
 
 /// Largest bucket drawn with SIMD; bigger buckets use the scalar draw.
 const MAX_SIMD_ITEMS: usize = 256;
 /// Margin below the best approximate draw inside which exact re-checks happen.
-const EXACT_MARGIN: f64 = 1.0625;
+pub(crate) const EXACT_MARGIN: f64 = 1.0625;
 
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2")]
 unsafe fn mix(a: &mut __m256i, b: &mut __m256i, c: &mut __m256i) {
     macro_rules! step {
         ($x:expr, $y:expr, $z:expr, $shift:ident, $n:literal) => {
@@ -42,12 +43,11 @@ unsafe fn mix(a: &mut __m256i, b: &mut __m256i, c: &mut __m256i) {
     step!(c, a, b, _mm256_srli_epi32, 15);
 }
 
-/// `hash32_3(x, item, r)` for eight items.
-#[inline(always)]
-unsafe fn hash32_3_x8(x: u32, items: __m256i, r: u32) -> __m256i {
-    let mut a = _mm256_set1_epi32(x as i32);
-    let mut b = items;
-    let mut c = _mm256_set1_epi32(r as i32);
+/// `hash32_3(a, b, c)` lane by lane.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn hash32_3_x8(a: __m256i, b: __m256i, c: __m256i) -> __m256i {
+    let (mut a, mut b, mut c) = (a, b, c);
     let mut hash = _mm256_xor_si256(
         _mm256_set1_epi32(HASH_SEED as i32),
         _mm256_xor_si256(a, _mm256_xor_si256(b, c)),
@@ -62,41 +62,9 @@ unsafe fn hash32_3_x8(x: u32, items: __m256i, r: u32) -> __m256i {
     hash
 }
 
-/// `crush_ln(u) - 2^48` for four 64-bit lanes given the normalized input and exponent.
-#[inline(always)]
-unsafe fn ln_minus_one_x4(xn: __m128i, iexpon: __m128i) -> __m256i {
-    let xn64 = _mm256_cvtepu32_epi64(xn);
-    let index1 = _mm256_sub_epi64(
-        _mm256_slli_epi64::<1>(_mm256_srli_epi64::<8>(xn64)),
-        _mm256_set1_epi64x(256),
-    );
-    let base = RH_LH_TBL.as_ptr();
-    let rh = _mm256_i64gather_epi64::<8>(base, index1);
-    let lh = _mm256_i64gather_epi64::<8>(base.add(1), index1);
-    // xn < 2^17 and rh < 2^49 with a product < 2^64: two 32x32 multiplies suffice.
-    let lo = _mm256_mul_epu32(xn64, rh);
-    let hi = _mm256_slli_epi64::<32>(_mm256_mul_epu32(xn64, _mm256_srli_epi64::<32>(rh)));
-    let xl = _mm256_srli_epi64::<48>(_mm256_add_epi64(lo, hi));
-    let index2 = _mm256_and_si256(xl, _mm256_set1_epi64x(0xff));
-    let ll = _mm256_i64gather_epi64::<8>(LL_TBL.as_ptr(), index2);
-    let exponent = _mm256_slli_epi64::<44>(_mm256_cvtepu32_epi64(iexpon));
-    let ln = _mm256_add_epi64(exponent, _mm256_srli_epi64::<4>(_mm256_add_epi64(lh, ll)));
-    _mm256_sub_epi64(ln, _mm256_set1_epi64x(1 << 48))
-}
-
-/// Exact conversion of i64 lanes in [-2^51, 2^51] to f64.
-#[inline(always)]
-unsafe fn i64_to_f64(v: __m256i) -> __m256d {
-    const MAGIC: f64 = 6_755_399_441_055_744.0; // 2^52 + 2^51
-    let magic_bits = _mm256_castpd_si256(_mm256_set1_pd(MAGIC));
-    _mm256_sub_pd(
-        _mm256_castsi256_pd(_mm256_add_epi64(v, magic_bits)),
-        _mm256_set1_pd(MAGIC),
-    )
-}
-
 /// Exact conversion of u32 values (zero-extended to 64-bit lanes) to f64.
-#[inline(always)]
+#[inline]
+#[target_feature(enable = "avx2")]
 unsafe fn u32_to_f64(v: __m128i) -> __m256d {
     const MAGIC: f64 = 4_503_599_627_370_496.0; // 2^52
     let magic_bits = _mm256_castpd_si256(_mm256_set1_pd(MAGIC));
@@ -107,48 +75,60 @@ unsafe fn u32_to_f64(v: __m128i) -> __m256d {
     )
 }
 
-/// Approximate straw2 draws of eight items (-inf for zero weights).
-#[inline(always)]
-unsafe fn draws_x8(x: u32, r: u32, items: &[i32; 8], weights: &[u32; 8], out: &mut [f64; 8]) {
-    let items_v = _mm256_loadu_si256(items.as_ptr().cast());
-    let u = _mm256_and_si256(hash32_3_x8(x, items_v, r), _mm256_set1_epi32(0xffff));
-    let xv = _mm256_add_epi32(u, _mm256_set1_epi32(1));
-    // floor(log2(x)) from the exponent of the exactly converted float.
-    let exp = _mm256_sub_epi32(
-        _mm256_srli_epi32::<23>(_mm256_castps_si256(_mm256_cvtepi32_ps(xv))),
-        _mm256_set1_epi32(127),
-    );
-    let shift = _mm256_max_epi32(
-        _mm256_sub_epi32(_mm256_set1_epi32(15), exp),
-        _mm256_setzero_si256(),
-    );
-    let xn = _mm256_sllv_epi32(xv, shift);
-    let iexpon = _mm256_sub_epi32(_mm256_set1_epi32(15), shift);
-    let w = _mm256_loadu_si256(weights.as_ptr().cast());
+/// `crush_ln(u) - 2^48` as f64 for every 16-bit `u` (exact: the values are integers
+/// below 2^49). 512 KiB, built once from the integer function.
+pub(crate) fn ln_f64_table() -> &'static [f64; 65536] {
+    static TABLE: std::sync::OnceLock<Box<[f64; 65536]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let ints = crate::ln::ln_minus_one_table();
+        let mut table = Box::new([0f64; 65536]);
+        for (slot, &v) in table.iter_mut().zip(ints.iter()) {
+            *slot = v as f64;
+        }
+        table
+    })
+}
+
+/// Approximate straw2 draws (`(crush_ln(u) - 2^48) / w` in f64, -inf for zero weights)
+/// of eight (x, item, r, weight) lanes, as two halves of four.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn approx_draws_x8(
+    ln_table: &[f64; 65536],
+    x: __m256i,
+    items: __m256i,
+    r: __m256i,
+    w: __m256i,
+) -> (__m256d, __m256d) {
+    let u = _mm256_and_si256(hash32_3_x8(x, items, r), _mm256_set1_epi32(0xffff));
     let zero_w = _mm256_cmpeq_epi32(w, _mm256_setzero_si256());
     let neg_inf = _mm256_set1_pd(f64::NEG_INFINITY);
-    for half in 0..2 {
-        let (xn_h, ie_h, w_h, z_h) = if half == 0 {
-            (
-                _mm256_castsi256_si128(xn),
-                _mm256_castsi256_si128(iexpon),
-                _mm256_castsi256_si128(w),
-                _mm256_castsi256_si128(zero_w),
-            )
-        } else {
-            (
-                _mm256_extracti128_si256::<1>(xn),
-                _mm256_extracti128_si256::<1>(iexpon),
-                _mm256_extracti128_si256::<1>(w),
-                _mm256_extracti128_si256::<1>(zero_w),
-            )
-        };
-        let ln = i64_to_f64(ln_minus_one_x4(xn_h, ie_h));
-        let draw = _mm256_div_pd(ln, u32_to_f64(w_h));
-        let mask = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(z_h));
-        let draw = _mm256_blendv_pd(draw, neg_inf, mask);
-        _mm256_storeu_pd(out.as_mut_ptr().add(half * 4), draw);
-    }
+    let base = ln_table.as_ptr();
+    let ln_lo = _mm256_i32gather_pd::<8>(base, _mm256_castsi256_si128(u));
+    let ln_hi = _mm256_i32gather_pd::<8>(base, _mm256_extracti128_si256::<1>(u));
+    let draw_lo = _mm256_div_pd(ln_lo, u32_to_f64(_mm256_castsi256_si128(w)));
+    let draw_hi = _mm256_div_pd(ln_hi, u32_to_f64(_mm256_extracti128_si256::<1>(w)));
+    let z_lo = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(zero_w)));
+    let z_hi = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(zero_w)));
+    (
+        _mm256_blendv_pd(draw_lo, neg_inf, z_lo),
+        _mm256_blendv_pd(draw_hi, neg_inf, z_hi),
+    )
+}
+
+/// Approximate straw2 draws of eight items of one bucket for one (x, r).
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn draws_x8(x: u32, r: u32, items: &[i32; 8], weights: &[u32; 8], out: &mut [f64; 8]) {
+    let (lo, hi) = approx_draws_x8(
+        ln_f64_table(),
+        _mm256_set1_epi32(x as i32),
+        _mm256_loadu_si256(items.as_ptr().cast()),
+        _mm256_set1_epi32(r as i32),
+        _mm256_loadu_si256(weights.as_ptr().cast()),
+    );
+    _mm256_storeu_pd(out.as_mut_ptr(), lo);
+    _mm256_storeu_pd(out.as_mut_ptr().add(4), hi);
 }
 
 /// straw2 choice with AVX2; identical to `mapper::straw2_choose`.
@@ -158,7 +138,7 @@ unsafe fn draws_x8(x: u32, r: u32, items: &[i32; 8], weights: &[u32; 8], out: &m
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn straw2_choose_avx2(bucket: &Bucket, x: u32, r: u32) -> i32 {
     let size = bucket.size();
-    if size > MAX_SIMD_ITEMS || size < 4 {
+    if !(4..=MAX_SIMD_ITEMS).contains(&size) {
         return crate::mapper::straw2_choose(bucket, x, r);
     }
     let mut approx = [f64::NEG_INFINITY; MAX_SIMD_ITEMS];
@@ -198,4 +178,94 @@ pub(crate) unsafe fn straw2_choose_avx2(bucket: &Bucket, x: u32, r: u32) -> i32 
     }
     let (index, _) = high.expect("the best approximate draw is always a candidate");
     bucket.items[index]
+}
+
+/// The AVX2 step of the lane engine: eight straw2 choices (one per lane, each in its own
+/// bucket) in one pass of 256-bit vectors over the items, with an exact scalar re-check
+/// of any lane whose best draw does not lead its runner-up by `EXACT_MARGIN`.
+///
+/// # Safety
+/// The CPU must support AVX2.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn step_avx2(
+    map: &crate::map::CrushMap,
+    plan: &crate::lanes::Plan,
+    requests: &[crate::lanes::Request; 8],
+) -> [i32; 8] {
+    let ln_table = ln_f64_table();
+    let mut offsets = [0i32; 8];
+    let mut sizes = [0i32; 8];
+    let mut xs = [0i32; 8];
+    let mut rs = [0i32; 8];
+    let mut max_size = 0i32;
+    for (l, req) in requests.iter().enumerate() {
+        if req.active {
+            let (offset, size) = plan.spans[req.bucket];
+            offsets[l] = offset as i32;
+            sizes[l] = size as i32;
+            xs[l] = req.x;
+            rs[l] = req.r;
+            max_size = max_size.max(size as i32);
+        }
+    }
+    let offsets_v = _mm256_loadu_si256(offsets.as_ptr().cast());
+    let sizes_v = _mm256_loadu_si256(sizes.as_ptr().cast());
+    let x_v = _mm256_loadu_si256(xs.as_ptr().cast());
+    let r_v = _mm256_loadu_si256(rs.as_ptr().cast());
+    let flat_items = plan.flat_items.as_ptr();
+    let flat_weights = plan.flat_weights.as_ptr();
+    let neg_inf = _mm256_set1_pd(f64::NEG_INFINITY);
+    let (mut best_lo, mut best_hi) = (neg_inf, neg_inf);
+    let (mut second_lo, mut second_hi) = (neg_inf, neg_inf);
+    let (mut idx_lo, mut idx_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    for i in 0..max_size {
+        let i_v = _mm256_set1_epi32(i);
+        let active = _mm256_cmpgt_epi32(sizes_v, i_v);
+        let index = _mm256_and_si256(_mm256_add_epi32(offsets_v, i_v), active);
+        let item_v =
+            _mm256_mask_i32gather_epi32::<4>(_mm256_setzero_si256(), flat_items, index, active);
+        let w_v = _mm256_mask_i32gather_epi32::<4>(
+            _mm256_setzero_si256(),
+            flat_weights.cast(),
+            index,
+            active,
+        );
+        let (lo, hi) = approx_draws_x8(ln_table, x_v, item_v, r_v, w_v);
+        let i_f = _mm256_set1_pd(f64::from(i));
+        // Running best and runner-up per lane; a tie also lands in the runner-up, so a
+        // near tie always goes to the exact code.
+        let better_lo = _mm256_cmp_pd::<_CMP_GT_OQ>(lo, best_lo);
+        second_lo = _mm256_blendv_pd(_mm256_max_pd(second_lo, lo), best_lo, better_lo);
+        best_lo = _mm256_blendv_pd(best_lo, lo, better_lo);
+        idx_lo = _mm256_blendv_pd(idx_lo, i_f, better_lo);
+        let better_hi = _mm256_cmp_pd::<_CMP_GT_OQ>(hi, best_hi);
+        second_hi = _mm256_blendv_pd(_mm256_max_pd(second_hi, hi), best_hi, better_hi);
+        best_hi = _mm256_blendv_pd(best_hi, hi, better_hi);
+        idx_hi = _mm256_blendv_pd(idx_hi, i_f, better_hi);
+    }
+    let mut best = [0f64; 8];
+    let mut second = [0f64; 8];
+    let mut idx = [0f64; 8];
+    _mm256_storeu_pd(best.as_mut_ptr(), best_lo);
+    _mm256_storeu_pd(best.as_mut_ptr().add(4), best_hi);
+    _mm256_storeu_pd(second.as_mut_ptr(), second_lo);
+    _mm256_storeu_pd(second.as_mut_ptr().add(4), second_hi);
+    _mm256_storeu_pd(idx.as_mut_ptr(), idx_lo);
+    _mm256_storeu_pd(idx.as_mut_ptr().add(4), idx_hi);
+    let mut chosen = [0i32; 8];
+    for l in 0..8 {
+        let req = &requests[l];
+        if !req.active || sizes[l] == 0 {
+            continue;
+        }
+        chosen[l] = if best[l] - second[l] > EXACT_MARGIN {
+            plan.flat_items[offsets[l] as usize + idx[l] as usize]
+        } else if let Some(bucket) = map.buckets.get(req.bucket).and_then(Option::as_ref) {
+            // Near tie, all-zero weights or a single item: Ceph's integer code decides.
+            crate::mapper::straw2_choose(bucket, req.x as u32, req.r as u32)
+        } else {
+            plan.flat_items[offsets[l] as usize]
+        };
+    }
+    chosen
 }

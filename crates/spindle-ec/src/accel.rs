@@ -190,11 +190,7 @@ impl CpuEngine {
                 Ok(Vec::new())
             }
             Job::Crc32c { buffers } => {
-                let engine = if self.kind == EngineKind::Scalar {
-                    crc32c::CrcEngine::Scalar
-                } else {
-                    crc32c::CrcEngine::best_available()
-                };
+                let engine = self.kind.crc_engine();
                 Ok(buffers
                     .iter()
                     .map(|b| crc32c::crc32c_append_with(engine, 0, b))

@@ -79,6 +79,12 @@ impl DecodeCache {
     }
 }
 
+// A codec is shared between threads (encode and decode take `&self`).
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ReedSolomon>();
+};
+
 /// A systematic Reed-Solomon code over GF(2^8) with k data and m parity chunks.
 ///
 /// Chunk i < k is data chunk i; chunk k + r is parity row r. All chunks of a stripe have the
@@ -136,11 +142,7 @@ impl ReedSolomon {
         let encode_matrix = matrix::encode_matrix(matrix_kind, data_chunks, parity_chunks)?;
         let coding_rows: Vec<usize> = (data_chunks..data_chunks + parity_chunks).collect();
         let encode_tables = CoefficientTables::new(&encode_matrix.select_rows(&coding_rows));
-        let crc_engine = if engine == EngineKind::Scalar {
-            CrcEngine::Scalar
-        } else {
-            CrcEngine::best_available()
-        };
+        let crc_engine = engine.crc_engine();
         Ok(ReedSolomon {
             data_chunks,
             parity_chunks,

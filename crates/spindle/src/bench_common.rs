@@ -25,7 +25,11 @@ impl BenchResult {
         reference: impl Into<String>,
         reference_value: f64,
     ) -> Self {
-        let ratio = if reference_value > 0.0 { spindle / reference_value } else { f64::NAN };
+        let ratio = if reference_value > 0.0 {
+            spindle / reference_value
+        } else {
+            f64::NAN
+        };
         BenchResult {
             name: name.into(),
             unit: unit.into(),
@@ -46,11 +50,24 @@ struct BenchReport<'a> {
 /// Prints the results as a table, or as the JSON object of the convention.
 pub fn print_report(bench: &str, results: &[BenchResult], json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string(&BenchReport { bench, results })?);
+        println!(
+            "{}",
+            serde_json::to_string(&BenchReport { bench, results })?
+        );
         return Ok(());
     }
-    let name_width = results.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
-    let ref_width = results.iter().map(|r| r.reference.len()).max().unwrap_or(9).max(9);
+    let name_width = results
+        .iter()
+        .map(|r| r.name.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let ref_width = results
+        .iter()
+        .map(|r| r.reference.len())
+        .max()
+        .unwrap_or(9)
+        .max(9);
     println!(
         "{:<name_width$}  {:>14}  {:<ref_width$}  {:>14}  {:>7}  unit",
         "name", "spindle", "reference", "ref value", "ratio"

@@ -8,13 +8,15 @@
 //! noise) and keeps the best run of each; the `--seconds` budget is split evenly over cases.
 //! GB/s are 1e9 bytes of *data* per second (k x chunk bytes per stripe, for encode and
 //! decode alike), single-threaded, cache-hot buffers (as in `shared/baselines/kernels.md`).
+//! Spindle runs on the engine `SPINDLE_EC_ENGINE` names, else the best one for this CPU;
+//! inside timing loops results are discarded because every case was validated beforehand.
 
 use std::ffi::{c_int, c_uint};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use spindle_ec::{crc32c, MatrixKind, ReedSolomon};
+use spindle_ec::{crc32c, EngineKind, MatrixKind, ReedSolomon};
 
 use crate::bench_common::{print_report, BenchResult};
 
@@ -30,9 +32,39 @@ pub struct BenchEcArgs {
     /// Only run cases whose name contains this text (e.g. "RS(10,4)", "fused", "crc32c").
     #[arg(long)]
     pub filter: Option<String>,
+    /// ISA-L entry points to compare with: `dispatch` (ec_encode_data and crc32_iscsi, which
+    /// pick ISA-L's best kernels for this CPU) or `avx2` (ec_encode_data_avx2 and
+    /// crc32_iscsi_01, ISA-L's kernels for CPUs without AVX-512, e.g. AMD Zen 3).
+    #[arg(long, value_enum, default_value = "dispatch")]
+    pub isal_kernels: IsalKernels,
     /// ISA-L shared library to compare with (file name or path).
     #[arg(long, default_value = "libisal.so.2")]
     pub isal_library: String,
+}
+
+/// Which ISA-L entry points the benchmark calls.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IsalKernels {
+    /// `ec_encode_data` and `crc32_iscsi` (ISA-L's own run-time dispatch).
+    Dispatch,
+    /// `ec_encode_data_avx2` and `crc32_iscsi_01` (SSE4.2 + PCLMULQDQ).
+    Avx2,
+}
+
+impl IsalKernels {
+    fn encode_symbol(self) -> &'static str {
+        match self {
+            IsalKernels::Dispatch => "ec_encode_data",
+            IsalKernels::Avx2 => "ec_encode_data_avx2",
+        }
+    }
+
+    fn crc_symbol(self) -> &'static str {
+        match self {
+            IsalKernels::Dispatch => "crc32_iscsi",
+            IsalKernels::Avx2 => "crc32_iscsi_01",
+        }
+    }
 }
 
 /// Codes measured (k, m).
@@ -64,12 +96,13 @@ struct Isal {
     encode_data: EncodeFn,
     invert_matrix: InvertFn,
     crc32_iscsi: CrcFn,
+    kernels: IsalKernels,
     /// Keeps the library mapped while the function pointers above are in use.
     _library: libloading::Library,
 }
 
 impl Isal {
-    fn load(name: &str) -> anyhow::Result<Isal> {
+    fn load(name: &str, kernels: IsalKernels) -> anyhow::Result<Isal> {
         // SAFETY: loading ISA-L runs only its (trivial) ELF initialisers.
         let library = unsafe { libloading::Library::new(name) }.with_context(|| {
             format!(
@@ -82,15 +115,16 @@ impl Isal {
         unsafe {
             let gen_cauchy1_matrix = *library.get::<GenMatrixFn>(b"gf_gen_cauchy1_matrix\0")?;
             let init_tables = *library.get::<InitTablesFn>(b"ec_init_tables\0")?;
-            let encode_data = *library.get::<EncodeFn>(b"ec_encode_data\0")?;
+            let encode_data = *library.get::<EncodeFn>(kernels.encode_symbol().as_bytes())?;
             let invert_matrix = *library.get::<InvertFn>(b"gf_invert_matrix\0")?;
-            let crc32_iscsi = *library.get::<CrcFn>(b"crc32_iscsi\0")?;
+            let crc32_iscsi = *library.get::<CrcFn>(kernels.crc_symbol().as_bytes())?;
             Ok(Isal {
                 gen_cauchy1_matrix,
                 init_tables,
                 encode_data,
                 invert_matrix,
                 crc32_iscsi,
+                kernels,
                 _library: library,
             })
         }
@@ -335,7 +369,7 @@ impl Bench<'_> {
             );
             self.record(
                 names[0].clone(),
-                "ISA-L 2.30 ec_encode_data (cauchy1)",
+                &format!("ISA-L 2.30 {} (cauchy1)", isal.kernels.encode_symbol()),
                 k * chunk_bytes,
                 rates,
             );
@@ -384,7 +418,11 @@ impl Bench<'_> {
             );
             self.record(
                 names[2].clone(),
-                "ISA-L ec_encode_data + crc32_iscsi of all k+m chunks",
+                &format!(
+                    "ISA-L {} + {} of all k+m chunks",
+                    isal.kernels.encode_symbol(),
+                    isal.kernels.crc_symbol()
+                ),
                 k * chunk_bytes,
                 rates,
             );
@@ -439,7 +477,10 @@ impl Bench<'_> {
             );
             self.record(
                 names[1].clone(),
-                "ISA-L ec_encode_data, cached decode tables",
+                &format!(
+                    "ISA-L {}, cached decode tables",
+                    isal.kernels.encode_symbol()
+                ),
                 k * chunk_bytes,
                 rates,
             );
@@ -454,20 +495,22 @@ impl Bench<'_> {
         }
         let buffer = filled(len, 99);
         let bytes = buffer.bytes();
-        if crc32c::crc32c(bytes) != self.isal.crc32c(bytes) {
+        let engine = EngineKind::Auto.resolve()?.crc_engine();
+        if crc32c::crc32c_append_with(engine, 0, bytes) != self.isal.crc32c(bytes) {
             bail!("{name}: Spindle and ISA-L CRC32C differ");
         }
         let isal = self.isal;
         let rates = best_of(
             self.run,
             &mut || {
-                black_box(crc32c::crc32c(black_box(bytes)));
+                black_box(crc32c::crc32c_append_with(engine, 0, black_box(bytes)));
             },
             &mut || {
                 black_box(isal.crc32c(black_box(bytes)));
             },
         );
-        self.record(name, "ISA-L 2.30 crc32_iscsi", len, rates);
+        let reference = format!("ISA-L 2.30 {}", isal.kernels.crc_symbol());
+        self.record(name, &reference, len, rates);
         Ok(())
     }
 }
@@ -485,7 +528,7 @@ pub fn run(args: BenchEcArgs) -> anyhow::Result<()> {
     if !(args.seconds > 0.0 && args.seconds.is_finite()) {
         bail!("--seconds must be a positive number");
     }
-    let isal = Isal::load(&args.isal_library)?;
+    let isal = Isal::load(&args.isal_library, args.isal_kernels)?;
     let filter = args.filter.as_deref();
     let wanted = |name: &str| filter.is_none_or(|f| name.contains(f));
     let mut cases = 0usize;

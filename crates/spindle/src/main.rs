@@ -10,7 +10,11 @@ mod ec_cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "spindle", version, about = "Spindle: accelerated software-defined storage")]
+#[command(
+    name = "spindle",
+    version,
+    about = "Spindle: accelerated software-defined storage"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -164,7 +164,7 @@ fn main_job_summarizes_the_bundled_map() {
         .lines()
         .filter(|l| l.trim_start().starts_with("osd."))
     {
-        let id: i32 = line.trim().split_whitespace().next().unwrap()[4..]
+        let id: i32 = line.split_whitespace().next().unwrap()[4..]
             .parse()
             .unwrap();
         assert_eq!(id % 3, 0, "ssd rule placed data on non-ssd osd.{id}");

@@ -43,8 +43,8 @@ pub(crate) unsafe fn encode_with_crc(job: &DotProduct<'_>, crcs: &mut [u32]) {
             match count {
                 1 => fused_group::<1, 4>(&group, sources, parity, body),
                 2 => fused_group::<2, 4>(&group, sources, parity, body),
-                3 => fused_group::<3, 4>(&group, sources, parity, body),
-                4 => fused_group::<4, 4>(&group, sources, parity, body),
+                3 => fused_group::<3, 2>(&group, sources, parity, body),
+                4 => fused_group::<4, 2>(&group, sources, parity, body),
                 5 => fused_group::<5, 2>(&group, sources, parity, body),
                 6 => fused_group::<6, 2>(&group, sources, parity, body),
                 7 => fused_group::<7, 2>(&group, sources, parity, body),

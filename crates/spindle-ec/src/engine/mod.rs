@@ -99,6 +99,29 @@ impl EngineKind {
         }
     }
 
+    /// The CRC32C implementation of the same CPU class, used by the fused encode + CRC of
+    /// this engine: `Scalar` with the scalar engine, SSE4.2 with SSSE3, 256-bit VPCLMULQDQ
+    /// folding (else SSE4.2) with AVX2 (what a CPU without AVX-512, e.g. AMD Zen 3, has),
+    /// AVX-512 folding with the AVX-512 engines, the ARMv8 CRC instructions with NEON; each
+    /// falling back to the best one available.
+    pub fn crc_engine(self) -> crate::crc32c::CrcEngine {
+        use crate::crc32c::CrcEngine;
+        let preferred = match self {
+            EngineKind::Scalar => return CrcEngine::Scalar,
+            EngineKind::Ssse3 => CrcEngine::Sse42,
+            EngineKind::Avx2 if CrcEngine::Avx2Vpclmul.is_available() => CrcEngine::Avx2Vpclmul,
+            EngineKind::Avx2 => CrcEngine::Sse42,
+            EngineKind::Avx512 | EngineKind::Gfni => CrcEngine::Avx512,
+            EngineKind::Neon => CrcEngine::ArmCrc,
+            EngineKind::Auto => CrcEngine::best_available(),
+        };
+        if preferred.is_available() {
+            preferred
+        } else {
+            CrcEngine::best_available()
+        }
+    }
+
     /// The fastest engine available here, ignoring the environment.
     pub fn best_available() -> EngineKind {
         [
