@@ -37,20 +37,16 @@ impl BatchEngine {
     }
 
     fn resolve(self) -> Result<Straw2Engine, crate::CrushError> {
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = std::is_x86_feature_detected!("avx2");
         match self {
             BatchEngine::Auto => BatchEngine::detect().resolve(),
             BatchEngine::Scalar => Ok(Straw2Engine::Scalar),
-            BatchEngine::Avx2 => {
-                #[cfg(target_arch = "x86_64")]
-                {
-                    if std::is_x86_feature_detected!("avx2") {
-                        return Ok(Straw2Engine::Avx2);
-                    }
-                }
-                Err(crate::CrushError::Invalid(
-                    "this CPU has no AVX2".to_string(),
-                ))
-            }
+            #[cfg(target_arch = "x86_64")]
+            BatchEngine::Avx2 if avx2 => Ok(Straw2Engine::Avx2),
+            BatchEngine::Avx2 => Err(crate::CrushError::Invalid(
+                "this CPU has no AVX2".to_string(),
+            )),
         }
     }
 }

@@ -1,9 +1,9 @@
-//! Lane-parallel batch mapping: eight inputs are mapped at once.
+//! Lane-parallel batch mapping: sixteen inputs are mapped at once.
 //!
 //! Mapping one input is a chain of straw2 choices, each a long dependency chain (hash,
-//! log, divide) with little else to overlap. Here eight inputs ("lanes") advance together:
+//! log, divide) with little else to overlap. Here sixteen inputs ("lanes") advance together:
 //! every step, each unfinished lane asks for one straw2 choice (its own bucket, x and r),
-//! the eight choices are computed together by a step engine, and then each lane's state
+//! the sixteen choices are computed together by a step engine, and then each lane's state
 //! machine (Ceph's
 //! `crush_choose_firstn`, including collisions, retries, `chooseleaf` recursion, reweights,
 //! `vary_r` and `stable`) consumes its answer. A finished lane takes the next input.
@@ -20,7 +20,7 @@
 
 use crate::map::{BucketAlg, CrushMap, Step, WEIGHT_ONE};
 
-pub(crate) const LANES: usize = 8;
+pub(crate) const LANES: usize = 16;
 /// Largest result size handled here (larger requests use the other engines).
 pub(crate) const MAX_REP: usize = 32;
 
@@ -534,7 +534,16 @@ pub(crate) fn step_portable(plan: &Plan, requests: &[Request; LANES]) -> [i32; L
             items[l] = plan.flat_items[index] as u32;
             weights[l] = plan.flat_weights[index];
         }
-        let hashes = crate::hash::hash32_3_x8(xs, items, rs);
+        let mut hashes = [0u32; LANES];
+        for g in 0..LANES / 8 {
+            let part =
+                |a: &[u32; LANES]| -> [u32; 8] { a[8 * g..8 * g + 8].try_into().expect("8 lanes") };
+            hashes[8 * g..8 * g + 8].copy_from_slice(&crate::hash::hash32_3_x8(
+                part(&xs),
+                part(&items),
+                part(&rs),
+            ));
+        }
         for l in 0..LANES {
             let draw = crate::ln::straw2_draw(hashes[l] & 0xffff, weights[l]);
             // Ceph: the first strictly greater draw wins; padding has weight 0 (i64::MIN).

@@ -21,8 +21,7 @@ const MAX_SIMD_ITEMS: usize = 256;
 /// Margin below the best approximate draw inside which exact re-checks happen.
 pub(crate) const EXACT_MARGIN: f64 = 1.0625;
 
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)] // only called from `#[target_feature(enable = "avx2")]` functions
 unsafe fn mix(a: &mut __m256i, b: &mut __m256i, c: &mut __m256i) {
     macro_rules! step {
         ($x:expr, $y:expr, $z:expr, $shift:ident, $n:literal) => {
@@ -44,8 +43,7 @@ unsafe fn mix(a: &mut __m256i, b: &mut __m256i, c: &mut __m256i) {
 }
 
 /// `hash32_3(a, b, c)` lane by lane.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)] // only called from `#[target_feature(enable = "avx2")]` functions
 pub(crate) unsafe fn hash32_3_x8(a: __m256i, b: __m256i, c: __m256i) -> __m256i {
     let (mut a, mut b, mut c) = (a, b, c);
     let mut hash = _mm256_xor_si256(
@@ -63,8 +61,7 @@ pub(crate) unsafe fn hash32_3_x8(a: __m256i, b: __m256i, c: __m256i) -> __m256i 
 }
 
 /// Exact conversion of u32 values (zero-extended to 64-bit lanes) to f64.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)] // only called from `#[target_feature(enable = "avx2")]` functions
 unsafe fn u32_to_f64(v: __m128i) -> __m256d {
     const MAGIC: f64 = 4_503_599_627_370_496.0; // 2^52
     let magic_bits = _mm256_castpd_si256(_mm256_set1_pd(MAGIC));
@@ -91,8 +88,7 @@ pub(crate) fn ln_f64_table() -> &'static [f64; 65536] {
 
 /// Approximate straw2 draws (`(crush_ln(u) - 2^48) / w` in f64, -inf for zero weights)
 /// of eight (x, item, r, weight) lanes, as two halves of four.
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)] // only called from `#[target_feature(enable = "avx2")]` functions
 pub(crate) unsafe fn approx_draws_x8(
     ln_table: &[f64; 65536],
     x: __m256i,
@@ -117,8 +113,7 @@ pub(crate) unsafe fn approx_draws_x8(
 }
 
 /// Approximate straw2 draws of eight items of one bucket for one (x, r).
-#[inline]
-#[target_feature(enable = "avx2")]
+#[inline(always)] // only called from `#[target_feature(enable = "avx2")]` functions
 unsafe fn draws_x8(x: u32, r: u32, items: &[i32; 8], weights: &[u32; 8], out: &mut [f64; 8]) {
     let (lo, hi) = approx_draws_x8(
         ln_f64_table(),
@@ -180,9 +175,56 @@ pub(crate) unsafe fn straw2_choose_avx2(bucket: &Bucket, x: u32, r: u32) -> i32 
     bucket.items[index]
 }
 
-/// The AVX2 step of the lane engine: eight straw2 choices (one per lane, each in its own
-/// bucket) in one pass of 256-bit vectors over the items, with an exact scalar re-check
-/// of any lane whose best draw does not lead its runner-up by `EXACT_MARGIN`.
+/// Running best/runner-up/index of one group of eight lanes (two halves of four f64).
+#[derive(Clone, Copy)]
+struct Best8 {
+    best: [__m256d; 2],
+    second: [__m256d; 2],
+    index: [__m256d; 2],
+}
+
+/// One group of eight lanes for item position `i`: draw and fold into the running best.
+#[inline(always)] // only called from `step_avx2`
+unsafe fn fold_group(
+    acc: &mut Best8,
+    ln_table: &[f64; 65536],
+    plan: &crate::lanes::Plan,
+    offsets: __m256i,
+    sizes: __m256i,
+    x: __m256i,
+    r: __m256i,
+    i: i32,
+) {
+    let i_v = _mm256_set1_epi32(i);
+    let active = _mm256_cmpgt_epi32(sizes, i_v);
+    let index = _mm256_and_si256(_mm256_add_epi32(offsets, i_v), active);
+    let item_v = _mm256_mask_i32gather_epi32::<4>(
+        _mm256_setzero_si256(),
+        plan.flat_items.as_ptr(),
+        index,
+        active,
+    );
+    let w_v = _mm256_mask_i32gather_epi32::<4>(
+        _mm256_setzero_si256(),
+        plan.flat_weights.as_ptr().cast(),
+        index,
+        active,
+    );
+    let (lo, hi) = approx_draws_x8(ln_table, x, item_v, r, w_v);
+    let i_f = _mm256_set1_pd(f64::from(i));
+    for (h, draw) in [lo, hi].into_iter().enumerate() {
+        // A tie also lands in the runner-up, so a near tie always goes to the exact code.
+        let better = _mm256_cmp_pd::<_CMP_GT_OQ>(draw, acc.best[h]);
+        acc.second[h] = _mm256_blendv_pd(_mm256_max_pd(acc.second[h], draw), acc.best[h], better);
+        acc.best[h] = _mm256_blendv_pd(acc.best[h], draw, better);
+        acc.index[h] = _mm256_blendv_pd(acc.index[h], i_f, better);
+    }
+}
+
+/// The AVX2 step of the lane engine: one straw2 choice per lane (each lane in its own
+/// bucket), computed for two groups of eight lanes side by side so that their hash chains
+/// overlap, with an exact scalar re-check of any lane whose best draw does not lead its
+/// runner-up by `EXACT_MARGIN`.
 ///
 /// # Safety
 /// The CPU must support AVX2.
@@ -190,13 +232,15 @@ pub(crate) unsafe fn straw2_choose_avx2(bucket: &Bucket, x: u32, r: u32) -> i32 
 pub(crate) unsafe fn step_avx2(
     map: &crate::map::CrushMap,
     plan: &crate::lanes::Plan,
-    requests: &[crate::lanes::Request; 8],
-) -> [i32; 8] {
+    requests: &[crate::lanes::Request; crate::lanes::LANES],
+) -> [i32; crate::lanes::LANES] {
+    const N: usize = crate::lanes::LANES;
+    const _: () = assert!(N == 16, "step_avx2 handles two groups of eight lanes");
     let ln_table = ln_f64_table();
-    let mut offsets = [0i32; 8];
-    let mut sizes = [0i32; 8];
-    let mut xs = [0i32; 8];
-    let mut rs = [0i32; 8];
+    let mut offsets = [0i32; N];
+    let mut sizes = [0i32; N];
+    let mut xs = [0i32; N];
+    let mut rs = [0i32; N];
     let mut max_size = 0i32;
     for (l, req) in requests.iter().enumerate() {
         if req.active {
@@ -208,52 +252,35 @@ pub(crate) unsafe fn step_avx2(
             max_size = max_size.max(size as i32);
         }
     }
-    let offsets_v = _mm256_loadu_si256(offsets.as_ptr().cast());
-    let sizes_v = _mm256_loadu_si256(sizes.as_ptr().cast());
-    let x_v = _mm256_loadu_si256(xs.as_ptr().cast());
-    let r_v = _mm256_loadu_si256(rs.as_ptr().cast());
-    let flat_items = plan.flat_items.as_ptr();
-    let flat_weights = plan.flat_weights.as_ptr();
+    let load = |a: &[i32; N], g: usize| _mm256_loadu_si256(a.as_ptr().add(8 * g).cast());
+    let (off0, off1) = (load(&offsets, 0), load(&offsets, 1));
+    let (size0, size1) = (load(&sizes, 0), load(&sizes, 1));
+    let (x0, x1) = (load(&xs, 0), load(&xs, 1));
+    let (r0, r1) = (load(&rs, 0), load(&rs, 1));
     let neg_inf = _mm256_set1_pd(f64::NEG_INFINITY);
-    let (mut best_lo, mut best_hi) = (neg_inf, neg_inf);
-    let (mut second_lo, mut second_hi) = (neg_inf, neg_inf);
-    let (mut idx_lo, mut idx_hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    let init = Best8 {
+        best: [neg_inf; 2],
+        second: [neg_inf; 2],
+        index: [_mm256_setzero_pd(); 2],
+    };
+    let (mut g0, mut g1) = (init, init);
     for i in 0..max_size {
-        let i_v = _mm256_set1_epi32(i);
-        let active = _mm256_cmpgt_epi32(sizes_v, i_v);
-        let index = _mm256_and_si256(_mm256_add_epi32(offsets_v, i_v), active);
-        let item_v =
-            _mm256_mask_i32gather_epi32::<4>(_mm256_setzero_si256(), flat_items, index, active);
-        let w_v = _mm256_mask_i32gather_epi32::<4>(
-            _mm256_setzero_si256(),
-            flat_weights.cast(),
-            index,
-            active,
-        );
-        let (lo, hi) = approx_draws_x8(ln_table, x_v, item_v, r_v, w_v);
-        let i_f = _mm256_set1_pd(f64::from(i));
-        // Running best and runner-up per lane; a tie also lands in the runner-up, so a
-        // near tie always goes to the exact code.
-        let better_lo = _mm256_cmp_pd::<_CMP_GT_OQ>(lo, best_lo);
-        second_lo = _mm256_blendv_pd(_mm256_max_pd(second_lo, lo), best_lo, better_lo);
-        best_lo = _mm256_blendv_pd(best_lo, lo, better_lo);
-        idx_lo = _mm256_blendv_pd(idx_lo, i_f, better_lo);
-        let better_hi = _mm256_cmp_pd::<_CMP_GT_OQ>(hi, best_hi);
-        second_hi = _mm256_blendv_pd(_mm256_max_pd(second_hi, hi), best_hi, better_hi);
-        best_hi = _mm256_blendv_pd(best_hi, hi, better_hi);
-        idx_hi = _mm256_blendv_pd(idx_hi, i_f, better_hi);
+        fold_group(&mut g0, ln_table, plan, off0, size0, x0, r0, i);
+        fold_group(&mut g1, ln_table, plan, off1, size1, x1, r1, i);
     }
-    let mut best = [0f64; 8];
-    let mut second = [0f64; 8];
-    let mut idx = [0f64; 8];
-    _mm256_storeu_pd(best.as_mut_ptr(), best_lo);
-    _mm256_storeu_pd(best.as_mut_ptr().add(4), best_hi);
-    _mm256_storeu_pd(second.as_mut_ptr(), second_lo);
-    _mm256_storeu_pd(second.as_mut_ptr().add(4), second_hi);
-    _mm256_storeu_pd(idx.as_mut_ptr(), idx_lo);
-    _mm256_storeu_pd(idx.as_mut_ptr().add(4), idx_hi);
-    let mut chosen = [0i32; 8];
-    for l in 0..8 {
+    let mut best = [0f64; N];
+    let mut second = [0f64; N];
+    let mut idx = [0f64; N];
+    for (g, acc) in [g0, g1].iter().enumerate() {
+        for h in 0..2 {
+            let at = 8 * g + 4 * h;
+            _mm256_storeu_pd(best.as_mut_ptr().add(at), acc.best[h]);
+            _mm256_storeu_pd(second.as_mut_ptr().add(at), acc.second[h]);
+            _mm256_storeu_pd(idx.as_mut_ptr().add(at), acc.index[h]);
+        }
+    }
+    let mut chosen = [0i32; N];
+    for l in 0..N {
         let req = &requests[l];
         if !req.active || sizes[l] == 0 {
             continue;
