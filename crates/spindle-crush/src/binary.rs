@@ -106,7 +106,10 @@ pub fn decode(bytes: &[u8]) -> Result<CrushMap, CrushError> {
     let max_buckets = r.i32("max_buckets")?;
     let max_rules = r.u32("max_rules")?;
     let max_devices = r.i32("max_devices")?;
-    if !(0..=MAX_ENTRIES as i32).contains(&max_buckets) || max_rules > 256 || max_devices < 0 {
+    if !(0..=MAX_ENTRIES as i32).contains(&max_buckets)
+        || max_rules > 256
+        || !(0..=crate::map::MAX_DEVICES).contains(&max_devices)
+    {
         return Err(CrushError::Binary("implausible map dimensions".to_string()));
     }
     let mut map = CrushMap {

@@ -44,7 +44,7 @@ pub(crate) struct Plan {
 
 impl Plan {
     pub(crate) fn new(map: &CrushMap, rule_id: i32, result_max: usize) -> Option<Plan> {
-        if result_max == 0 || result_max > MAX_REP {
+        if result_max == 0 || result_max > MAX_REP || map.validate().is_err() {
             return None;
         }
         let rule = map.rule(rule_id)?;
@@ -196,8 +196,8 @@ impl Lane {
     /// The r of the choice this lane asks for next.
     fn r(&self) -> i32 {
         match self.phase {
-            Phase::Leaf => self.leaf_r_base + self.leaf_ftotal as i32,
-            _ => self.rep + self.ftotal as i32,
+            Phase::Leaf => self.leaf_r_base.wrapping_add(self.leaf_ftotal as i32),
+            _ => self.rep.wrapping_add(self.ftotal as i32),
         }
     }
 }
@@ -366,9 +366,9 @@ impl Driver<'_> {
                             } else if self.plan.leaf && item < 0 {
                                 // chooseleaf: one repetition of a firstn search for a
                                 // device under `item`, with its own retry budget.
-                                let r = lane.rep + lane.ftotal as i32;
+                                let r = lane.rep.wrapping_add(lane.ftotal as i32);
                                 let sub_r = if self.plan.vary_r != 0 {
-                                    r >> (self.plan.vary_r - 1)
+                                    r.checked_shr(self.plan.vary_r - 1).unwrap_or(0)
                                 } else {
                                     0
                                 };
@@ -378,7 +378,7 @@ impl Driver<'_> {
                                     lane.outpos as i32
                                 };
                                 lane.outer_item = item;
-                                lane.leaf_r_base = leaf_rep + sub_r;
+                                lane.leaf_r_base = leaf_rep.wrapping_add(sub_r);
                                 lane.leaf_ftotal = 0;
                                 lane.phase = Phase::Leaf;
                                 lane.bucket = Self::bucket_index(item);

@@ -189,6 +189,14 @@ pub struct Tunables {
     pub allowed_bucket_algs: u32,
 }
 
+/// Largest retry count (tunable or rule step) a map may ask for. Ceph's defaults are 50
+/// and 100; a corrupted or hostile map asking for billions would make mapping hang.
+pub const MAX_TRIES: u32 = 10_000;
+/// Largest device count a map may declare (16 Mi devices).
+pub const MAX_DEVICES: i32 = 1 << 24;
+/// Deepest bucket hierarchy a descent follows before giving up on an item.
+pub const MAX_DEPTH: usize = 64;
+
 /// Bucket algorithms allowed by legacy maps (uniform, list, straw).
 pub const LEGACY_ALLOWED_BUCKET_ALGS: u32 = (1 << 1) | (1 << 2) | (1 << 4);
 /// Bucket algorithms allowed since hammer (adds tree and straw2).
@@ -382,6 +390,125 @@ impl CrushMap {
             }
         }
         self.max_devices = max_devices;
+    }
+
+    /// Checks the limits that keep mapping finite and bounded: retry counts up to
+    /// [`MAX_TRIES`], `vary_r` below 32, at most [`MAX_DEVICES`] devices, an acyclic bucket
+    /// graph no deeper than [`MAX_DEPTH`], and consistent per-bucket arrays.
+    pub fn validate(&self) -> Result<(), crate::CrushError> {
+        let invalid = |m: String| Err(crate::CrushError::Invalid(m));
+        let t = &self.tunables;
+        for (name, v) in [
+            ("choose_total_tries", t.choose_total_tries),
+            ("choose_local_tries", t.choose_local_tries),
+            ("choose_local_fallback_tries", t.choose_local_fallback_tries),
+        ] {
+            if v > MAX_TRIES {
+                return invalid(format!("tunable {name} {v} exceeds {MAX_TRIES}"));
+            }
+        }
+        if t.chooseleaf_vary_r > 31 {
+            return invalid(format!(
+                "tunable chooseleaf_vary_r {} exceeds 31",
+                t.chooseleaf_vary_r
+            ));
+        }
+        if !(0..=MAX_DEVICES).contains(&self.max_devices) {
+            return invalid(format!("max_devices {} is out of range", self.max_devices));
+        }
+        for (id, rule) in self.rules.iter().enumerate() {
+            let Some(rule) = rule else { continue };
+            for step in &rule.steps {
+                let (v, what) = match *step {
+                    Step::SetChooseTries(v) => (v, "set_choose_tries"),
+                    Step::SetChooseLeafTries(v) => (v, "set_chooseleaf_tries"),
+                    Step::SetChooseLocalTries(v) => (v, "set_choose_local_tries"),
+                    Step::SetChooseLocalFallbackTries(v) => (v, "set_choose_local_fallback_tries"),
+                    Step::SetChooseLeafVaryR(v) if v > 31 => {
+                        return invalid(format!("rule {id}: set_chooseleaf_vary_r {v} exceeds 31"))
+                    }
+                    _ => continue,
+                };
+                if v > MAX_TRIES as i32 {
+                    return invalid(format!("rule {id}: {what} {v} exceeds {MAX_TRIES}"));
+                }
+            }
+        }
+        for bucket in self.buckets.iter().flatten() {
+            let n = bucket.items.len();
+            let consistent = bucket.item_weights.len() == n
+                && match bucket.alg {
+                    BucketAlg::List => bucket.sum_weights.len() == n,
+                    BucketAlg::Straw => bucket.straws.len() == n,
+                    BucketAlg::Tree => n == 0 || bucket.node_weights.len() >= 2 * n,
+                    BucketAlg::Uniform | BucketAlg::Straw2 => true,
+                };
+            if !consistent {
+                return invalid(format!("bucket {} has inconsistent item arrays", bucket.id));
+            }
+        }
+        self.check_acyclic()
+    }
+
+    /// Depth-first walk of the bucket graph: no cycles, no path deeper than `MAX_DEPTH`.
+    fn check_acyclic(&self) -> Result<(), crate::CrushError> {
+        // 0 = unvisited, 1 = on the current path, 2 = done; depth memoized per bucket.
+        let mut state = vec![0u8; self.buckets.len()];
+        let mut depth = vec![0usize; self.buckets.len()];
+        for start in 0..self.buckets.len() {
+            if self.buckets[start].is_none() || state[start] == 2 {
+                continue;
+            }
+            // Iterative DFS: (bucket index, next child position).
+            let mut stack = vec![(start, 0usize)];
+            state[start] = 1;
+            while let Some(&mut (index, ref mut pos)) = stack.last_mut() {
+                let items = self.buckets[index]
+                    .as_ref()
+                    .map_or(&[][..], |b| &b.items[..]);
+                if let Some(&item) = items.get(*pos) {
+                    *pos += 1;
+                    if item >= 0 {
+                        continue;
+                    }
+                    let child = (-1 - i64::from(item)) as usize;
+                    if child >= self.buckets.len() || self.buckets[child].is_none() {
+                        continue; // dangling: the mapper skips it
+                    }
+                    match state[child] {
+                        1 => {
+                            return Err(crate::CrushError::Invalid(format!(
+                                "bucket {} is part of a cycle",
+                                -1 - child as i64
+                            )))
+                        }
+                        0 => {
+                            state[child] = 1;
+                            stack.push((child, 0));
+                        }
+                        _ => {}
+                    }
+                } else {
+                    let d = 1 + items
+                        .iter()
+                        .filter(|&&i| i < 0)
+                        .map(|&i| (-1 - i64::from(i)) as usize)
+                        .filter(|&c| c < depth.len())
+                        .map(|c| depth[c])
+                        .max()
+                        .unwrap_or(0);
+                    if d > MAX_DEPTH {
+                        return Err(crate::CrushError::Invalid(format!(
+                            "bucket hierarchy deeper than {MAX_DEPTH} levels"
+                        )));
+                    }
+                    depth[index] = d;
+                    state[index] = 2;
+                    stack.pop();
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A per-device reweight vector with every device present in the hierarchy at 1.0 and

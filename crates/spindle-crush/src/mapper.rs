@@ -9,7 +9,9 @@
 
 use crate::hash::{hash32_2, hash32_3, hash32_4};
 use crate::ln::straw2_draw;
-use crate::map::{Bucket, BucketAlg, CrushMap, Step, ITEM_NONE, ITEM_UNDEF, WEIGHT_ONE};
+use crate::map::{
+    Bucket, BucketAlg, CrushMap, Step, ITEM_NONE, ITEM_UNDEF, MAX_DEPTH, MAX_TRIES, WEIGHT_ONE,
+};
 
 /// Per-bucket state of the lazily computed permutation (uniform buckets and the legacy
 /// local fallback search), valid for one `do_rule` call (`generation`).
@@ -121,10 +123,14 @@ pub fn do_rule_with(
 
     let tunables = &map.tunables;
     // The original choose_total_tries counted retries, not tries: add one.
-    let mut choose_tries = tunables.choose_total_tries as i32 + 1;
+    // Tries are clamped to MAX_TRIES even for maps built without validation, so that no
+    // map can make a mapping run (practically) forever.
+    let clamp = |v: i32| v.clamp(0, MAX_TRIES as i32);
+    let mut choose_tries = clamp(tunables.choose_total_tries.min(MAX_TRIES) as i32 + 1);
     let mut choose_leaf_tries = 0i32;
-    let mut choose_local_retries = tunables.choose_local_tries as i32;
-    let mut choose_local_fallback_retries = tunables.choose_local_fallback_tries as i32;
+    let mut choose_local_retries = clamp(tunables.choose_local_tries.min(MAX_TRIES) as i32);
+    let mut choose_local_fallback_retries =
+        clamp(tunables.choose_local_fallback_tries.min(MAX_TRIES) as i32);
     let mut vary_r = i32::from(tunables.chooseleaf_vary_r);
     let mut stable = i32::from(tunables.chooseleaf_stable);
 
@@ -149,22 +155,22 @@ pub fn do_rule_with(
             }
             Step::SetChooseTries(v) => {
                 if v > 0 {
-                    choose_tries = v;
+                    choose_tries = clamp(v);
                 }
             }
             Step::SetChooseLeafTries(v) => {
                 if v > 0 {
-                    choose_leaf_tries = v;
+                    choose_leaf_tries = clamp(v);
                 }
             }
             Step::SetChooseLocalTries(v) => {
                 if v >= 0 {
-                    choose_local_retries = v;
+                    choose_local_retries = clamp(v);
                 }
             }
             Step::SetChooseLocalFallbackTries(v) => {
                 if v >= 0 {
-                    choose_local_fallback_retries = v;
+                    choose_local_fallback_retries = clamp(v);
                 }
             }
             Step::SetChooseLeafVaryR(v) => {
@@ -196,7 +202,7 @@ pub fn do_rule_with(
                 for &w_item in w.iter().take(wsize) {
                     let mut numrep = num;
                     if numrep <= 0 {
-                        numrep += result_max as i32;
+                        numrep = numrep.saturating_add(result_max as i32);
                         if numrep <= 0 {
                             continue;
                         }
@@ -350,10 +356,11 @@ fn choose_firstn(
             let mut retry_descent = false;
             let mut in_bucket = bucket;
             let mut flocal: u32 = 0;
+            let mut depth = 0usize;
             'bucket: loop {
                 let mut collide = false;
                 let mut retry_bucket = false;
-                let r = rep + parent_r + ftotal as i32;
+                let r = rep.wrapping_add(parent_r).wrapping_add(ftotal as i32);
                 let mut reject;
                 'choose: {
                     if in_bucket.size() == 0 {
@@ -380,6 +387,11 @@ fn choose_firstn(
                         match map.bucket(item) {
                             Some(next) if item < 0 => {
                                 in_bucket = next;
+                                depth += 1;
+                                if depth > MAX_DEPTH {
+                                    skip_rep = true; // deeper than any valid map: treat as a bad item
+                                    break 'descent;
+                                }
                                 continue 'bucket;
                             }
                             _ => {
@@ -393,7 +405,7 @@ fn choose_firstn(
                     if !collide && recurse_to_leaf {
                         if item < 0 {
                             let sub_r = if params.vary_r != 0 {
-                                r >> (params.vary_r - 1)
+                                r.checked_shr(params.vary_r - 1).unwrap_or(0)
                             } else {
                                 0
                             };
@@ -497,12 +509,13 @@ fn choose_indep(
                 continue;
             }
             let mut in_bucket = bucket;
+            let mut depth = 0usize;
             loop {
-                let mut r = rep as i32 + parent_r;
+                let mut r = (rep as i32).wrapping_add(parent_r);
                 if in_bucket.alg == BucketAlg::Uniform && in_bucket.size() as i32 % numrep == 0 {
-                    r += (numrep + 1) * ftotal as i32;
+                    r = r.wrapping_add(numrep.wrapping_add(1).wrapping_mul(ftotal as i32));
                 } else {
-                    r += numrep * ftotal as i32;
+                    r = r.wrapping_add(numrep.wrapping_mul(ftotal as i32));
                 }
                 if in_bucket.size() == 0 {
                     break;
@@ -528,6 +541,12 @@ fn choose_indep(
                     match map.bucket(item) {
                         Some(next) if item < 0 => {
                             in_bucket = next;
+                            depth += 1;
+                            if depth > MAX_DEPTH {
+                                bad(out, &mut out2); // deeper than any valid map: treat as a bad item
+                                left -= 1;
+                                break;
+                            }
                             continue;
                         }
                         _ => {

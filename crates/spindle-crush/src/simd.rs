@@ -183,18 +183,30 @@ struct Best8 {
     index: [__m256d; 2],
 }
 
+/// The requests of one group of eight lanes: bucket span, x and r per lane.
+#[derive(Clone, Copy)]
+struct Lanes8 {
+    offsets: __m256i,
+    sizes: __m256i,
+    x: __m256i,
+    r: __m256i,
+}
+
 /// One group of eight lanes for item position `i`: draw and fold into the running best.
 #[inline(always)] // only called from `step_avx2`
 unsafe fn fold_group(
     acc: &mut Best8,
     ln_table: &[f64; 65536],
     plan: &crate::lanes::Plan,
-    offsets: __m256i,
-    sizes: __m256i,
-    x: __m256i,
-    r: __m256i,
+    lanes: &Lanes8,
     i: i32,
 ) {
+    let Lanes8 {
+        offsets,
+        sizes,
+        x,
+        r,
+    } = *lanes;
     let i_v = _mm256_set1_epi32(i);
     let active = _mm256_cmpgt_epi32(sizes, i_v);
     let index = _mm256_and_si256(_mm256_add_epi32(offsets, i_v), active);
@@ -253,10 +265,13 @@ pub(crate) unsafe fn step_avx2(
         }
     }
     let load = |a: &[i32; N], g: usize| _mm256_loadu_si256(a.as_ptr().add(8 * g).cast());
-    let (off0, off1) = (load(&offsets, 0), load(&offsets, 1));
-    let (size0, size1) = (load(&sizes, 0), load(&sizes, 1));
-    let (x0, x1) = (load(&xs, 0), load(&xs, 1));
-    let (r0, r1) = (load(&rs, 0), load(&rs, 1));
+    let group = |g: usize| Lanes8 {
+        offsets: load(&offsets, g),
+        sizes: load(&sizes, g),
+        x: load(&xs, g),
+        r: load(&rs, g),
+    };
+    let (lanes0, lanes1) = (group(0), group(1));
     let neg_inf = _mm256_set1_pd(f64::NEG_INFINITY);
     let init = Best8 {
         best: [neg_inf; 2],
@@ -265,8 +280,8 @@ pub(crate) unsafe fn step_avx2(
     };
     let (mut g0, mut g1) = (init, init);
     for i in 0..max_size {
-        fold_group(&mut g0, ln_table, plan, off0, size0, x0, r0, i);
-        fold_group(&mut g1, ln_table, plan, off1, size1, x1, r1, i);
+        fold_group(&mut g0, ln_table, plan, &lanes0, i);
+        fold_group(&mut g1, ln_table, plan, &lanes1, i);
     }
     let mut best = [0f64; N];
     let mut second = [0f64; N];

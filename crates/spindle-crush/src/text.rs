@@ -629,6 +629,8 @@ pub fn parse_text(input: &str) -> Result<CrushMap, CrushError> {
         }
     }
     map.finalize();
+    map.validate()
+        .map_err(|e| perr(input.lines().count().max(1), e.to_string()))?;
     Ok(map)
 }
 
@@ -998,18 +1000,13 @@ pub fn print_text(map: &CrushMap) -> String {
     }
 
     out.push_str("\n# types\n");
-    let mut remaining = map.type_names.len();
-    let mut i = 0i32;
-    while remaining > 0 {
-        match map.type_names.get(&i) {
-            Some(name) => {
-                remaining -= 1;
-                let _ = writeln!(out, "type {i} {name}");
-            }
-            None if i == 0 => out.push_str("type 0 osd\n"),
-            None => {}
-        }
-        i += 1;
+    // Ceph walks ids upward from 0 until every name is printed, naming a missing type 0
+    // "osd"; negative ids (only possible in a corrupted binary map) are never printed.
+    if !map.type_names.is_empty() && !map.type_names.contains_key(&0) {
+        out.push_str("type 0 osd\n");
+    }
+    for (id, name) in map.type_names.range(0..) {
+        let _ = writeln!(out, "type {id} {name}");
     }
 
     out.push_str("\n# buckets\n");
