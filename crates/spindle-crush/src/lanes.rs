@@ -549,7 +549,11 @@ pub(crate) fn step_portable(plan: &Plan, requests: &[Request; LANES]) -> [i32; L
         }
         for l in 0..LANES {
             let w = weights[l];
-            let draw = if w == 0 { i64::MIN } else { ln_table[(hashes[l] & 0xffff) as usize] / i64::from(w) };
+            let draw = if w == 0 {
+                i64::MIN
+            } else {
+                ln_table[(hashes[l] & 0xffff) as usize] / i64::from(w)
+            };
             // Ceph: the first strictly greater draw wins; padding has weight 0 (i64::MIN).
             if draw > best[l] {
                 best[l] = draw;

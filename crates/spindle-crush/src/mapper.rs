@@ -8,7 +8,6 @@
 //!   affected replica is skipped or left as a hole, as Ceph does.
 
 use crate::hash::{hash32_2, hash32_3, hash32_4};
-use crate::ln::straw2_draw;
 use crate::map::{
     Bucket, BucketAlg, CrushMap, Step, ITEM_NONE, ITEM_UNDEF, MAX_DEPTH, MAX_TRIES, WEIGHT_ONE,
 };
@@ -670,6 +669,14 @@ pub(crate) fn straw2_choose(bucket: &Bucket, x: u32, r: u32) -> i32 {
     let items = &bucket.items;
     let weights = &bucket.item_weights;
     let size = items.len().min(weights.len());
+    let ln_table = crate::ln::ln_minus_one_table();
+    let draw_of = |u: u32, w: u32| {
+        if w == 0 {
+            i64::MIN
+        } else {
+            ln_table[(u & 0xffff) as usize] / i64::from(w)
+        }
+    };
     // Starting from (0, i64::MIN) with a strict `>` is Ceph's `i == 0 || draw > high`.
     let mut high = 0usize;
     let mut high_draw = i64::MIN;
@@ -684,7 +691,7 @@ pub(crate) fn straw2_choose(bucket: &Bucket, x: u32, r: u32) -> i32 {
         let h = crate::hash::hash32_3_x4(x, b, r);
         let mut draws = [0i64; 4];
         for k in 0..4 {
-            draws[k] = straw2_draw(h[k] & 0xffff, weights[i + k]);
+            draws[k] = draw_of(h[k], weights[i + k]);
         }
         for (k, &draw) in draws.iter().enumerate() {
             if draw > high_draw {
@@ -695,7 +702,7 @@ pub(crate) fn straw2_choose(bucket: &Bucket, x: u32, r: u32) -> i32 {
         i += 4;
     }
     while i < size {
-        let draw = straw2_draw(hash32_3(x, items[i] as u32, r) & 0xffff, weights[i]);
+        let draw = draw_of(hash32_3(x, items[i] as u32, r), weights[i]);
         if draw > high_draw {
             high = i;
             high_draw = draw;
