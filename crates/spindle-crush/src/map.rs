@@ -194,6 +194,9 @@ pub struct Tunables {
 pub const MAX_TRIES: u32 = 10_000;
 /// Largest device count a map may declare (16 Mi devices).
 pub const MAX_DEVICES: i32 = 1 << 24;
+/// Largest result size a mapping produces; larger requests are clamped (no CRUSH rule can
+/// place more distinct items than this usefully, and scratch memory is 3x this).
+pub const MAX_RESULT: usize = 1024;
 /// Deepest bucket hierarchy a descent follows before giving up on an item.
 pub const MAX_DEPTH: usize = 64;
 

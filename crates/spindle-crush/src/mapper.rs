@@ -9,7 +9,8 @@
 
 use crate::hash::{hash32_2, hash32_3, hash32_4};
 use crate::map::{
-    Bucket, BucketAlg, CrushMap, Step, ITEM_NONE, ITEM_UNDEF, MAX_DEPTH, MAX_TRIES, WEIGHT_ONE,
+    Bucket, BucketAlg, CrushMap, Step, ITEM_NONE, ITEM_UNDEF, MAX_DEPTH, MAX_RESULT, MAX_TRIES,
+    WEIGHT_ONE,
 };
 
 /// Per-bucket state of the lazily computed permutation (uniform buckets and the legacy
@@ -63,7 +64,8 @@ struct Ctx<'a> {
     generation: u64,
 }
 
-/// Maps input `x` through rule `rule_id` into at most `result_max` items, writing them to
+/// Maps input `x` through rule `rule_id` into at most `result_max` items (clamped to
+/// [`MAX_RESULT`]), writing them to
 /// `result` (cleared first). `weights` are per-device reweights in 16.16 (0 = out,
 /// 0x10000 = in); devices past its end count as out. Returns the number of items; for
 /// `indep` rules unfilled slots hold [`ITEM_NONE`]. A missing rule gives an empty result.
@@ -107,6 +109,7 @@ pub fn do_rule_with(
     if result_max == 0 {
         return 0;
     }
+    let result_max = result_max.min(MAX_RESULT);
     workspace.begin(map, result_max);
     let generation = workspace.generation;
     let (a, rest) = workspace.scratch.split_at_mut(result_max);

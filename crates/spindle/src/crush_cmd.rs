@@ -123,6 +123,14 @@ fn test(args: TestArgs) -> anyhow::Result<()> {
             bail!("rule {rule} does not exist in {map_name}");
         }
     }
+    if let Some(n) = args.num_rep {
+        if !(0..=spindle_crush::map::MAX_RESULT as i32).contains(&n) {
+            bail!(
+                "--num-rep {n} is out of range 0..={}",
+                spindle_crush::map::MAX_RESULT
+            );
+        }
+    }
     let (min_x, max_x) = match args.x {
         Some(x) => (Some(x), Some(x)),
         None => (args.min_x, args.max_x),
