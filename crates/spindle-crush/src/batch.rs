@@ -141,3 +141,86 @@ pub fn map_batch(
     }
     Ok(())
 }
+
+/// [`map_batch`] spread over `threads` OS threads (contiguous slices of `inputs`, one
+/// workspace per thread, the map shared read-only; no locks). Results are identical to the
+/// single-threaded call. `threads == 0` means one per available core.
+#[allow(clippy::too_many_arguments)] // mirrors `map_batch`
+pub fn map_batch_parallel(
+    map: &CrushMap,
+    rule_id: i32,
+    inputs: &[i32],
+    num_rep: usize,
+    weights: &[u32],
+    engine: BatchEngine,
+    threads: usize,
+    out: &mut BatchResult,
+) -> Result<(), crate::CrushError> {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        threads
+    };
+    // Below a few thousand inputs per thread, spawning costs more than it saves.
+    let threads = threads.min(inputs.len() / 2048).max(1);
+    if threads == 1 {
+        return map_batch(
+            map,
+            rule_id,
+            inputs,
+            num_rep,
+            weights,
+            engine,
+            &mut Workspace::new(),
+            out,
+        );
+    }
+    if map.rule(rule_id).is_none() {
+        return Err(crate::CrushError::NoSuchRule(rule_id));
+    }
+    out.num_rep = num_rep;
+    out.items.clear();
+    out.items.resize(inputs.len() * num_rep, crate::ITEM_NONE);
+    out.lens.clear();
+    out.lens.resize(inputs.len(), 0);
+    let per_thread = inputs.len().div_ceil(threads);
+    let results: Vec<Result<BatchResult, crate::CrushError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = inputs
+            .chunks(per_thread)
+            .map(|part| {
+                scope.spawn(move || {
+                    let mut local = BatchResult::default();
+                    map_batch(
+                        map,
+                        rule_id,
+                        part,
+                        num_rep,
+                        weights,
+                        engine,
+                        &mut Workspace::new(),
+                        &mut local,
+                    )
+                    .map(|()| local)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(crate::CrushError::Invalid("mapping thread panicked".into()))
+                })
+            })
+            .collect()
+    });
+    let mut at = 0;
+    for result in results {
+        let local = result?;
+        let n = local.lens.len();
+        out.items[at * num_rep..(at + n) * num_rep].copy_from_slice(&local.items);
+        out.lens[at..at + n].copy_from_slice(&local.lens);
+        at += n;
+    }
+    debug_assert_eq!(at, inputs.len());
+    Ok(())
+}

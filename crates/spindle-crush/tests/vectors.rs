@@ -4,7 +4,7 @@
 
 mod common;
 
-use spindle_crush::batch::{map_batch, BatchEngine, BatchResult};
+use spindle_crush::batch::{map_batch, map_batch_parallel, BatchEngine, BatchResult};
 use spindle_crush::tester::{reweight_16_16, run_test, TestOptions};
 use spindle_crush::{binary, text, Workspace};
 
