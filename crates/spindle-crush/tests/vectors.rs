@@ -136,24 +136,46 @@ fn batch_engines_reproduce_the_vectors() {
             weights[osd as usize] = reweight_16_16(w);
         }
         let expected: Vec<&str> = case.mappings.lines().collect();
-        for engine in [BatchEngine::Scalar, BatchEngine::Auto] {
+        for (engine, threads) in [
+            (BatchEngine::Scalar, 1),
+            (BatchEngine::Auto, 1),
+            (BatchEngine::Auto, 3),
+        ] {
             let mut out = BatchResult::default();
             let mut ws = Workspace::new();
-            map_batch(
-                &map,
-                case.rule,
-                &inputs,
-                case.num_rep,
-                &weights,
-                engine,
-                &mut ws,
-                &mut out,
-            )
-            .unwrap();
+            if threads == 1 {
+                map_batch(
+                    &map,
+                    case.rule,
+                    &inputs,
+                    case.num_rep,
+                    &weights,
+                    engine,
+                    &mut ws,
+                    &mut out,
+                )
+                .unwrap();
+            } else {
+                map_batch_parallel(
+                    &map,
+                    case.rule,
+                    &inputs,
+                    case.num_rep,
+                    &weights,
+                    engine,
+                    threads,
+                    &mut out,
+                )
+                .unwrap();
+            }
             for (x, line) in expected.iter().enumerate() {
                 let items: Vec<String> = out.get(x).iter().map(|i| i.to_string()).collect();
                 let ours = format!("CRUSH rule {} x {x} [{}]", case.rule, items.join(","));
-                assert_eq!(&ours, line, "{} engine {engine:?}", case.name);
+                assert_eq!(
+                    &ours, line,
+                    "{} engine {engine:?} threads {threads}",
+                    case.name
+                );
             }
         }
     }
