@@ -5,10 +5,10 @@
 //! every step, each unfinished lane asks for one straw2 choice (its own bucket, x and r),
 //! the sixteen choices are computed together by a step engine, and then each lane's state
 //! machine (Ceph's
-//! `crush_choose_firstn`, including collisions, retries, `chooseleaf` recursion, reweights,
-//! `vary_r` and `stable`) consumes its answer. A finished lane takes the next input.
+//! `crush_choose_firstn` or `crush_choose_indep`, including collisions, retries,
+//! `chooseleaf` recursion, reweights, `vary_r`, `stable`, and indep's positional holes) consumes its answer. A finished lane takes the next input.
 //!
-//! Scope: rules of the form `[set_*]* take B; choose|chooseleaf firstn N type T; emit`
+//! Scope: rules of the form `[set_*]* take B; choose|chooseleaf firstn|indep N type T; emit`
 //! over straw2 buckets with `choose_local_tries` and `choose_local_fallback_tries` 0 (the
 //! replicated rules of any current Ceph cluster). [`Plan::new`] returns `None` otherwise
 //! and callers fall back to the per-input engines.
@@ -18,7 +18,7 @@
 //! eight side by side keep the CPU busy), exactly as Ceph does; `simd::step_avx2` uses
 //! 256-bit vectors and f64 draws with an exact re-check of near ties.
 
-use crate::map::{BucketAlg, CrushMap, Step, WEIGHT_ONE};
+use crate::map::{BucketAlg, CrushMap, Step, ITEM_NONE, ITEM_UNDEF, WEIGHT_ONE};
 
 pub(crate) const LANES: usize = 16;
 /// Largest result size handled here (larger requests use the other engines).
@@ -30,6 +30,8 @@ pub(crate) struct Plan {
     numrep: i32,
     type_id: i32,
     leaf: bool,
+    /// `indep` (positional, erasure-coded pools) rather than `firstn`.
+    indep: bool,
     tries: u32,
     recurse_tries: u32,
     vary_r: u32,
@@ -58,6 +60,7 @@ impl Plan {
         let mut take = None;
         let mut choose = None;
         let mut emitted = false;
+        let mut indep = false;
         for step in &rule.steps {
             if emitted {
                 return None;
@@ -86,6 +89,14 @@ impl Plan {
                     choose = Some((num, type_id, false))
                 }
                 Step::ChooseLeafFirstN { num, type_id } if take.is_some() && choose.is_none() => {
+                    choose = Some((num, type_id, true))
+                }
+                Step::ChooseIndep { num, type_id } if take.is_some() && choose.is_none() => {
+                    indep = true;
+                    choose = Some((num, type_id, false))
+                }
+                Step::ChooseLeafIndep { num, type_id } if take.is_some() && choose.is_none() => {
+                    indep = true;
                     choose = Some((num, type_id, true))
                 }
                 Step::Emit if choose.is_some() => emitted = true,
@@ -123,7 +134,14 @@ impl Plan {
         // Padding so a masked-off gather never indexes past the end.
         flat_items.push(0);
         flat_weights.push(0);
-        let recurse_tries = if choose_leaf_tries != 0 {
+        let recurse_tries = if indep {
+            // crush_do_rule: indep leaf searches get chooseleaf_tries, or 1.
+            if choose_leaf_tries != 0 {
+                choose_leaf_tries
+            } else {
+                1
+            }
+        } else if choose_leaf_tries != 0 {
             choose_leaf_tries
         } else if t.chooseleaf_descend_once != 0 {
             1
@@ -135,6 +153,7 @@ impl Plan {
             numrep,
             type_id,
             leaf,
+            indep,
             tries: choose_tries as u32,
             recurse_tries: recurse_tries as u32,
             vary_r: vary_r as u32,
@@ -172,6 +191,8 @@ struct Lane {
     /// `rep + parent_r` base of the leaf search (Ceph: `stable ? 0 : outpos`, plus sub_r).
     leaf_r_base: i32,
     leaf_ftotal: u32,
+    /// r advances by `stride * ftotal` (1 for firstn, numrep for indep).
+    stride: i32,
     out: [i32; MAX_REP],
     out2: [i32; MAX_REP],
 }
@@ -189,6 +210,7 @@ impl Lane {
         outer_item: 0,
         leaf_r_base: 0,
         leaf_ftotal: 0,
+        stride: 1,
         out: [0; MAX_REP],
         out2: [0; MAX_REP],
     };
@@ -196,8 +218,12 @@ impl Lane {
     /// The r of the choice this lane asks for next.
     fn r(&self) -> i32 {
         match self.phase {
-            Phase::Leaf => self.leaf_r_base.wrapping_add(self.leaf_ftotal as i32),
-            _ => self.rep.wrapping_add(self.ftotal as i32),
+            Phase::Leaf => self
+                .leaf_r_base
+                .wrapping_add(self.stride.wrapping_mul(self.leaf_ftotal as i32)),
+            _ => self
+                .rep
+                .wrapping_add(self.stride.wrapping_mul(self.ftotal as i32)),
         }
     }
 }
@@ -239,6 +265,11 @@ impl Driver<'_> {
 
     /// Starts input `x` in `lane`.
     fn start(&self, lane: &mut Lane, input: usize, x: i32, result_max: usize) {
+        if self.plan.indep {
+            self.start_indep(lane, input, x, result_max);
+            return;
+        }
+        lane.stride = 1;
         lane.phase = Phase::Outer;
         lane.input = input;
         lane.x = x;
@@ -332,6 +363,10 @@ impl Driver<'_> {
 
     /// Consumes the choice `item` made for `lane`.
     fn advance(&self, lane: &mut Lane, item: i32) {
+        if self.plan.indep {
+            self.advance_indep(lane, item);
+            return;
+        }
         let map = self.map;
         match lane.phase {
             Phase::Outer => {
@@ -425,6 +460,170 @@ impl Driver<'_> {
         }
         if lane.phase != Phase::Idle {
             self.skip_empty(lane);
+        }
+    }
+
+    // ---- indep (Ceph's crush_choose_indep): rounds over ftotal, positions in order ----
+
+    fn start_indep(&self, lane: &mut Lane, input: usize, x: i32, result_max: usize) {
+        let out_size = (self.plan.numrep as usize).min(result_max);
+        lane.input = input;
+        lane.x = x;
+        lane.stride = self.plan.numrep;
+        lane.outpos = out_size; // fixed width: every position is returned
+        lane.count = out_size; // "left": positions still undecided
+        lane.out[..out_size].fill(ITEM_UNDEF);
+        lane.out2[..out_size].fill(ITEM_UNDEF);
+        lane.ftotal = 0;
+        lane.rep = -1;
+        self.next_position(lane);
+    }
+
+    /// Moves to the next undecided position of this round, or to the next round, or
+    /// finishes the lane (holes become ITEM_NONE).
+    fn next_position(&self, lane: &mut Lane) {
+        let out_size = lane.outpos;
+        loop {
+            if lane.count == 0 || lane.ftotal >= self.plan.tries {
+                for slot in 0..out_size {
+                    if lane.out[slot] == ITEM_UNDEF {
+                        lane.out[slot] = ITEM_NONE;
+                    }
+                    if lane.out2[slot] == ITEM_UNDEF {
+                        lane.out2[slot] = ITEM_NONE;
+                    }
+                }
+                lane.phase = Phase::Idle;
+                return;
+            }
+            lane.rep += 1;
+            if lane.rep as usize >= out_size {
+                lane.ftotal += 1;
+                lane.rep = -1;
+                continue;
+            }
+            if lane.out[lane.rep as usize] != ITEM_UNDEF {
+                continue;
+            }
+            lane.phase = Phase::Outer;
+            lane.bucket = self.plan.root_index;
+            if self.plan.spans[lane.bucket].1 == 0 {
+                continue; // empty bucket: this position fails this round
+            }
+            return;
+        }
+    }
+
+    /// The position gets a hole for good.
+    fn indep_none(&self, lane: &mut Lane) {
+        let rep = lane.rep as usize;
+        lane.out[rep] = ITEM_NONE;
+        if self.plan.leaf {
+            lane.out2[rep] = ITEM_NONE;
+        }
+        lane.count -= 1;
+        self.next_position(lane);
+    }
+
+    /// A leaf attempt failed: retry inside the chosen bucket or give up for this round.
+    fn indep_leaf_retry(&self, lane: &mut Lane) {
+        lane.leaf_ftotal += 1;
+        let child = Self::bucket_index(lane.outer_item);
+        if lane.leaf_ftotal < self.plan.recurse_tries && self.plan.spans[child].1 != 0 {
+            lane.bucket = child;
+        } else if lane.leaf_ftotal < self.plan.recurse_tries {
+            self.indep_leaf_retry(lane); // empty bucket: that attempt fails too
+        } else {
+            // The leaf search placed nothing: out2 becomes NONE, the outer position
+            // stays undecided for the next round.
+            lane.out2[lane.rep as usize] = ITEM_NONE;
+            self.next_position(lane);
+        }
+    }
+
+    fn advance_indep(&self, lane: &mut Lane, item: i32) {
+        let rep = lane.rep as usize;
+        match lane.phase {
+            Phase::Outer => {
+                if item >= self.map.max_devices {
+                    return self.indep_none(lane);
+                }
+                let itemtype = if item >= 0 {
+                    Some(0)
+                } else if self.bucket_exists(item) {
+                    Some(self.plan.bucket_types[Self::bucket_index(item)])
+                } else {
+                    None
+                };
+                let Some(t) = itemtype else {
+                    return self.indep_none(lane);
+                };
+                if t != self.plan.type_id {
+                    if item >= 0 {
+                        return self.indep_none(lane);
+                    }
+                    lane.bucket = Self::bucket_index(item);
+                    if self.plan.spans[lane.bucket].1 == 0 {
+                        self.next_position(lane);
+                    }
+                    return;
+                }
+                if lane.out[..lane.outpos].contains(&item) {
+                    return self.next_position(lane); // collision: retried next round
+                }
+                if self.plan.leaf {
+                    if item < 0 {
+                        lane.out2[rep] = ITEM_UNDEF;
+                        lane.outer_item = item;
+                        lane.leaf_r_base = lane.r();
+                        lane.leaf_r_base = (rep as i32).wrapping_add(lane.leaf_r_base);
+                        lane.leaf_ftotal = 0;
+                        lane.phase = Phase::Leaf;
+                        lane.bucket = Self::bucket_index(item);
+                        if self.plan.recurse_tries == 0 {
+                            lane.out2[rep] = ITEM_NONE;
+                            return self.next_position(lane);
+                        }
+                        if self.plan.spans[lane.bucket].1 == 0 {
+                            lane.leaf_ftotal = 0;
+                            self.indep_leaf_retry(lane);
+                        }
+                        return;
+                    }
+                    lane.out2[rep] = item;
+                }
+                if t == 0 && is_out(self.weights, item, lane.x) {
+                    return self.next_position(lane);
+                }
+                lane.out[rep] = item;
+                lane.count -= 1;
+                self.next_position(lane);
+            }
+            Phase::Leaf => {
+                if item >= self.map.max_devices {
+                    lane.out2[rep] = ITEM_NONE;
+                    return self.next_position(lane);
+                }
+                if item < 0 {
+                    if !self.bucket_exists(item) {
+                        lane.out2[rep] = ITEM_NONE;
+                        return self.next_position(lane);
+                    }
+                    lane.bucket = Self::bucket_index(item);
+                    if self.plan.spans[lane.bucket].1 == 0 {
+                        self.indep_leaf_retry(lane);
+                    }
+                    return;
+                }
+                if is_out(self.weights, item, lane.x) {
+                    return self.indep_leaf_retry(lane);
+                }
+                lane.out2[rep] = item;
+                lane.out[rep] = lane.outer_item;
+                lane.count -= 1;
+                self.next_position(lane);
+            }
+            Phase::Idle => {}
         }
     }
 }
