@@ -6,7 +6,8 @@
 //! the sixteen choices are computed together by a step engine, and then each lane's state
 //! machine (Ceph's
 //! `crush_choose_firstn` or `crush_choose_indep`, including collisions, retries,
-//! `chooseleaf` recursion, reweights, `vary_r`, `stable`, and indep's positional holes) consumes its answer. A finished lane takes the next input.
+//! `chooseleaf` recursion, reweights, `vary_r`, `stable`, and indep's positional holes)
+//! consumes its answer. A finished lane takes the next input.
 //!
 //! Scope: rules of the form `[set_*]* take B; choose|chooseleaf firstn|indep N type T; emit`
 //! over straw2 buckets with `choose_local_tries` and `choose_local_fallback_tries` 0 (the
