@@ -64,62 +64,32 @@ pub fn hash32_3(a: u32, b: u32, c: u32) -> u32 {
     hash
 }
 
-/// `hash32_3(a, b[i], c)` for four `b` values at once. The rjenkins mix is one long
-/// dependency chain (about 135 cycles of latency for 5 mixes); computing four independent
-/// chains side by side lets the CPU overlap them, which is what makes the portable
-/// straw2 path fast. Bit-identical to four calls of [`hash32_3`].
+/// `hash32_3(a[i], b[i], c[i])` for N lanes at once. The rjenkins mix is one long
+/// dependency chain (about 135 cycles of latency for 5 mixes); computing N independent
+/// chains side by side lets the CPU overlap them (and lets the compiler use vectors).
+/// Bit-identical to N calls of [`hash32_3`].
 #[inline(always)]
-pub fn hash32_3_x4(a: u32, b: [u32; 4], c: u32) -> [u32; 4] {
-    let mut av = [a; 4];
-    let mut bv = b;
-    let mut cv = [c; 4];
-    let mut hash = [0u32; 4];
-    for i in 0..4 {
-        hash[i] = HASH_SEED ^ a ^ b[i] ^ c;
-    }
-    let mut x = [X0; 4];
-    let mut y = [Y0; 4];
-    for i in 0..4 {
-        mix(&mut av[i], &mut bv[i], &mut hash[i]);
-    }
-    for i in 0..4 {
-        mix(&mut cv[i], &mut x[i], &mut hash[i]);
-    }
-    for i in 0..4 {
-        mix(&mut y[i], &mut av[i], &mut hash[i]);
-    }
-    for i in 0..4 {
-        mix(&mut bv[i], &mut x[i], &mut hash[i]);
-    }
-    for i in 0..4 {
-        mix(&mut y[i], &mut cv[i], &mut hash[i]);
-    }
-    hash
-}
-
-/// `hash32_3(a[i], b[i], c[i])` for eight lanes, as eight interleaved scalar chains.
-#[inline(always)]
-pub fn hash32_3_x8(a: [u32; 8], b: [u32; 8], c: [u32; 8]) -> [u32; 8] {
+pub fn hash32_3_lanes<const N: usize>(a: [u32; N], b: [u32; N], c: [u32; N]) -> [u32; N] {
     let (mut av, mut bv, mut cv) = (a, b, c);
-    let mut hash = [0u32; 8];
-    for i in 0..8 {
+    let mut hash = [0u32; N];
+    for i in 0..N {
         hash[i] = HASH_SEED ^ a[i] ^ b[i] ^ c[i];
     }
-    let mut x = [X0; 8];
-    let mut y = [Y0; 8];
-    for i in 0..8 {
+    let mut x = [X0; N];
+    let mut y = [Y0; N];
+    for i in 0..N {
         mix(&mut av[i], &mut bv[i], &mut hash[i]);
     }
-    for i in 0..8 {
+    for i in 0..N {
         mix(&mut cv[i], &mut x[i], &mut hash[i]);
     }
-    for i in 0..8 {
+    for i in 0..N {
         mix(&mut y[i], &mut av[i], &mut hash[i]);
     }
-    for i in 0..8 {
+    for i in 0..N {
         mix(&mut bv[i], &mut x[i], &mut hash[i]);
     }
-    for i in 0..8 {
+    for i in 0..N {
         mix(&mut y[i], &mut cv[i], &mut hash[i]);
     }
     hash
@@ -162,7 +132,7 @@ mod tests {
                 u32::MAX - seed,
                 seed ^ 0xdead_beef,
             ];
-            let got = hash32_3_x4(seed.wrapping_mul(31), b, seed % 7);
+            let got = hash32_3_lanes([seed.wrapping_mul(31); 4], b, [seed % 7; 4]);
             for i in 0..4 {
                 assert_eq!(got[i], hash32_3(seed.wrapping_mul(31), b[i], seed % 7));
             }

@@ -19,7 +19,8 @@
 //! eight side by side keep the CPU busy), exactly as Ceph does; `simd::step_avx2` uses
 //! 256-bit vectors and f64 draws with an exact re-check of near ties.
 
-use crate::map::{BucketAlg, CrushMap, Step, ITEM_NONE, ITEM_UNDEF, WEIGHT_ONE};
+use crate::map::{BucketAlg, CrushMap, Step, ITEM_NONE, ITEM_UNDEF};
+use crate::mapper::is_out;
 
 pub(crate) const LANES: usize = 16;
 /// Largest result size handled here (larger requests use the other engines).
@@ -229,21 +230,6 @@ impl Lane {
     }
 }
 
-/// Ceph's `is_out` (same as the scalar mapper's).
-#[inline]
-fn is_out(weights: &[u32], item: i32, x: i32) -> bool {
-    let Some(&weight) = weights.get(item as usize) else {
-        return true;
-    };
-    if weight >= WEIGHT_ONE {
-        return false;
-    }
-    if weight == 0 {
-        return true;
-    }
-    (crate::hash::hash32_2(x as u32, item as u32) & 0xffff) >= weight
-}
-
 struct Driver<'a> {
     map: &'a CrushMap,
     plan: &'a Plan,
@@ -253,6 +239,17 @@ struct Driver<'a> {
 impl Driver<'_> {
     fn bucket_index(item: i32) -> usize {
         (-1 - i64::from(item)) as usize
+    }
+
+    /// Type of an item: 0 for devices, the bucket's type, or `None` for a dangling id.
+    fn item_type(&self, item: i32) -> Option<i32> {
+        if item >= 0 {
+            Some(0)
+        } else if self.bucket_exists(item) {
+            Some(self.plan.bucket_types[Self::bucket_index(item)])
+        } else {
+            None
+        }
     }
 
     fn bucket_exists(&self, item: i32) -> bool {
@@ -375,13 +372,7 @@ impl Driver<'_> {
                     lane.rep += 1; // bad item: skip this repetition
                     self.begin_rep_inner(lane);
                 } else {
-                    let itemtype = if item >= 0 {
-                        Some(0)
-                    } else if self.bucket_exists(item) {
-                        Some(self.plan.bucket_types[Self::bucket_index(item)])
-                    } else {
-                        None
-                    };
+                    let itemtype = self.item_type(item);
                     match itemtype {
                         None => {
                             lane.rep += 1;
@@ -549,13 +540,7 @@ impl Driver<'_> {
                 if item >= self.map.max_devices {
                     return self.indep_none(lane);
                 }
-                let itemtype = if item >= 0 {
-                    Some(0)
-                } else if self.bucket_exists(item) {
-                    Some(self.plan.bucket_types[Self::bucket_index(item)])
-                } else {
-                    None
-                };
+                let itemtype = self.item_type(item);
                 let Some(t) = itemtype else {
                     return self.indep_none(lane);
                 };
@@ -741,7 +726,7 @@ pub(crate) fn step_portable(plan: &Plan, requests: &[Request; LANES]) -> [i32; L
         for g in 0..LANES / 8 {
             let part =
                 |a: &[u32; LANES]| -> [u32; 8] { a[8 * g..8 * g + 8].try_into().expect("8 lanes") };
-            hashes[8 * g..8 * g + 8].copy_from_slice(&crate::hash::hash32_3_x8(
+            hashes[8 * g..8 * g + 8].copy_from_slice(&crate::hash::hash32_3_lanes(
                 part(&xs),
                 part(&items),
                 part(&rs),

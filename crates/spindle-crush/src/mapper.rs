@@ -308,7 +308,7 @@ struct FirstNParams {
 /// Ceph's `is_out`: a device is rejected when its reweight is 0, or with probability
 /// `1 - reweight` decided by a hash of (x, device).
 #[inline]
-fn is_out(weights: &[u32], item: i32, x: i32) -> bool {
+pub(crate) fn is_out(weights: &[u32], item: i32, x: i32) -> bool {
     let Some(&weight) = weights.get(item as usize) else {
         return true;
     };
@@ -691,7 +691,7 @@ pub(crate) fn straw2_choose(bucket: &Bucket, x: u32, r: u32) -> i32 {
             items[i + 2] as u32,
             items[i + 3] as u32,
         ];
-        let h = crate::hash::hash32_3_x4(x, b, r);
+        let h = crate::hash::hash32_3_lanes([x; 4], b, [r; 4]);
         let mut draws = [0i64; 4];
         for k in 0..4 {
             draws[k] = draw_of(h[k], weights[i + k]);
