@@ -7,6 +7,7 @@ set -euo pipefail
 declare -A PACKAGES=(
   [ceph-base]=/usr/bin/crushtool        # CRUSH oracle for tests and the CRUSH benchmark
   [libisal2]=/usr/lib/x86_64-linux-gnu/libisal.so.2   # ISA-L, the EC benchmark's anchor
+  [fio]=/usr/bin/fio                                   # the I/O engine benchmark's anchor
 )
 
 missing=()

@@ -105,9 +105,20 @@ pub fn run(args: BenchCrushArgs) -> anyhow::Result<()> {
         }
         // Batch SIMD over every core (one thread per core, disjoint inputs, shared map).
         let start = Instant::now();
-        map_batch_parallel(&map, args.rule, &inputs, args.num_rep, &weights, BatchEngine::Auto, threads, &mut batch)?;
+        map_batch_parallel(
+            &map,
+            args.rule,
+            &inputs,
+            args.num_rep,
+            &weights,
+            BatchEngine::Auto,
+            threads,
+            &mut batch,
+        )?;
         best[5] = best[5].min(start.elapsed().as_secs_f64());
-        let sum: u64 = (0..batch.len()).map(|i| batch.get(i).iter().map(|&i| i as u64).sum::<u64>()).fold(0, u64::wrapping_add);
+        let sum: u64 = (0..batch.len())
+            .map(|i| batch.get(i).iter().map(|&i| i as u64).sum::<u64>())
+            .fold(0, u64::wrapping_add);
         if sum != checksum_scalar {
             bail!("parallel batch mappings differ from the scalar ones");
         }

@@ -4,6 +4,7 @@
 mod bench_common;
 mod bench_crush;
 mod bench_ec;
+mod bench_io;
 mod crush_cmd;
 mod ec_cmd;
 
@@ -45,6 +46,8 @@ enum BenchCommand {
     Crush(bench_crush::BenchCrushArgs),
     /// Erasure coding and CRC32C throughput against ISA-L.
     Ec(bench_ec::BenchEcArgs),
+    /// The spindle-io engine against fio's io_uring engine on the same file.
+    Io(bench_io::BenchIoArgs),
 }
 
 fn main() {
@@ -55,6 +58,7 @@ fn main() {
         Command::Bench { command } => match command {
             BenchCommand::Crush(args) => bench_crush::run(args),
             BenchCommand::Ec(args) => bench_ec::run(args),
+            BenchCommand::Io(args) => bench_io::run(args),
         },
     };
     if let Err(error) = result {

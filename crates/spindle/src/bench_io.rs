@@ -1,0 +1,493 @@
+//! `spindle bench io`: the `spindle-io` engine against `fio --ioengine=io_uring` on the same
+//! file, in the same run (SYSTEM.md §4-5).
+//!
+//! Three jobs, each run once through Spindle and once through fio with matching parameters:
+//! 4 KiB random read at queue depth 32 with O_DIRECT; 128 KiB sequential read at queue depth
+//! 8 (buffered, as fio's default); 4 KiB random write at queue depth 16 with one fdatasync
+//! per 16 writes (buffered; the sync takes a queue slot, as in fio). Both sides run one
+//! submitting thread in a closed loop. Latency is submission to reaped completion for data
+//! requests only (fio: `lat_ns` with `lat_percentiles=1`); syncs are excluded on both sides.
+//! The `--seconds` budget is split evenly over the six runs. Before each run the file is
+//! synced and, for buffered jobs, read once into the page cache (fio gets `invalidate=0`), so
+//! both sides start from the same state and buffered jobs measure the I/O path, not the disk.
+
+use std::future::Future;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use spindle_io::{BackendChoice, Config, Engine, IoBuf, Op, Request, RingThreads};
+
+use crate::bench_common::{print_report, BenchResult};
+
+/// Arguments of `spindle bench io`.
+#[derive(clap::Args, Debug)]
+pub struct BenchIoArgs {
+    /// Print one JSON object (SYSTEM.md §5) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Total time budget in seconds for the six timed runs (file creation not included).
+    #[arg(long, default_value_t = 60.0)]
+    pub seconds: f64,
+    /// Test file (created with 1 GiB of data if missing or of another size; kept afterwards).
+    #[arg(long, default_value = "spindle-bench-io.dat")]
+    pub file: PathBuf,
+    /// Test file size in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub size_mib: u64,
+    /// io_uring instances in Spindle's engine.
+    #[arg(long, default_value_t = 1)]
+    pub rings: usize,
+    /// Two threads per ring (submitter + completer) instead of one.
+    #[arg(long)]
+    pub two_threads: bool,
+    /// fio binary.
+    #[arg(long, default_value = "fio")]
+    pub fio: String,
+    /// How long the benchmark thread polls (yielding) for completions before it sleeps,
+    /// e.g. `50us`; 0 sleeps at once.
+    #[arg(long, default_value = "0us", value_parser = parse_duration)]
+    pub spin: Duration,
+    /// Single-thread rings: how long the ring thread polls for new work before it sleeps
+    /// (`Config::idle_spin`), e.g. `20us`.
+    #[arg(long, default_value = "0us", value_parser = parse_duration)]
+    pub ring_spin: Duration,
+    /// Only run jobs whose name contains this text (randread, seqread, randwrite).
+    #[arg(long)]
+    pub filter: Option<String>,
+}
+
+#[derive(Clone, Copy)]
+struct Job {
+    name: &'static str,
+    fio_rw: &'static str,
+    block_bytes: usize,
+    queue_depth: usize,
+    direct: bool,
+    write: bool,
+    random: bool,
+    /// fdatasync after this many writes (0: never).
+    sync_every: usize,
+}
+
+const JOBS: [Job; 3] = [
+    Job {
+        name: "randread 4k qd32 direct",
+        fio_rw: "randread",
+        block_bytes: 4096,
+        queue_depth: 32,
+        direct: true,
+        write: false,
+        random: true,
+        sync_every: 0,
+    },
+    Job {
+        name: "seqread 128k qd8",
+        fio_rw: "read",
+        block_bytes: 128 * 1024,
+        queue_depth: 8,
+        direct: false,
+        write: false,
+        random: false,
+        sync_every: 0,
+    },
+    Job {
+        name: "randwrite 4k qd16 fdatasync/16",
+        fio_rw: "randwrite",
+        block_bytes: 4096,
+        queue_depth: 16,
+        direct: false,
+        write: true,
+        random: true,
+        sync_every: 16,
+    },
+];
+
+/// Figures of one run.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    iops: f64,
+    mb_per_s: f64,
+    mean_us: f64,
+    p99_us: f64,
+}
+
+pub fn run(args: BenchIoArgs) -> anyhow::Result<()> {
+    let jobs: Vec<Job> = JOBS
+        .iter()
+        .copied()
+        .filter(|j| args.filter.as_deref().is_none_or(|f| j.name.contains(f)))
+        .collect();
+    if jobs.is_empty() {
+        bail!("no job matches the filter");
+    }
+    let file_bytes = args.size_mib * 1024 * 1024;
+    prepare_file(&args.file, file_bytes)?;
+    let per_run = Duration::from_secs_f64((args.seconds / (2 * jobs.len()) as f64).max(1.0));
+    let fio_version = fio_version(&args.fio)?;
+    let mut results = Vec::new();
+    for job in &jobs {
+        settle(&args.file, job)?;
+        let ours = run_spindle(&args, job, file_bytes, per_run)?;
+        settle(&args.file, job)?;
+        let theirs = run_fio(&args, job, file_bytes, per_run)?;
+        let reference = format!("{fio_version} io_uring");
+        let name = |what: &str| format!("{} {what}", job.name);
+        results.push(BenchResult::higher_is_better(
+            name("IOPS"),
+            "IOPS",
+            ours.iops,
+            &reference,
+            theirs.iops,
+        ));
+        results.push(BenchResult::higher_is_better(
+            name("throughput"),
+            "MB/s",
+            ours.mb_per_s,
+            &reference,
+            theirs.mb_per_s,
+        ));
+        results.push(lower_is_better(
+            name("mean latency"),
+            ours.mean_us,
+            &reference,
+            theirs.mean_us,
+        ));
+        results.push(lower_is_better(
+            name("p99 latency"),
+            ours.p99_us,
+            &reference,
+            theirs.p99_us,
+        ));
+    }
+    print_report("io", &results, args.json)
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else {
+        (text, 1e-6)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|e| format!("bad duration {text:?}: {e}"))?;
+    if !(0.0..=1.0).contains(&(value * scale)) {
+        return Err(format!("duration {text:?} out of range 0..1s"));
+    }
+    Ok(Duration::from_secs_f64(value * scale))
+}
+
+fn lower_is_better(
+    name: String,
+    spindle: f64,
+    reference: &str,
+    reference_value: f64,
+) -> BenchResult {
+    BenchResult {
+        name,
+        unit: "us".into(),
+        spindle,
+        reference: reference.into(),
+        reference_value,
+        ratio: if spindle > 0.0 {
+            reference_value / spindle
+        } else {
+            f64::NAN
+        },
+    }
+}
+
+/// Creates the test file with non-zero data unless it already has the right size.
+fn prepare_file(path: &Path, bytes: u64) -> anyhow::Result<()> {
+    if std::fs::metadata(path)
+        .map(|m| m.len() == bytes)
+        .unwrap_or(false)
+    {
+        return Ok(());
+    }
+    use std::io::Write;
+    let mut f =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for b in chunk.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        f.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Gives both sides the same starting state: no dirty pages left by the previous run and,
+/// for buffered jobs, the whole file in the page cache (fio runs with `invalidate=0`; its
+/// default would drop the cache at every pass over the file when `time_based`, which the
+/// benchmark does not want to measure).
+fn settle(path: &Path, job: &Job) -> anyhow::Result<()> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    file.sync_all()?;
+    if !job.direct {
+        let mut chunk = vec![0u8; 1 << 20];
+        while file.read(&mut chunk)? > 0 {}
+    }
+    Ok(())
+}
+
+struct Unpark(std::thread::Thread);
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// One queue slot of the closed loop.
+struct InFlight {
+    request: Request,
+    started: Instant,
+    is_sync: bool,
+}
+
+fn run_spindle(
+    args: &BenchIoArgs,
+    job: &Job,
+    file_bytes: u64,
+    duration: Duration,
+) -> anyhow::Result<Figures> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(job.write);
+    if job.direct {
+        options.custom_flags(libc::O_DIRECT);
+    }
+    let file = options
+        .open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))?;
+    let fd = file.as_raw_fd();
+    let config = Config {
+        rings: args.rings,
+        ring_threads: if args.two_threads {
+            RingThreads::Two
+        } else {
+            RingThreads::One
+        },
+        backend: BackendChoice::IoUring,
+        in_flight_max: job.queue_depth.max(1),
+        idle_spin: args.ring_spin,
+        ..Config::default()
+    };
+    let engine = Engine::new(config).context("starting the spindle-io engine")?;
+    let blocks = file_bytes / job.block_bytes as u64;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_block = 0u64;
+    let mut offset = move || {
+        let block = if job.random {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % blocks
+        } else {
+            let b = next_block;
+            next_block = (next_block + 1) % blocks;
+            b
+        };
+        block * job.block_bytes as u64
+    };
+    let make_op = |buf: IoBuf, offset: u64| {
+        if job.write {
+            Op::write(fd, offset, buf)
+        } else {
+            Op::read(fd, offset, buf)
+        }
+    };
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = TaskContext::from_waker(&waker);
+    let mut latencies_ns: Vec<u64> = Vec::with_capacity(1 << 20);
+    let mut slots: Vec<Option<InFlight>> = Vec::with_capacity(job.queue_depth);
+    let mut spare_bufs: Vec<IoBuf> = Vec::new();
+    let mut writes_since_sync = 0usize;
+    let mut submit =
+        |buf: Option<IoBuf>, writes_since_sync: &mut usize| -> anyhow::Result<InFlight> {
+            if job.sync_every > 0 && *writes_since_sync >= job.sync_every {
+                *writes_since_sync = 0;
+                if let Some(b) = buf {
+                    spare_bufs.push(b);
+                }
+                let request = engine
+                    .submit(Op::Fdatasync { fd })
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                return Ok(InFlight {
+                    request,
+                    started: Instant::now(),
+                    is_sync: true,
+                });
+            }
+            let buf = buf
+                .or_else(|| spare_bufs.pop())
+                .unwrap_or_else(|| IoBuf::aligned(job.block_bytes, 4096));
+            *writes_since_sync += usize::from(job.write);
+            let started = Instant::now();
+            let request = engine
+                .submit(make_op(buf, offset()))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            Ok(InFlight {
+                request,
+                started,
+                is_sync: false,
+            })
+        };
+    for _ in 0..job.queue_depth {
+        slots.push(Some(submit(None, &mut writes_since_sync)?));
+    }
+    let t0 = Instant::now();
+    let mut data_ops = 0u64;
+    let mut stopping = false;
+    let mut idle_since: Option<Instant> = None;
+    loop {
+        let mut progressed = false;
+        let mut live = 0;
+        for slot in slots.iter_mut() {
+            let Some(in_flight) = slot.as_mut() else {
+                continue;
+            };
+            live += 1;
+            let Poll::Ready(done) = Pin::new(&mut in_flight.request).poll(&mut cx) else {
+                continue;
+            };
+            progressed = true;
+            let now = Instant::now();
+            let n = done
+                .result
+                .with_context(|| format!("{} I/O failed", job.name))?;
+            if !in_flight.is_sync {
+                if n != job.block_bytes {
+                    bail!("{}: short transfer of {n} bytes", job.name);
+                }
+                data_ops += 1;
+                latencies_ns.push((now - in_flight.started).as_nanos() as u64);
+            }
+            *slot = if stopping {
+                None
+            } else {
+                Some(submit(done.buf, &mut writes_since_sync)?)
+            };
+        }
+        if !stopping && t0.elapsed() >= duration {
+            stopping = true;
+        }
+        if stopping && live == 0 {
+            break;
+        }
+        if progressed {
+            idle_since = None;
+        } else {
+            // Brief spin (yielding) before sleeping: completions often follow within
+            // microseconds, and a futex wake-up costs more than that.
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < args.spin {
+                std::thread::yield_now();
+            } else {
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    latencies_ns.sort_unstable();
+    let mean_ns = latencies_ns.iter().sum::<u64>() as f64 / latencies_ns.len().max(1) as f64;
+    let p99_ns = latencies_ns
+        .get(((latencies_ns.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(0) as f64;
+    let iops = data_ops as f64 / elapsed;
+    Ok(Figures {
+        iops,
+        mb_per_s: iops * job.block_bytes as f64 / 1e6,
+        mean_us: mean_ns / 1e3,
+        p99_us: p99_ns / 1e3,
+    })
+}
+
+fn fio_version(fio: &str) -> anyhow::Result<String> {
+    let out = std::process::Command::new(fio)
+        .arg("--version")
+        .output()
+        .with_context(|| {
+            format!("running `{fio} --version` (install fio: apt-get install -y fio)")
+        })?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn run_fio(
+    args: &BenchIoArgs,
+    job: &Job,
+    file_bytes: u64,
+    duration: Duration,
+) -> anyhow::Result<Figures> {
+    let mut cmd = std::process::Command::new(&args.fio);
+    cmd.arg("--name=spindle-bench-io")
+        .arg(format!("--filename={}", args.file.display()))
+        .arg("--ioengine=io_uring")
+        .arg(format!("--rw={}", job.fio_rw))
+        .arg(format!("--bs={}", job.block_bytes))
+        .arg(format!("--iodepth={}", job.queue_depth))
+        .arg(format!("--direct={}", u8::from(job.direct)))
+        .arg(format!("--size={file_bytes}"))
+        .arg(format!("--runtime={}ms", duration.as_millis()))
+        .arg("--time_based=1")
+        .arg("--norandommap=1")
+        .arg("--randrepeat=0")
+        .arg("--lat_percentiles=1")
+        .arg("--invalidate=0")
+        .arg("--output-format=json");
+    if job.sync_every > 0 {
+        cmd.arg(format!("--fdatasync={}", job.sync_every));
+    }
+    let out = cmd.output().context("running fio")?;
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    // fio may print notes before the JSON object.
+    let start = text.find('{').context("no JSON in fio output")?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text[start..]).context("parsing fio JSON")?;
+    let side = if job.write { "write" } else { "read" };
+    let stats = &json["jobs"][0][side];
+    let number = |v: &serde_json::Value, what: &str| {
+        v.as_f64()
+            .with_context(|| format!("fio JSON lacks {side}.{what}"))
+    };
+    let iops = number(&stats["iops"], "iops")?;
+    let bw_bytes = number(&stats["bw_bytes"], "bw_bytes")?;
+    let mean_ns = number(&stats["lat_ns"]["mean"], "lat_ns.mean")?;
+    let p99_ns = number(
+        &stats["lat_ns"]["percentile"]["99.000000"],
+        "lat_ns.percentile.99",
+    )?;
+    Ok(Figures {
+        iops,
+        mb_per_s: bw_bytes / 1e6,
+        mean_us: mean_ns / 1e3,
+        p99_us: p99_ns / 1e3,
+    })
+}
