@@ -63,6 +63,35 @@ pub(crate) struct SlotInner {
     pub(crate) scratch: Box<SlotScratch>,
 }
 
+impl SlotInner {
+    /// A free slot with its scratch space allocated (done once, at start-up).
+    pub(crate) fn empty(now: Instant) -> SlotInner {
+        SlotInner {
+            generation: 0,
+            state: State::Free,
+            ring: 0,
+            op: None,
+            progress: 0,
+            result: None,
+            statx_valid: false,
+            waker: None,
+            detached: false,
+            cancelled: false,
+            submitted_at: now,
+            iovecs: Vec::new(),
+            scratch: Box::new(SlotScratch {
+                // SAFETY: statx and sockaddr_storage are plain C structs for which all-zero
+                // bytes are a valid value.
+                statx: unsafe { std::mem::zeroed() },
+                // SAFETY: as above.
+                sockaddr: unsafe { std::mem::zeroed() },
+                sockaddr_len: 0,
+                timespec: io_uring::types::Timespec::new(),
+            }),
+        }
+    }
+}
+
 // SAFETY: the raw pointers in `iovecs` point into buffers owned by `op` in the same slot; the
 // slot is only accessed under its mutex, so moving access between threads is sound.
 unsafe impl Send for SlotInner {}
@@ -90,29 +119,7 @@ impl Slab {
         let now = Instant::now();
         let slots = (0..capacity)
             .map(|_| Slot {
-                inner: Mutex::new(SlotInner {
-                    generation: 0,
-                    state: State::Free,
-                    ring: 0,
-                    op: None,
-                    progress: 0,
-                    result: None,
-                    statx_valid: false,
-                    waker: None,
-                    detached: false,
-                    cancelled: false,
-                    submitted_at: now,
-                    iovecs: Vec::new(),
-                    scratch: Box::new(SlotScratch {
-                        // SAFETY: statx and sockaddr_storage are plain C structs for which
-                        // all-zero bytes are a valid value.
-                        statx: unsafe { std::mem::zeroed() },
-                        // SAFETY: as above.
-                        sockaddr: unsafe { std::mem::zeroed() },
-                        sockaddr_len: 0,
-                        timespec: io_uring::types::Timespec::new(),
-                    }),
-                }),
+                inner: Mutex::new(SlotInner::empty(now)),
                 done: Condvar::new(),
             })
             .collect();

@@ -60,6 +60,11 @@ pub struct BenchIoArgs {
     /// Only run jobs whose name contains this text (randread, seqread, randwrite).
     #[arg(long)]
     pub filter: Option<String>,
+    /// Which Spindle path to measure: `engine` (the thread-safe `Engine`: ring threads,
+    /// staging queues), `local` (`LocalRing`: the caller's thread drives its own ring, as in
+    /// the thread-per-core data path and as fio does), or `both`.
+    #[arg(long, default_value = "both", value_parser = ["engine", "local", "both"])]
+    pub mode: String,
 }
 
 #[derive(Clone, Copy)]
@@ -128,42 +133,60 @@ pub fn run(args: BenchIoArgs) -> anyhow::Result<()> {
     }
     let file_bytes = args.size_mib * 1024 * 1024;
     prepare_file(&args.file, file_bytes)?;
-    let per_run = Duration::from_secs_f64((args.seconds / (2 * jobs.len()) as f64).max(1.0));
+    let runs_per_job = if args.mode == "both" { 3 } else { 2 };
+    let per_run =
+        Duration::from_secs_f64((args.seconds / (runs_per_job * jobs.len()) as f64).max(1.0));
     let fio_version = fio_version(&args.fio)?;
     let mut results = Vec::new();
+    let modes: Vec<&str> = match args.mode.as_str() {
+        "engine" => vec!["engine"],
+        "local" => vec!["local"],
+        _ => vec!["engine", "local"],
+    };
     for job in &jobs {
         settle(&args.file, job)?;
-        let ours = run_spindle(&args, job, file_bytes, per_run)?;
-        settle(&args.file, job)?;
         let theirs = run_fio(&args, job, file_bytes, per_run)?;
-        let reference = format!("{fio_version} io_uring");
-        let name = |what: &str| format!("{} {what}", job.name);
-        results.push(BenchResult::higher_is_better(
-            name("IOPS"),
-            "IOPS",
-            ours.iops,
-            &reference,
-            theirs.iops,
-        ));
-        results.push(BenchResult::higher_is_better(
-            name("throughput"),
-            "MB/s",
-            ours.mb_per_s,
-            &reference,
-            theirs.mb_per_s,
-        ));
-        results.push(lower_is_better(
-            name("mean latency"),
-            ours.mean_us,
-            &reference,
-            theirs.mean_us,
-        ));
-        results.push(lower_is_better(
-            name("p99 latency"),
-            ours.p99_us,
-            &reference,
-            theirs.p99_us,
-        ));
+        for mode in &modes {
+            settle(&args.file, job)?;
+            let ours = if *mode == "local" {
+                run_spindle_local(&args, job, file_bytes, per_run)?
+            } else {
+                run_spindle(&args, job, file_bytes, per_run)?
+            };
+            let reference = format!("{fio_version} io_uring");
+            let path = if *mode == "local" {
+                "LocalRing"
+            } else {
+                "Engine"
+            };
+            let name = |what: &str| format!("{} [{path}] {what}", job.name);
+            results.push(BenchResult::higher_is_better(
+                name("IOPS"),
+                "IOPS",
+                ours.iops,
+                &reference,
+                theirs.iops,
+            ));
+            results.push(BenchResult::higher_is_better(
+                name("throughput"),
+                "MB/s",
+                ours.mb_per_s,
+                &reference,
+                theirs.mb_per_s,
+            ));
+            results.push(lower_is_better(
+                name("mean latency"),
+                ours.mean_us,
+                &reference,
+                theirs.mean_us,
+            ));
+            results.push(lower_is_better(
+                name("p99 latency"),
+                ours.p99_us,
+                &reference,
+                theirs.p99_us,
+            ));
+        }
     }
     print_report("io", &results, args.json)
 }
@@ -409,6 +432,123 @@ fn run_spindle(
             } else {
                 std::thread::park_timeout(Duration::from_millis(100));
             }
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    latencies_ns.sort_unstable();
+    let mean_ns = latencies_ns.iter().sum::<u64>() as f64 / latencies_ns.len().max(1) as f64;
+    let p99_ns = latencies_ns
+        .get(((latencies_ns.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
+        .copied()
+        .unwrap_or(0) as f64;
+    let iops = data_ops as f64 / elapsed;
+    Ok(Figures {
+        iops,
+        mb_per_s: iops * job.block_bytes as f64 / 1e6,
+        mean_us: mean_ns / 1e3,
+        p99_us: p99_ns / 1e3,
+    })
+}
+
+/// The same job on a `LocalRing` driven by this thread: push `queue_depth` ops, then wait
+/// for completions and immediately push the next op in each freed slot.
+fn run_spindle_local(
+    args: &BenchIoArgs,
+    job: &Job,
+    file_bytes: u64,
+    duration: Duration,
+) -> anyhow::Result<Figures> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(job.write);
+    if job.direct {
+        options.custom_flags(libc::O_DIRECT);
+    }
+    let file = options
+        .open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))?;
+    let fd = file.as_raw_fd();
+    let mut ring =
+        spindle_io::LocalRing::new(job.queue_depth as u32).context("creating a LocalRing")?;
+    let blocks = file_bytes / job.block_bytes as u64;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_block = 0u64;
+    let mut offset = move || {
+        let block = if job.random {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % blocks
+        } else {
+            let b = next_block;
+            next_block = (next_block + 1) % blocks;
+            b
+        };
+        block * job.block_bytes as u64
+    };
+    let mut started: std::collections::HashMap<spindle_io::Token, (Instant, bool)> =
+        std::collections::HashMap::with_capacity(2 * job.queue_depth);
+    let mut latencies_ns: Vec<u64> = Vec::with_capacity(1 << 20);
+    let mut spare_bufs: Vec<IoBuf> = Vec::new();
+    let mut writes_since_sync = 0usize;
+    let mut push = |ring: &mut spindle_io::LocalRing,
+                    buf: Option<IoBuf>,
+                    started: &mut std::collections::HashMap<spindle_io::Token, (Instant, bool)>|
+     -> anyhow::Result<()> {
+        let (op, is_sync) = if job.sync_every > 0 && writes_since_sync >= job.sync_every {
+            writes_since_sync = 0;
+            if let Some(b) = buf {
+                spare_bufs.push(b);
+            }
+            (Op::Fdatasync { fd }, true)
+        } else {
+            let buf = buf
+                .or_else(|| spare_bufs.pop())
+                .unwrap_or_else(|| IoBuf::aligned(job.block_bytes, 4096));
+            writes_since_sync += usize::from(job.write);
+            let offset = offset();
+            (
+                if job.write {
+                    Op::write(fd, offset, buf)
+                } else {
+                    Op::read(fd, offset, buf)
+                },
+                false,
+            )
+        };
+        let now = Instant::now();
+        let token = ring.push(op).map_err(|e| anyhow::anyhow!("{e}"))?;
+        started.insert(token, (now, is_sync));
+        Ok(())
+    };
+    for _ in 0..job.queue_depth {
+        push(&mut ring, None, &mut started)?;
+    }
+    let t0 = Instant::now();
+    let mut data_ops = 0u64;
+    let mut stopping = false;
+    while ring.in_flight() > 0 {
+        ring.wait(1).context("waiting for completions")?;
+        while let Some((token, done)) = ring.pop() {
+            let now = Instant::now();
+            let (at, is_sync) = started
+                .remove(&token)
+                .context("completion for an unknown op")?;
+            let n = done
+                .result
+                .with_context(|| format!("{} I/O failed", job.name))?;
+            if !is_sync {
+                if n != job.block_bytes {
+                    bail!("{}: short transfer of {n} bytes", job.name);
+                }
+                data_ops += 1;
+                latencies_ns.push((now - at).as_nanos() as u64);
+            }
+            if !stopping {
+                push(&mut ring, done.buf, &mut started)?;
+            }
+        }
+        if !stopping && t0.elapsed() >= duration {
+            stopping = true;
         }
     }
     let elapsed = t0.elapsed().as_secs_f64();
