@@ -213,23 +213,8 @@ impl LocalRing {
 
 /// Moves the result and the op's buffers out of a finished slot and frees it.
 fn take_completion(slot: &mut SlotInner, result: io::Result<usize>) -> Completion {
-    let mut completion = Completion {
-        result,
-        transferred: slot.progress,
-        buf: None,
-        bufs: Vec::new(),
-        statx: slot.statx_valid.then_some(slot.scratch.statx),
-    };
-    match slot.op.take() {
-        Some(
-            Op::Read { buf, .. }
-            | Op::Write { buf, .. }
-            | Op::Send { buf, .. }
-            | Op::Recv { buf, .. },
-        ) => completion.buf = Some(buf),
-        Some(Op::Readv { bufs, .. } | Op::Writev { bufs, .. }) => completion.bufs = bufs,
-        _ => {}
-    }
+    let statx = slot.statx_valid.then_some(slot.scratch.statx);
+    let completion = Completion::from_op(slot.op.take(), result, slot.progress, statx);
     slot.state = State::Free;
     slot.progress = 0;
     slot.statx_valid = false;

@@ -182,6 +182,33 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// The completion of `op` with `result`: the op's buffers are moved into it.
+    pub(crate) fn from_op(
+        op: Option<Op>,
+        result: io::Result<usize>,
+        transferred: usize,
+        statx: Option<libc::statx>,
+    ) -> Completion {
+        let mut completion = Completion {
+            result,
+            transferred,
+            buf: None,
+            bufs: Vec::new(),
+            statx,
+        };
+        match op {
+            Some(
+                Op::Read { buf, .. }
+                | Op::Write { buf, .. }
+                | Op::Send { buf, .. }
+                | Op::Recv { buf, .. },
+            ) => completion.buf = Some(buf),
+            Some(Op::Readv { bufs, .. } | Op::Writev { bufs, .. }) => completion.bufs = bufs,
+            _ => {}
+        }
+        completion
+    }
+
     /// The byte count or descriptor, as `io::Result`.
     pub fn ok(&self) -> io::Result<usize> {
         match &self.result {

@@ -309,23 +309,7 @@ fn take_locked(
         });
         let transferred = inner.progress;
         let statx = inner.statx_valid.then_some(inner.scratch.statx);
-        let mut completion = Completion {
-            result,
-            transferred,
-            buf: None,
-            bufs: Vec::new(),
-            statx,
-        };
-        match inner.op.take() {
-            Some(
-                Op::Read { buf, .. }
-                | Op::Write { buf, .. }
-                | Op::Send { buf, .. }
-                | Op::Recv { buf, .. },
-            ) => completion.buf = Some(buf),
-            Some(Op::Readv { bufs, .. } | Op::Writev { bufs, .. }) => completion.bufs = bufs,
-            _ => {}
-        }
+        let completion = Completion::from_op(inner.op.take(), result, transferred, statx);
         reset(inner);
         owner.slab.release(index);
         completion

@@ -320,22 +320,7 @@ fn run_spindle(
         ..Config::default()
     };
     let engine = Engine::new(config).context("starting the spindle-io engine")?;
-    let blocks = file_bytes / job.block_bytes as u64;
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next_block = 0u64;
-    let mut offset = move || {
-        let block = if job.random {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % blocks
-        } else {
-            let b = next_block;
-            next_block = (next_block + 1) % blocks;
-            b
-        };
-        block * job.block_bytes as u64
-    };
+    let mut offset = offsets(job, file_bytes);
     let make_op = |buf: IoBuf, offset: u64| {
         if job.write {
             Op::write(fd, offset, buf)
@@ -434,20 +419,7 @@ fn run_spindle(
             }
         }
     }
-    let elapsed = t0.elapsed().as_secs_f64();
-    latencies_ns.sort_unstable();
-    let mean_ns = latencies_ns.iter().sum::<u64>() as f64 / latencies_ns.len().max(1) as f64;
-    let p99_ns = latencies_ns
-        .get(((latencies_ns.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
-        .copied()
-        .unwrap_or(0) as f64;
-    let iops = data_ops as f64 / elapsed;
-    Ok(Figures {
-        iops,
-        mb_per_s: iops * job.block_bytes as f64 / 1e6,
-        mean_us: mean_ns / 1e3,
-        p99_us: p99_ns / 1e3,
-    })
+    Ok(figures(job, &mut latencies_ns, data_ops, t0.elapsed()))
 }
 
 /// The same job on a `LocalRing` driven by this thread: push `queue_depth` ops, then wait
@@ -469,22 +441,7 @@ fn run_spindle_local(
     let fd = file.as_raw_fd();
     let mut ring =
         spindle_io::LocalRing::new(job.queue_depth as u32).context("creating a LocalRing")?;
-    let blocks = file_bytes / job.block_bytes as u64;
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next_block = 0u64;
-    let mut offset = move || {
-        let block = if job.random {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % blocks
-        } else {
-            let b = next_block;
-            next_block = (next_block + 1) % blocks;
-            b
-        };
-        block * job.block_bytes as u64
-    };
+    let mut offset = offsets(job, file_bytes);
     let mut started: std::collections::HashMap<spindle_io::Token, (Instant, bool)> =
         std::collections::HashMap::with_capacity(2 * job.queue_depth);
     let mut latencies_ns: Vec<u64> = Vec::with_capacity(1 << 20);
@@ -551,20 +508,45 @@ fn run_spindle_local(
             stopping = true;
         }
     }
-    let elapsed = t0.elapsed().as_secs_f64();
+    Ok(figures(job, &mut latencies_ns, data_ops, t0.elapsed()))
+}
+
+/// The offsets a job visits: xorshift-random blocks, or blocks in order, wrapping.
+fn offsets(job: &Job, file_bytes: u64) -> impl FnMut() -> u64 {
+    let (block_bytes, random) = (job.block_bytes as u64, job.random);
+    let blocks = file_bytes / block_bytes;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next_block = 0u64;
+    move || {
+        let block = if random {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % blocks
+        } else {
+            let b = next_block;
+            next_block = (next_block + 1) % blocks;
+            b
+        };
+        block * block_bytes
+    }
+}
+
+/// IOPS, throughput, mean and p99 latency of a finished run.
+fn figures(job: &Job, latencies_ns: &mut [u64], data_ops: u64, elapsed: Duration) -> Figures {
     latencies_ns.sort_unstable();
     let mean_ns = latencies_ns.iter().sum::<u64>() as f64 / latencies_ns.len().max(1) as f64;
     let p99_ns = latencies_ns
         .get(((latencies_ns.len() as f64 * 0.99).ceil() as usize).saturating_sub(1))
         .copied()
         .unwrap_or(0) as f64;
-    let iops = data_ops as f64 / elapsed;
-    Ok(Figures {
+    let iops = data_ops as f64 / elapsed.as_secs_f64();
+    Figures {
         iops,
         mb_per_s: iops * job.block_bytes as f64 / 1e6,
         mean_us: mean_ns / 1e3,
         p99_us: p99_ns / 1e3,
-    })
+    }
 }
 
 fn fio_version(fio: &str) -> anyhow::Result<String> {
