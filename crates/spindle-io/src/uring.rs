@@ -352,15 +352,7 @@ pub(crate) fn run_submitter(ring: Arc<IoUring>, ctx: Arc<RingCtx>) {
             }
         }
         for index in batch.drain(..) {
-            let entry = {
-                let slot = ctx.owner.slab.slot(index);
-                let mut inner = lock(&slot.inner);
-                if inner.state == State::Queued {
-                    inner.state = State::Running;
-                }
-                let ud = user_data(index, inner.generation);
-                build_sqe(&mut inner, ud)
-            };
+            let entry = start(&ctx, index);
             push(&ring, &entry);
         }
         submit_retrying(&ring, 0, None);

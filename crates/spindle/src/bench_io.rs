@@ -298,14 +298,7 @@ fn run_spindle(
     file_bytes: u64,
     duration: Duration,
 ) -> anyhow::Result<Figures> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true).write(job.write);
-    if job.direct {
-        options.custom_flags(libc::O_DIRECT);
-    }
-    let file = options
-        .open(&args.file)
-        .with_context(|| format!("opening {}", args.file.display()))?;
+    let file = open_for(args, job)?;
     let fd = file.as_raw_fd();
     let config = Config {
         rings: args.rings,
@@ -430,14 +423,7 @@ fn run_spindle_local(
     file_bytes: u64,
     duration: Duration,
 ) -> anyhow::Result<Figures> {
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true).write(job.write);
-    if job.direct {
-        options.custom_flags(libc::O_DIRECT);
-    }
-    let file = options
-        .open(&args.file)
-        .with_context(|| format!("opening {}", args.file.display()))?;
+    let file = open_for(args, job)?;
     let fd = file.as_raw_fd();
     let mut ring =
         spindle_io::LocalRing::new(job.queue_depth as u32).context("creating a LocalRing")?;
@@ -509,6 +495,18 @@ fn run_spindle_local(
         }
     }
     Ok(figures(job, &mut latencies_ns, data_ops, t0.elapsed()))
+}
+
+/// Opens the test file as the job needs it (writable for writes, O_DIRECT if direct).
+fn open_for(args: &BenchIoArgs, job: &Job) -> anyhow::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(job.write);
+    if job.direct {
+        options.custom_flags(libc::O_DIRECT);
+    }
+    options
+        .open(&args.file)
+        .with_context(|| format!("opening {}", args.file.display()))
 }
 
 /// The offsets a job visits: xorshift-random blocks, or blocks in order, wrapping.
