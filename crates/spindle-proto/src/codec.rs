@@ -130,6 +130,10 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(self.bytes(what, max_len)?).map_err(|_| CodecError::BadUtf8 { what })
     }
     /// Errors unless every byte was consumed (a message with extra bytes is malformed).
+    /// Bytes not read yet.
+    pub fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
     pub fn finish(self) -> Result<(), CodecError> {
         match self.bytes.len() - self.pos {
             0 => Ok(()),

@@ -36,3 +36,7 @@ pub use codec::{CodecError, Reader, Writer};
 pub use frame::{
     encode_frame, Frame, FrameDecoder, FrameError, FrameHeader, HEADER_LEN, MAGIC, VERSION,
 };
+pub mod msg;
+pub mod net;
+
+pub use msg::{ErrorCode, Msg};

@@ -41,6 +41,32 @@ impl BenchResult {
     }
 }
 
+impl BenchResult {
+    /// Builds a result where a smaller value is better (latency, CPU time): the ratio is
+    /// reference / spindle, so above 1 still means Spindle is better.
+    pub fn lower_is_better(
+        name: impl Into<String>,
+        unit: impl Into<String>,
+        spindle: f64,
+        reference: impl Into<String>,
+        reference_value: f64,
+    ) -> Self {
+        let ratio = if spindle > 0.0 {
+            reference_value / spindle
+        } else {
+            f64::NAN
+        };
+        BenchResult {
+            name: name.into(),
+            unit: unit.into(),
+            spindle,
+            reference: reference.into(),
+            reference_value,
+            ratio,
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct BenchReport<'a> {
     bench: &'a str,

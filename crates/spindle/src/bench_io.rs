@@ -174,14 +174,16 @@ pub fn run(args: BenchIoArgs) -> anyhow::Result<()> {
                 &reference,
                 theirs.mb_per_s,
             ));
-            results.push(lower_is_better(
+            results.push(BenchResult::lower_is_better(
                 name("mean latency"),
+                "us",
                 ours.mean_us,
                 &reference,
                 theirs.mean_us,
             ));
-            results.push(lower_is_better(
+            results.push(BenchResult::lower_is_better(
                 name("p99 latency"),
+                "us",
                 ours.p99_us,
                 &reference,
                 theirs.p99_us,
@@ -209,26 +211,6 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         return Err(format!("duration {text:?} out of range 0..1s"));
     }
     Ok(Duration::from_secs_f64(value * scale))
-}
-
-fn lower_is_better(
-    name: String,
-    spindle: f64,
-    reference: &str,
-    reference_value: f64,
-) -> BenchResult {
-    BenchResult {
-        name,
-        unit: "us".into(),
-        spindle,
-        reference: reference.into(),
-        reference_value,
-        ratio: if spindle > 0.0 {
-            reference_value / spindle
-        } else {
-            f64::NAN
-        },
-    }
 }
 
 /// Creates the test file with non-zero data unless it already has the right size.

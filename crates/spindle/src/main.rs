@@ -5,7 +5,10 @@ mod bench_common;
 mod bench_crush;
 mod bench_ec;
 mod bench_io;
+mod bench_objects;
+mod cluster_cmd;
 mod crush_cmd;
+mod daemon;
 mod ec_cmd;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +36,79 @@ enum Command {
         #[command(subcommand)]
         command: ec_cmd::EcCommand,
     },
+    /// Start an embedded cluster (a monitor and N storage daemons on 127.0.0.1) and return.
+    Up(cluster_cmd::UpArgs),
+    /// Stop every daemon of the embedded cluster (data stays on disk).
+    Down {
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
+    /// Cluster state: epoch, daemons, pools, placement-group health.
+    Status(cluster_cmd::StatusArgs),
+    /// Pools: create, ls, rm.
+    Pool {
+        #[command(subcommand)]
+        command: cluster_cmd::PoolCommand,
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
+    /// Storage daemons: ls, out, in, stop, start, run.
+    Osd {
+        #[command(subcommand)]
+        command: cluster_cmd::OsdCommand,
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
+    /// The monitor daemon.
+    Mon {
+        #[command(subcommand)]
+        command: MonCommand,
+    },
+    /// Store a file as an object ("-" reads stdin).
+    Put {
+        name: String,
+        file: std::path::PathBuf,
+        #[command(flatten)]
+        obj: cluster_cmd::ObjArgs,
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
+    /// Read an object into a file ("-" writes stdout).
+    Get {
+        name: String,
+        file: std::path::PathBuf,
+        #[command(flatten)]
+        obj: cluster_cmd::ObjArgs,
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
+    /// Delete an object.
+    Rm {
+        name: String,
+        #[command(flatten)]
+        obj: cluster_cmd::ObjArgs,
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
+    /// List the objects of a pool.
+    Ls {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: cluster_cmd::ObjArgs,
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
+    /// Size and version of an object.
+    Stat {
+        name: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: cluster_cmd::ObjArgs,
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
     /// Benchmarks that print Spindle's figures beside their reference.
     Bench {
         #[command(subcommand)]
@@ -41,7 +117,15 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum MonCommand {
+    /// Run the monitor in the foreground (what `spindle up` starts).
+    Run(daemon::MonRunArgs),
+}
+
+#[derive(Subcommand)]
 enum BenchCommand {
+    /// Object write/read throughput, latency and CPU against Ceph's rados bench.
+    Objects(bench_objects::BenchObjectsArgs),
     /// CRUSH mappings per second against crushtool.
     Crush(bench_crush::BenchCrushArgs),
     /// Erasure coding and CRC32C throughput against ISA-L.
@@ -55,7 +139,36 @@ fn main() {
     let result = match cli.command {
         Command::Crush { command } => crush_cmd::run(command),
         Command::Ec { command } => ec_cmd::run(command),
+        Command::Up(args) => cluster_cmd::up(args),
+        Command::Down { target } => cluster_cmd::down(target),
+        Command::Status(args) => cluster_cmd::status(args),
+        Command::Pool { command, target } => cluster_cmd::pool(command, target),
+        Command::Osd { command, target } => cluster_cmd::osd(command, target),
+        Command::Mon {
+            command: MonCommand::Run(args),
+        } => daemon::mon_run(args),
+        Command::Put {
+            name,
+            file,
+            obj,
+            target,
+        } => cluster_cmd::put(obj, target, name, file),
+        Command::Get {
+            name,
+            file,
+            obj,
+            target,
+        } => cluster_cmd::get(obj, target, name, file),
+        Command::Rm { name, obj, target } => cluster_cmd::rm(obj, target, name),
+        Command::Ls { json, obj, target } => cluster_cmd::ls(obj, target, json),
+        Command::Stat {
+            name,
+            json,
+            obj,
+            target,
+        } => cluster_cmd::stat(obj, target, name, json),
         Command::Bench { command } => match command {
+            BenchCommand::Objects(args) => bench_objects::run(args),
             BenchCommand::Crush(args) => bench_crush::run(args),
             BenchCommand::Ec(args) => bench_ec::run(args),
             BenchCommand::Io(args) => bench_io::run(args),

@@ -1,0 +1,576 @@
+//! `spindle-client`: the object API of a Spindle cluster.
+//!
+//! The client keeps the newest cluster map (subscribed at the monitor), computes placement
+//! locally (object name -> placement group -> CRUSH -> primary), keeps one multiplexed
+//! connection per daemon and retries across map changes: a daemon that answers with a
+//! newer map (`StaleMap`) teaches us that map; one that is behind (`NeedMap`) is sent ours;
+//! `NotPrimary`, `Again` (peering) and connection failures wait for the next map and retry
+//! until the operation's timeout.
+
+use spindle_map::{object_pg, ClusterMap, Placement};
+use spindle_proto::msg::{Mutation, ObjOp, ObjectListing, Ver};
+use spindle_proto::net::{Incoming, NetError, RpcConn};
+use spindle_proto::{ErrorCode, Msg};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+pub use spindle_proto::msg::{ObjectListing as Listing, Ver as Version};
+
+/// Largest object the object API accepts (bigger data belongs in an image).
+pub const OBJECT_BYTES_MAX: u64 = 32 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no such object: {0}")]
+    NotFound(String),
+    #[error("no such pool: {0}")]
+    NoSuchPool(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("data is corrupt on every reachable copy: {0}")]
+    Corrupt(String),
+    #[error("operation timed out after {ms} ms (last error: {last})")]
+    Timeout { ms: u64, last: String },
+    #[error("cannot reach the monitor at {addr}: {reason}")]
+    Monitor { addr: String, reason: String },
+    #[error("command failed: {0}")]
+    Command(String),
+    #[error("daemon error: {0}")]
+    Daemon(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub mon_addr: String,
+    /// Total time an operation may take across retries.
+    pub op_timeout_ms: u64,
+}
+
+impl ClientConfig {
+    pub fn new(mon_addr: impl Into<String>) -> Self {
+        ClientConfig {
+            mon_addr: mon_addr.into(),
+            op_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// Size and version of an object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectStat {
+    pub size_bytes: u64,
+    pub version: Ver,
+}
+
+struct MapState {
+    map: ClusterMap,
+    placement: Placement,
+    encoded: Vec<u8>,
+}
+
+struct Inner {
+    config: ClientConfig,
+    map: RwLock<Arc<MapState>>,
+    map_tx: watch::Sender<u64>,
+    mon: Mutex<Option<Arc<RpcConn>>>,
+    osds: Mutex<HashMap<u32, Arc<RpcConn>>>,
+    push_tx: mpsc::UnboundedSender<Incoming>,
+}
+
+/// A connection to a cluster. Cheap to clone; use from any number of tasks.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Result of one attempt.
+enum Attempt {
+    Done(Msg),
+    Retry(String),
+}
+
+impl Client {
+    /// Connects to the monitor, fetches the map and subscribes to new epochs.
+    pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        let (push_tx, push_rx) = mpsc::unbounded_channel();
+        let mon = RpcConn::connect(&config.mon_addr, 3000, Some(push_tx.clone()))
+            .await
+            .map_err(|e| ClientError::Monitor {
+                addr: config.mon_addr.clone(),
+                reason: e.to_string(),
+            })?;
+        let reply = mon
+            .call(
+                0,
+                &Msg::GetMap {
+                    have_epoch: 0,
+                    subscribe: false,
+                },
+                10_000,
+            )
+            .await
+            .map_err(|e| ClientError::Monitor {
+                addr: config.mon_addr.clone(),
+                reason: e.to_string(),
+            })?;
+        let Msg::MapUpdate { map } = reply.msg else {
+            return Err(ClientError::Monitor {
+                addr: config.mon_addr.clone(),
+                reason: format!("unexpected reply {}", reply.msg.name()),
+            });
+        };
+        let decoded = ClusterMap::decode(&map).map_err(|e| ClientError::Monitor {
+            addr: config.mon_addr.clone(),
+            reason: e.to_string(),
+        })?;
+        let (map_tx, _) = watch::channel(decoded.epoch);
+        let state = MapState {
+            placement: Placement::compute(&decoded),
+            map: decoded,
+            encoded: map,
+        };
+        let client = Client {
+            inner: Arc::new(Inner {
+                config,
+                map: RwLock::new(Arc::new(state)),
+                map_tx,
+                mon: Mutex::new(None),
+                osds: Mutex::new(HashMap::new()),
+                push_tx,
+            }),
+        };
+        client.subscribe(&mon);
+        *lock(&client.inner.mon) = Some(mon);
+        {
+            // Weak: the background task must not keep a dropped client alive.
+            let weak = Arc::downgrade(&client.inner);
+            tokio::spawn(async move { push_loop(weak, push_rx).await });
+        }
+        Ok(client)
+    }
+
+    fn subscribe(&self, mon: &RpcConn) {
+        let have = self.epoch();
+        let _ = mon.send_oneway(
+            have,
+            &Msg::GetMap {
+                have_epoch: have,
+                subscribe: true,
+            },
+        );
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.state().map.epoch
+    }
+
+    /// The current cluster map.
+    pub fn map(&self) -> ClusterMap {
+        self.state().map.clone()
+    }
+
+    fn state(&self) -> Arc<MapState> {
+        self.inner
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn install(&self, bytes: &[u8]) {
+        install(&self.inner, bytes)
+    }
+
+    /// The monitor connection, reconnecting (and re-subscribing) if it was lost.
+    async fn mon(&self) -> Result<Arc<RpcConn>, ClientError> {
+        if let Some(c) = lock(&self.inner.mon).clone() {
+            if !c.is_closed() {
+                return Ok(c);
+            }
+        }
+        let conn = RpcConn::connect(
+            &self.inner.config.mon_addr,
+            3000,
+            Some(self.inner.push_tx.clone()),
+        )
+        .await
+        .map_err(|e| ClientError::Monitor {
+            addr: self.inner.config.mon_addr.clone(),
+            reason: e.to_string(),
+        })?;
+        self.subscribe(&conn);
+        *lock(&self.inner.mon) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Asks the monitor for a newer map (used when placement looks wrong).
+    async fn refresh_map(&self) {
+        let Ok(mon) = self.mon().await else { return };
+        let have = self.epoch();
+        if let Ok(inc) = mon
+            .call(
+                have,
+                &Msg::GetMap {
+                    have_epoch: have,
+                    subscribe: false,
+                },
+                5000,
+            )
+            .await
+        {
+            if let Msg::MapUpdate { map } = inc.msg {
+                self.install(&map);
+            }
+        }
+    }
+
+    /// Runs an administrative command on the monitor; returns its JSON output.
+    pub async fn command(&self, args: &[&str]) -> Result<serde_json::Value, ClientError> {
+        let mon = self.mon().await?;
+        let reply = mon
+            .call(
+                self.epoch(),
+                &Msg::Command {
+                    args: args.iter().map(|s| s.to_string()).collect(),
+                },
+                30_000,
+            )
+            .await
+            .map_err(|e| ClientError::Monitor {
+                addr: self.inner.config.mon_addr.clone(),
+                reason: e.to_string(),
+            })?;
+        match reply.msg {
+            Msg::CommandReply { ok: true, output } => serde_json::from_str(&output)
+                .map_err(|e| ClientError::Command(format!("bad JSON from monitor: {e}"))),
+            Msg::CommandReply { ok: false, output } => Err(ClientError::Command(output)),
+            Msg::Error { message, .. } => Err(ClientError::Command(message)),
+            other => Err(ClientError::Command(format!("unexpected {}", other.name()))),
+        }
+    }
+
+    /// Waits until the map's epoch is at least `epoch` (e.g. after a command).
+    pub async fn wait_for_epoch(&self, epoch: u64, timeout_ms: u64) -> bool {
+        let mut rx = self.inner.map_tx.subscribe();
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        loop {
+            if self.epoch() >= epoch {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            if tokio::time::timeout(left.min(Duration::from_millis(200)), rx.changed())
+                .await
+                .is_err()
+            {
+                self.refresh_map().await;
+            }
+        }
+    }
+
+    async fn osd_conn(&self, osd: u32, addr: &str) -> Result<Arc<RpcConn>, NetError> {
+        if let Some(c) = lock(&self.inner.osds).get(&osd) {
+            if !c.is_closed() && c.peer() == addr {
+                return Ok(c.clone());
+            }
+        }
+        let conn = RpcConn::connect(addr, 2000, None).await?;
+        lock(&self.inner.osds).insert(osd, conn.clone());
+        Ok(conn)
+    }
+
+    fn pool_id(&self, pool: &str) -> Result<u32, ClientError> {
+        self.state()
+            .map
+            .pool_by_name(pool)
+            .map(|p| p.id)
+            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))
+    }
+
+    /// Sends `op` on object `name` (or, for `List`, on placement group `pg_override`) to
+    /// the primary, retrying across map changes until the timeout.
+    async fn op(
+        &self,
+        pool: &str,
+        name: &str,
+        op: ObjOp,
+        pg_override: Option<u32>,
+    ) -> Result<Msg, ClientError> {
+        let timeout_ms = self.inner.config.op_timeout_ms;
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let mut backoff_ms = 5u64;
+        let mut msg: Option<Msg> = None;
+        loop {
+            let ms = self.state();
+            let pool_id = self.pool_id(pool)?;
+            let pool_def = &ms.map.pools[&pool_id];
+            let pg = pg_override.unwrap_or_else(|| object_pg(name, pool_def.pg_count));
+            let m = msg.get_or_insert_with(|| Msg::ObjRequest {
+                pool: pool_id,
+                pg,
+                name: name.to_string(),
+                op: op.clone(),
+            });
+            let attempt = match ms.placement.pg(pool_id, pg).and_then(|p| p.primary()) {
+                None => Attempt::Retry(format!("pg {pool_id}.{pg:x} has no daemon up")),
+                Some(primary) => {
+                    let addr = ms
+                        .map
+                        .osds
+                        .get(&primary)
+                        .map(|o| o.addr.clone())
+                        .unwrap_or_default();
+                    self.attempt(&ms, primary, &addr, m, deadline).await
+                }
+            };
+            let last = match attempt {
+                Attempt::Done(reply) => return Ok(reply),
+                Attempt::Retry(why) => why,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ClientError::Timeout {
+                    ms: timeout_ms,
+                    last,
+                });
+            }
+            tracing::debug!("retrying {name}: {last}");
+            let epoch = ms.map.epoch;
+            if self.epoch() == epoch {
+                // Wait a little for a new map, then ask for one.
+                let mut rx = self.inner.map_tx.subscribe();
+                let wait = Duration::from_millis(backoff_ms).min(deadline - now);
+                let _ = tokio::time::timeout(wait, rx.changed()).await;
+                if self.epoch() == epoch && backoff_ms >= 100 {
+                    self.refresh_map().await;
+                }
+                backoff_ms = (backoff_ms * 2).min(500);
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        ms: &MapState,
+        primary: u32,
+        addr: &str,
+        msg: &Msg,
+        deadline: Instant,
+    ) -> Attempt {
+        let conn = match self.osd_conn(primary, addr).await {
+            Ok(c) => c,
+            Err(e) => return Attempt::Retry(format!("osd.{primary}: {e}")),
+        };
+        let left_ms = deadline
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        let reply = match conn.call(ms.map.epoch, msg, left_ms.max(1)).await {
+            Ok(r) => r,
+            Err(e) => {
+                lock(&self.inner.osds).remove(&primary);
+                return Attempt::Retry(format!("osd.{primary}: {e}"));
+            }
+        };
+        match reply.msg {
+            Msg::Error {
+                code: ErrorCode::StaleMap,
+                map,
+                ..
+            } => {
+                self.install(&map);
+                Attempt::Retry("daemon has a newer map".into())
+            }
+            Msg::Error {
+                code: ErrorCode::NeedMap,
+                ..
+            } => {
+                let _ = conn.send_oneway(
+                    ms.map.epoch,
+                    &Msg::MapUpdate {
+                        map: ms.encoded.clone(),
+                    },
+                );
+                Attempt::Retry("daemon needed our map".into())
+            }
+            Msg::Error {
+                code: code @ (ErrorCode::NotPrimary | ErrorCode::Again),
+                message,
+                ..
+            } => Attempt::Retry(format!("osd.{primary}: {code:?}: {message}")),
+            other => Attempt::Done(other),
+        }
+    }
+
+    fn check(reply: Msg, name: &str) -> Result<Msg, ClientError> {
+        match reply {
+            Msg::Error { code, message, .. } => Err(match code {
+                ErrorCode::NotFound => ClientError::NotFound(name.to_string()),
+                ErrorCode::Corrupt => ClientError::Corrupt(message),
+                ErrorCode::Invalid => ClientError::Invalid(message),
+                ErrorCode::NoSuchPool => ClientError::NoSuchPool(message),
+                _ => ClientError::Daemon(format!("{code:?}: {message}")),
+            }),
+            ok => Ok(ok),
+        }
+    }
+
+    async fn mutate(&self, pool: &str, name: &str, m: Mutation) -> Result<Ver, ClientError> {
+        check_name(name)?;
+        let reply = self.op(pool, name, ObjOp::Mutate(m), None).await?;
+        match Self::check(reply, name)? {
+            Msg::ObjReply { version, .. } => Ok(version),
+            other => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
+        }
+    }
+
+    /// Replaces the whole object (creates it).
+    pub async fn write_full(
+        &self,
+        pool: &str,
+        name: &str,
+        data: Vec<u8>,
+    ) -> Result<Ver, ClientError> {
+        check_size(0, data.len() as u64)?;
+        self.mutate(pool, name, Mutation::WriteFull(data)).await
+    }
+
+    /// Writes `data` at `offset` (creates the object; gaps read as zeros).
+    pub async fn write(
+        &self,
+        pool: &str,
+        name: &str,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<Ver, ClientError> {
+        check_size(offset, data.len() as u64)?;
+        self.mutate(pool, name, Mutation::Write { offset, data })
+            .await
+    }
+
+    pub async fn truncate(
+        &self,
+        pool: &str,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<Ver, ClientError> {
+        check_size(size_bytes, 0)?;
+        self.mutate(pool, name, Mutation::Truncate { size_bytes })
+            .await
+    }
+
+    pub async fn delete(&self, pool: &str, name: &str) -> Result<(), ClientError> {
+        self.mutate(pool, name, Mutation::Delete).await.map(|_| ())
+    }
+
+    /// Reads up to `len` bytes at `offset` (short at the end of the object).
+    pub async fn read(
+        &self,
+        pool: &str,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, ClientError> {
+        check_name(name)?;
+        let len = len.min(OBJECT_BYTES_MAX);
+        let reply = self
+            .op(pool, name, ObjOp::Read { offset, len }, None)
+            .await?;
+        match Self::check(reply, name)? {
+            Msg::ObjReply { data, .. } => Ok(data),
+            other => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
+        }
+    }
+
+    /// Reads the whole object.
+    pub async fn read_full(&self, pool: &str, name: &str) -> Result<Vec<u8>, ClientError> {
+        self.read(pool, name, 0, OBJECT_BYTES_MAX).await
+    }
+
+    pub async fn stat(&self, pool: &str, name: &str) -> Result<ObjectStat, ClientError> {
+        check_name(name)?;
+        let reply = self.op(pool, name, ObjOp::Stat, None).await?;
+        match Self::check(reply, name)? {
+            Msg::ObjReply {
+                version,
+                size_bytes,
+                ..
+            } => Ok(ObjectStat {
+                size_bytes,
+                version,
+            }),
+            other => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
+        }
+    }
+
+    /// Every object of the pool, sorted by name (asks each placement group's primary).
+    pub async fn list(&self, pool: &str) -> Result<Vec<ObjectListing>, ClientError> {
+        let pool_id = self.pool_id(pool)?;
+        let pg_count = self.state().map.pools[&pool_id].pg_count;
+        let mut all = Vec::new();
+        for pg in 0..pg_count {
+            let reply = self.op(pool, "", ObjOp::List, Some(pg)).await?;
+            match Self::check(reply, "")? {
+                Msg::ObjReply { listing, .. } => all.extend(listing),
+                other => return Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
+            }
+        }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ClientError> {
+    if name.is_empty() || name.len() > spindle_proto::msg::NAME_MAX {
+        return Err(ClientError::Invalid(format!(
+            "object names must be 1..={} bytes",
+            spindle_proto::msg::NAME_MAX
+        )));
+    }
+    Ok(())
+}
+
+fn check_size(offset: u64, len: u64) -> Result<(), ClientError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= OBJECT_BYTES_MAX => Ok(()),
+        _ => Err(ClientError::Invalid(format!(
+            "objects are limited to {} MiB (offset {offset} + {len} bytes); store larger data in an image",
+            OBJECT_BYTES_MAX >> 20
+        ))),
+    }
+}
+
+fn install(inner: &Inner, bytes: &[u8]) {
+    let Ok(map) = ClusterMap::decode(bytes) else {
+        tracing::warn!("ignoring a map that does not decode");
+        return;
+    };
+    let mut guard = inner.map.write().unwrap_or_else(|p| p.into_inner());
+    if map.cluster_id != guard.map.cluster_id || map.epoch <= guard.map.epoch {
+        return;
+    }
+    let epoch = map.epoch;
+    *guard = Arc::new(MapState {
+        placement: Placement::compute(&map),
+        map,
+        encoded: bytes.to_vec(),
+    });
+    drop(guard);
+    inner.map_tx.send_replace(epoch);
+}
+
+async fn push_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Incoming>) {
+    while let Some(inc) = rx.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        if let Msg::MapUpdate { map } = inc.msg {
+            install(&inner, &map);
+        }
+    }
+}

@@ -1,0 +1,143 @@
+//! Binary encoding of [`ClusterMap`] (for the wire and the monitor's store).
+//!
+//! Layout (little endian, [`spindle_proto::codec`] fields):
+//! `u32 MAP_FORMAT | u64 cluster_id | u64 epoch | u32 n_osds | n x osd | u32 n_pools |
+//!  n x pool | bytes crush (Ceph binary CRUSH encoding)`.
+//! The frame or store record around it carries the CRC.
+
+use crate::{ClusterMap, OsdInfo, Pool, PoolKind, PG_COUNT_MAX};
+use spindle_proto::{CodecError, Reader, Writer};
+
+const MAP_FORMAT: u32 = 1;
+const OSDS_MAX: u32 = 1 << 16;
+const POOLS_MAX: u32 = 1 << 16;
+const ADDR_MAX: usize = 256;
+const CRUSH_MAX: usize = 16 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapDecodeError {
+    #[error("cluster map: {0}")]
+    Codec(#[from] CodecError),
+    #[error("cluster map format {0} is not supported (this build reads {MAP_FORMAT})")]
+    Format(u32),
+    #[error("cluster map: CRUSH map: {0}")]
+    Crush(#[from] spindle_crush::CrushError),
+    #[error("cluster map is inconsistent: {0}")]
+    Invalid(String),
+}
+
+impl ClusterMap {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        w.u32(MAP_FORMAT).u64(self.cluster_id).u64(self.epoch);
+        w.u32(self.osds.len() as u32);
+        for osd in self.osds.values() {
+            w.u32(osd.id)
+                .str(&osd.addr)
+                .u32(osd.pid)
+                .u8(osd.up as u8)
+                .u8(osd.in_cluster as u8)
+                .u32(osd.weight)
+                .u64(osd.up_from);
+        }
+        w.u32(self.pools.len() as u32);
+        for pool in self.pools.values() {
+            w.u32(pool.id).str(&pool.name);
+            match pool.kind {
+                PoolKind::Replicated { size, min_size } => {
+                    w.u8(0).u32(size).u32(min_size);
+                }
+            }
+            w.u32(pool.pg_count).i32(pool.crush_rule);
+        }
+        w.bytes(&spindle_crush::binary::encode(&self.crush));
+        w.finish()
+    }
+
+    /// Decodes and validates a map; never panics on bad input.
+    pub fn decode(bytes: &[u8]) -> Result<ClusterMap, MapDecodeError> {
+        let mut r = Reader::new(bytes);
+        let format = r.u32("format")?;
+        if format != MAP_FORMAT {
+            return Err(MapDecodeError::Format(format));
+        }
+        let cluster_id = r.u64("cluster_id")?;
+        let epoch = r.u64("epoch")?;
+        let n_osds = r.u32("osd count")?;
+        if n_osds > OSDS_MAX {
+            return Err(MapDecodeError::Invalid(format!("{n_osds} daemons")));
+        }
+        let mut osds = std::collections::BTreeMap::new();
+        for _ in 0..n_osds {
+            let osd = OsdInfo {
+                id: r.u32("osd id")?,
+                addr: r.str("osd addr", ADDR_MAX)?.to_string(),
+                pid: r.u32("osd pid")?,
+                up: r.u8("osd up")? != 0,
+                in_cluster: r.u8("osd in")? != 0,
+                weight: r.u32("osd weight")?,
+                up_from: r.u64("osd up_from")?,
+            };
+            if osds.insert(osd.id, osd).is_some() {
+                return Err(MapDecodeError::Invalid("duplicate daemon id".into()));
+            }
+        }
+        let n_pools = r.u32("pool count")?;
+        if n_pools > POOLS_MAX {
+            return Err(MapDecodeError::Invalid(format!("{n_pools} pools")));
+        }
+        let mut pools = std::collections::BTreeMap::new();
+        for _ in 0..n_pools {
+            let id = r.u32("pool id")?;
+            let name = r.str("pool name", crate::POOL_NAME_MAX)?.to_string();
+            let kind = match r.u8("pool kind")? {
+                0 => PoolKind::Replicated {
+                    size: r.u32("pool size")?,
+                    min_size: r.u32("pool min_size")?,
+                },
+                k => {
+                    return Err(MapDecodeError::Codec(CodecError::Invalid {
+                        what: "pool kind",
+                        value: k as u64,
+                    }))
+                }
+            };
+            let pg_count = r.u32("pg count")?;
+            let crush_rule = r.i32("crush rule")?;
+            let pool = Pool {
+                id,
+                name,
+                kind,
+                pg_count,
+                crush_rule,
+            };
+            if pools.insert(id, pool).is_some() {
+                return Err(MapDecodeError::Invalid("duplicate pool id".into()));
+            }
+        }
+        let crush_bytes = r.bytes("crush map", CRUSH_MAX)?;
+        r.finish()?;
+        let crush = spindle_crush::binary::decode(crush_bytes)?;
+        crush.validate()?;
+        let map = ClusterMap {
+            cluster_id,
+            epoch,
+            osds,
+            pools,
+            crush,
+        };
+        for pool in map.pools.values() {
+            map.check_pool(pool)
+                .map_err(|e| MapDecodeError::Invalid(format!("pool {}: {e}", pool.id)))?;
+            debug_assert!(pool.pg_count <= PG_COUNT_MAX);
+        }
+        for id in map.osds.keys() {
+            if *id as i64 >= map.crush.max_devices as i64 {
+                return Err(MapDecodeError::Invalid(format!(
+                    "osd.{id} is not a CRUSH device"
+                )));
+            }
+        }
+        Ok(map)
+    }
+}

@@ -1,0 +1,223 @@
+//! `spindle-map`: the cluster map every Spindle process agrees on, one epoch at a time.
+//!
+//! The monitor owns it and bumps `epoch` on every change; storage daemons and clients
+//! receive each new epoch and compute placement locally from it:
+//!
+//! ```text
+//! object name --stable hash--> placement group --CRUSH (pool rule, reweights)--> raw set
+//!   raw set --drop daemons that are down--> up set; primary = first of the up set
+//! ```
+//!
+//! Invariants (checked by [`ClusterMap::decode`], so a map from the wire or disk that
+//! breaks them is rejected instead of mis-placing data):
+//! - every pool's CRUSH rule exists, `1 <= min_size <= size`, `pg_count` is a power of
+//!   two between 1 and [`PG_COUNT_MAX`];
+//! - every daemon id is a CRUSH device of the map;
+//! - the map's CRUSH map passes [`spindle_crush::CrushMap::validate`].
+
+mod codec;
+mod placement;
+
+pub use codec::MapDecodeError;
+pub use placement::{object_pg, pg_crush_input, PgMapping, Placement};
+
+use spindle_crush::CrushMap;
+use std::collections::BTreeMap;
+
+/// Largest number of placement groups in one pool.
+pub const PG_COUNT_MAX: u32 = 1 << 16;
+/// Largest replication factor / number of shards.
+pub const POOL_SIZE_MAX: u32 = 16;
+/// Longest pool name.
+pub const POOL_NAME_MAX: usize = 128;
+
+/// One storage daemon as the map sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OsdInfo {
+    pub id: u32,
+    /// `ip:port` the daemon serves on (empty until it first booted).
+    pub addr: String,
+    /// Process id reported at boot (0 if unknown); lets embedded-cluster tooling find it.
+    pub pid: u32,
+    /// Up: alive and answering heartbeats. Down daemons are skipped by placement.
+    pub up: bool,
+    /// In: holds data. Out daemons get CRUSH reweight 0, so their data moves elsewhere.
+    pub in_cluster: bool,
+    /// CRUSH weight, 16.16 fixed point (0x10000 = 1.0).
+    pub weight: u32,
+    /// Epoch at which the daemon was last marked up (distinguishes restarts).
+    pub up_from: u64,
+}
+
+/// How a pool stores its objects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolKind {
+    /// `size` full copies; writes proceed while at least `min_size` are up.
+    Replicated { size: u32, min_size: u32 },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pool {
+    pub id: u32,
+    pub name: String,
+    pub kind: PoolKind,
+    /// Number of placement groups (a power of two).
+    pub pg_count: u32,
+    /// CRUSH rule id used to place this pool's placement groups.
+    pub crush_rule: i32,
+}
+
+impl Pool {
+    /// Number of daemons each placement group maps to.
+    pub fn size(&self) -> u32 {
+        match self.kind {
+            PoolKind::Replicated { size, .. } => size,
+        }
+    }
+    pub fn min_size(&self) -> u32 {
+        match self.kind {
+            PoolKind::Replicated { min_size, .. } => min_size,
+        }
+    }
+}
+
+/// The whole cluster map at one epoch.
+#[derive(Clone, Debug)]
+pub struct ClusterMap {
+    /// Random id chosen when the cluster was created; daemons refuse maps of another cluster.
+    pub cluster_id: u64,
+    pub epoch: u64,
+    pub osds: BTreeMap<u32, OsdInfo>,
+    pub pools: BTreeMap<u32, Pool>,
+    pub crush: CrushMap,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MapError {
+    #[error("pool '{0}' already exists")]
+    PoolExists(String),
+    #[error("no pool named '{0}'")]
+    NoSuchPool(String),
+    #[error("no storage daemon osd.{0}")]
+    NoSuchOsd(u32),
+    #[error("invalid pool: {0}")]
+    InvalidPool(String),
+    #[error("invalid CRUSH map: {0}")]
+    InvalidCrush(String),
+}
+
+impl ClusterMap {
+    pub fn pool_by_name(&self, name: &str) -> Option<&Pool> {
+        self.pools.values().find(|p| p.name == name)
+    }
+
+    /// CRUSH reweights for this epoch: 0x10000 for daemons that are in, 0 for out ones and
+    /// for CRUSH devices the map does not know.
+    pub fn reweights(&self) -> Vec<u32> {
+        let mut weights = vec![0u32; self.crush.max_devices.max(0) as usize];
+        for osd in self.osds.values() {
+            if let Some(w) = weights.get_mut(osd.id as usize) {
+                *w = if osd.in_cluster { 0x10000 } else { 0 };
+            }
+        }
+        weights
+    }
+
+    pub fn is_up(&self, osd: u32) -> bool {
+        self.osds.get(&osd).is_some_and(|o| o.up)
+    }
+
+    /// Checks a pool definition against this map (rule exists, sizes sane).
+    pub fn check_pool(&self, pool: &Pool) -> Result<(), MapError> {
+        if pool.name.is_empty() || pool.name.len() > POOL_NAME_MAX {
+            return Err(MapError::InvalidPool(format!(
+                "name must be 1..={POOL_NAME_MAX} bytes"
+            )));
+        }
+        if !pool.pg_count.is_power_of_two() || pool.pg_count > PG_COUNT_MAX {
+            return Err(MapError::InvalidPool(format!(
+                "pg count {} must be a power of two <= {PG_COUNT_MAX}",
+                pool.pg_count
+            )));
+        }
+        let (size, min_size) = (pool.size(), pool.min_size());
+        if size == 0 || size > POOL_SIZE_MAX || min_size == 0 || min_size > size {
+            return Err(MapError::InvalidPool(format!(
+                "need 1 <= min_size ({min_size}) <= size ({size}) <= {POOL_SIZE_MAX}"
+            )));
+        }
+        if self.crush.rule(pool.crush_rule).is_none() {
+            return Err(MapError::InvalidPool(format!(
+                "CRUSH rule {} does not exist",
+                pool.crush_rule
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds a pool with the next free id; returns the id.
+    pub fn add_pool(
+        &mut self,
+        name: &str,
+        kind: PoolKind,
+        pg_count: u32,
+        crush_rule: i32,
+    ) -> Result<u32, MapError> {
+        if self.pool_by_name(name).is_some() {
+            return Err(MapError::PoolExists(name.to_string()));
+        }
+        let id = self.pools.keys().next_back().map_or(1, |last| last + 1);
+        let pool = Pool {
+            id,
+            name: name.to_string(),
+            kind,
+            pg_count,
+            crush_rule,
+        };
+        self.check_pool(&pool)?;
+        self.pools.insert(id, pool);
+        Ok(id)
+    }
+
+    pub fn remove_pool(&mut self, name: &str) -> Result<u32, MapError> {
+        let id = self
+            .pool_by_name(name)
+            .map(|p| p.id)
+            .ok_or_else(|| MapError::NoSuchPool(name.to_string()))?;
+        self.pools.remove(&id);
+        Ok(id)
+    }
+}
+
+/// The CRUSH map of an embedded cluster: one host bucket per daemon (so that the failure
+/// domain "host" separates copies even on one machine, and daemons can be added later),
+/// under root `default`, and rule 0 `replicated_rule` = chooseleaf firstn over hosts.
+pub fn embedded_crush_map(osd_ids: &[u32]) -> Result<CrushMap, MapError> {
+    use spindle_crush::builder::MapBuilder;
+    use spindle_crush::BucketAlg;
+    let err = |e: spindle_crush::CrushError| MapError::InvalidCrush(e.to_string());
+    let mut b = MapBuilder::new();
+    b.add_type(0, "osd")
+        .add_type(1, "host")
+        .add_type(10, "root");
+    let mut hosts = Vec::new();
+    for &id in osd_ids {
+        b.add_device(id as i32, &format!("osd.{id}"), None)
+            .map_err(err)?;
+        let host = b
+            .add_bucket(
+                &format!("host-{id}"),
+                "host",
+                BucketAlg::Straw2,
+                &[(id as i32, 0x10000)],
+            )
+            .map_err(err)?;
+        hosts.push((host, 0));
+    }
+    let root = b
+        .add_bucket("default", "root", BucketAlg::Straw2, &hosts)
+        .map_err(err)?;
+    b.add_replicated_rule("replicated_rule", root, "host")
+        .map_err(err)?;
+    Ok(b.build())
+}

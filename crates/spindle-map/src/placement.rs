@@ -1,0 +1,205 @@
+//! Object -> placement group -> daemons, computed from the map (never looked up).
+
+use crate::ClusterMap;
+use spindle_crush::{Workspace, ITEM_NONE};
+use std::collections::BTreeMap;
+
+/// Stable 32-bit hash of an object name: FNV-1a 64 folded to 32 bits. Stable across
+/// versions and machines (it decides where data lives, so it must never change).
+fn name_hash(name: &str) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name.as_bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h ^ (h >> 32)) as u32
+}
+
+/// Placement group of `name` in a pool of `pg_count` (a power of two) groups.
+pub fn object_pg(name: &str, pg_count: u32) -> u32 {
+    debug_assert!(pg_count.is_power_of_two());
+    name_hash(name) & (pg_count - 1)
+}
+
+/// The CRUSH input of a placement group: Ceph's `hashpspool` mixing of the group and the
+/// pool id, so pools with the same pg count do not share a layout.
+pub fn pg_crush_input(pool: u32, pg: u32) -> i32 {
+    spindle_crush::hash::hash32_2(pg, pool) as i32
+}
+
+/// Where one placement group lives at one epoch.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct PgMapping {
+    /// CRUSH result with reweights applied (out daemons excluded), in CRUSH order.
+    pub raw: Vec<u32>,
+    /// `raw` without the daemons that are down: the acting set.
+    pub up: Vec<u32>,
+}
+
+impl PgMapping {
+    pub fn primary(&self) -> Option<u32> {
+        self.up.first().copied()
+    }
+}
+
+/// Every placement group of every pool, computed once per epoch.
+#[derive(Clone, Debug, Default)]
+pub struct Placement {
+    pub epoch: u64,
+    pgs: BTreeMap<(u32, u32), PgMapping>,
+}
+
+impl Placement {
+    pub fn compute(map: &ClusterMap) -> Placement {
+        let weights = map.reweights();
+        let mut workspace = Workspace::new();
+        let mut result = Vec::new();
+        let mut pgs = BTreeMap::new();
+        for pool in map.pools.values() {
+            let size = pool.size() as usize;
+            for pg in 0..pool.pg_count {
+                spindle_crush::do_rule(
+                    &map.crush,
+                    pool.crush_rule,
+                    pg_crush_input(pool.id, pg),
+                    &mut result,
+                    size,
+                    &weights,
+                    &mut workspace,
+                );
+                let raw: Vec<u32> = result
+                    .iter()
+                    .filter(|&&d| d != ITEM_NONE && d >= 0)
+                    .map(|&d| d as u32)
+                    .collect();
+                let up = raw.iter().copied().filter(|&d| map.is_up(d)).collect();
+                pgs.insert((pool.id, pg), PgMapping { raw, up });
+            }
+        }
+        Placement {
+            epoch: map.epoch,
+            pgs,
+        }
+    }
+
+    pub fn pg(&self, pool: u32, pg: u32) -> Option<&PgMapping> {
+        self.pgs.get(&(pool, pg))
+    }
+
+    /// All placement groups, in (pool, pg) order.
+    pub fn iter(&self) -> impl Iterator<Item = (&(u32, u32), &PgMapping)> {
+        self.pgs.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{embedded_crush_map, OsdInfo, PoolKind};
+
+    fn map(n: u32) -> ClusterMap {
+        let ids: Vec<u32> = (0..n).collect();
+        let mut m = ClusterMap {
+            cluster_id: 7,
+            epoch: 3,
+            osds: ids
+                .iter()
+                .map(|&id| {
+                    (
+                        id,
+                        OsdInfo {
+                            id,
+                            addr: format!("127.0.0.1:{}", 7000 + id),
+                            pid: 0,
+                            up: true,
+                            in_cluster: true,
+                            weight: 0x10000,
+                            up_from: 1,
+                        },
+                    )
+                })
+                .collect(),
+            pools: Default::default(),
+            crush: embedded_crush_map(&ids).unwrap(),
+        };
+        m.add_pool(
+            "default",
+            PoolKind::Replicated {
+                size: 3,
+                min_size: 2,
+            },
+            64,
+            0,
+        )
+        .unwrap();
+        m
+    }
+
+    #[test]
+    fn every_pg_gets_three_distinct_daemons() {
+        let m = map(4);
+        let p = Placement::compute(&m);
+        let mut primaries = [0u32; 4];
+        for (_, mapping) in p.iter() {
+            assert_eq!(mapping.up.len(), 3);
+            let mut s = mapping.up.clone();
+            s.sort();
+            s.dedup();
+            assert_eq!(s.len(), 3);
+            primaries[mapping.up[0] as usize] += 1;
+        }
+        assert!(primaries.iter().all(|&c| c > 5), "{primaries:?}");
+    }
+
+    #[test]
+    fn down_daemons_leave_the_up_set_out_daemons_leave_crush() {
+        let mut m = map(4);
+        let before = Placement::compute(&m);
+        m.osds.get_mut(&1).unwrap().up = false;
+        let down = Placement::compute(&m);
+        for ((k, a), (_, b)) in before.iter().zip(down.iter()) {
+            assert_eq!(a.raw, b.raw, "{k:?}");
+            assert!(!b.up.contains(&1));
+        }
+        m.osds.get_mut(&1).unwrap().in_cluster = false;
+        let out = Placement::compute(&m);
+        for (_, b) in out.iter() {
+            assert!(!b.raw.contains(&1));
+            assert_eq!(b.raw.len(), 3);
+        }
+    }
+
+    #[test]
+    fn map_round_trips_and_rejects_garbage() {
+        let m = map(3);
+        let bytes = m.encode();
+        let back = ClusterMap::decode(&bytes).unwrap();
+        assert_eq!(back.encode(), bytes);
+        assert_eq!(back.pools, m.pools);
+        assert_eq!(back.osds, m.osds);
+        for cut in [0, 1, 10, bytes.len() / 2, bytes.len() - 1] {
+            assert!(ClusterMap::decode(&bytes[..cut]).is_err());
+        }
+        let mut bad = bytes.clone();
+        bad[0] ^= 1;
+        assert!(ClusterMap::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn object_pg_is_stable() {
+        // Pinned values: placement of existing data depends on them never changing.
+        assert_eq!(object_pg("", 64), name_hash("") & 63);
+        assert_eq!(name_hash("a"), {
+            let h: u64 = (0xcbf2_9ce4_8422_2325u64 ^ 0x61).wrapping_mul(0x0000_0100_0000_01b3);
+            (h ^ (h >> 32)) as u32
+        });
+        let counts =
+            (0..6400)
+                .map(|i| object_pg(&format!("obj-{i}"), 64))
+                .fold([0u32; 64], |mut c, pg| {
+                    c[pg as usize] += 1;
+                    c
+                });
+        assert!(counts.iter().all(|&c| c > 50 && c < 160), "{counts:?}");
+    }
+}

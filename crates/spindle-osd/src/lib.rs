@@ -1,0 +1,1346 @@
+//! `spindle-osd`: the storage daemon.
+//!
+//! It boots with the monitor, follows every map epoch, and for each placement group it is
+//! the primary of: peers (queries the other copies' PG logs, brings every copy level with
+//! the newest one by log-based catch-up or backfill), then serves client operations. A
+//! write gets the next PG version, is applied to the local store (group-committed) and
+//! forwarded to the other up copies in the same order, and is acknowledged once every up
+//! copy has it durable. A read that fails its checksum locally is served from another
+//! copy and the local copy is repaired.
+//!
+//! Invariants:
+//! - a placement group serves client I/O only after peering completed at the current
+//!   epoch and only while at least `min_size` copies are up;
+//! - versions in a PG strictly increase; replication messages leave in version order on
+//!   one connection per peer, and a replica applies them in arrival order;
+//! - a request from a sender with an older map gets the newer map back (`StaleMap`); a
+//!   sender with a newer map is asked to push it (`NeedMap`) — never served on a stale
+//!   placement;
+//! - bad requests get error replies; nothing a peer sends can panic the daemon.
+
+mod sync;
+
+pub use sync::{plan, LogInfo, SyncPlan};
+
+use spindle_map::{ClusterMap, Placement};
+use spindle_proto::msg::{
+    LogEntryMsg, Mutation as WireMutation, ObjOp, ObjectListing, PgReport, PgStateCode, Ver,
+};
+use spindle_proto::net::{serve, Incoming, NetError, PendingReply, Replier, RpcConn};
+use spindle_proto::{ErrorCode, Msg};
+use spindle_store::{LogEntry, LogOp, Mutation, PgId, Store, StoreConfig, StoreError, Version};
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OsdError {
+    #[error("osd: store: {0}")]
+    Store(#[from] StoreError),
+    #[error("osd: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("osd: {0}")]
+    Net(#[from] NetError),
+    #[error("osd: {0}")]
+    Boot(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct OsdConfig {
+    pub id: u32,
+    pub dir: PathBuf,
+    pub mon_addr: String,
+    pub listen: String,
+    pub heartbeat_ms: u64,
+    /// How long the primary waits for a replica before failing the write (the client
+    /// retries on the next map).
+    pub replica_timeout_ms: u64,
+}
+
+impl OsdConfig {
+    pub fn new(id: u32, dir: impl Into<PathBuf>, mon_addr: impl Into<String>) -> Self {
+        OsdConfig {
+            id,
+            dir: dir.into(),
+            mon_addr: mon_addr.into(),
+            listen: "127.0.0.1:0".to_string(),
+            heartbeat_ms: 400,
+            replica_timeout_ms: 10_000,
+        }
+    }
+}
+
+fn ver(v: Version) -> Ver {
+    Ver {
+        epoch: v.epoch,
+        seq: v.seq,
+    }
+}
+fn version(v: Ver) -> Version {
+    Version {
+        epoch: v.epoch,
+        seq: v.seq,
+    }
+}
+fn to_store_mutation(m: WireMutation) -> Mutation {
+    match m {
+        WireMutation::WriteFull(d) => Mutation::WriteFull(d),
+        WireMutation::Write { offset, data } => Mutation::Write { offset, data },
+        WireMutation::Truncate { size_bytes } => Mutation::Truncate { size_bytes },
+        WireMutation::Delete => Mutation::Delete,
+    }
+}
+fn log_to_wire(log: &[LogEntry]) -> Vec<LogEntryMsg> {
+    log.iter()
+        .map(|e| LogEntryMsg {
+            version: ver(e.version),
+            name: e.name.clone(),
+            delete: e.op == LogOp::Delete,
+        })
+        .collect()
+}
+fn log_from_wire(log: &[LogEntryMsg]) -> Vec<LogEntry> {
+    log.iter()
+        .map(|e| LogEntry {
+            version: version(e.version),
+            name: e.name.clone(),
+            op: if e.delete {
+                LogOp::Delete
+            } else {
+                LogOp::Modify
+            },
+        })
+        .collect()
+}
+fn store_error_reply(e: &StoreError) -> Msg {
+    let code = match e {
+        StoreError::NotFound => ErrorCode::NotFound,
+        StoreError::Corrupt { .. } => ErrorCode::Corrupt,
+        StoreError::InvalidName(_) | StoreError::InvalidArgument(_) => ErrorCode::Invalid,
+        StoreError::VersionNotNewer { .. } => ErrorCode::Again,
+        _ => ErrorCode::Io,
+    };
+    Msg::error(code, e.to_string())
+}
+
+/// The map as this daemon knows it, with placement precomputed.
+struct MapState {
+    map: ClusterMap,
+    placement: Placement,
+    encoded: Arc<Vec<u8>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Peering / recovering at `epoch`: client I/O waits.
+    Peering,
+    /// Serving.
+    Active,
+    /// Too few copies up.
+    Inactive,
+}
+
+/// Per placement group state on its primary.
+struct PgState {
+    /// Epoch the state was computed for.
+    epoch: u64,
+    /// Identity of the interval: up set and each member's `up_from`.
+    interval: Vec<(u32, u64)>,
+    phase: Phase,
+    /// Last version handed out (valid while Active).
+    last: Ver,
+    acting: Vec<u32>,
+    size: u32,
+}
+
+struct Inner {
+    id: u32,
+    config: OsdConfig,
+    addr: String,
+    store: Arc<Store>,
+    map: RwLock<Option<Arc<MapState>>>,
+    map_tx: watch::Sender<u64>,
+    pgs: Mutex<HashMap<(u32, u32), PgState>>,
+    peers: Mutex<HashMap<u32, Arc<RpcConn>>>,
+    mon: Mutex<Option<Arc<RpcConn>>>,
+    push_tx: mpsc::UnboundedSender<Incoming>,
+    repaired: std::sync::atomic::AtomicU64,
+}
+
+/// A running storage daemon.
+#[derive(Clone)]
+pub struct Osd {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Osd {
+    /// Opens the store, binds the listener, boots with the monitor and serves until
+    /// `shutdown` resolves.
+    pub async fn run(
+        config: OsdConfig,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), OsdError> {
+        let store_dir = config.dir.join("store");
+        let store = tokio::task::spawn_blocking(move || Store::open(StoreConfig::new(store_dir)))
+            .await
+            .map_err(|e| OsdError::Boot(e.to_string()))??;
+        let listener = TcpListener::bind(&config.listen).await?;
+        let addr = listener.local_addr()?.to_string();
+        let (push_tx, push_rx) = mpsc::unbounded_channel();
+        let (map_tx, _) = watch::channel(0u64);
+        let osd = Osd {
+            inner: Arc::new(Inner {
+                id: config.id,
+                config,
+                addr: addr.clone(),
+                store: Arc::new(store),
+                map: RwLock::new(None),
+                map_tx,
+                pgs: Mutex::new(HashMap::new()),
+                peers: Mutex::new(HashMap::new()),
+                mon: Mutex::new(None),
+                push_tx,
+                repaired: Default::default(),
+            }),
+        };
+        tracing::info!("osd.{} listening on {addr}", osd.inner.id);
+        let server = {
+            let osd = osd.clone();
+            tokio::spawn(async move {
+                loop {
+                    match listener.accept().await {
+                        Ok((stream, _)) => {
+                            let osd = osd.clone();
+                            tokio::spawn(async move {
+                                let o2 = osd.clone();
+                                serve(
+                                    stream,
+                                    "osd",
+                                    move || o2.epoch(),
+                                    |inc, reply| osd.dispatch(inc, reply),
+                                )
+                                .await;
+                            });
+                        }
+                        Err(e) => {
+                            tracing::warn!("accept: {e}");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            })
+        };
+        let pusher = {
+            let osd = osd.clone();
+            tokio::spawn(async move { osd.push_loop(push_rx).await })
+        };
+        let monitor_link = {
+            let osd = osd.clone();
+            tokio::spawn(async move { osd.mon_loop().await })
+        };
+        shutdown.await;
+        tracing::info!("osd.{} shutting down", osd.inner.id);
+        server.abort();
+        monitor_link.abort();
+        pusher.abort();
+        Ok(())
+    }
+
+    fn epoch(&self) -> u64 {
+        self.map_state().map_or(0, |m| m.map.epoch)
+    }
+
+    fn map_state(&self) -> Option<Arc<MapState>> {
+        self.inner
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    // ------------------------------------------------------------------ monitor link
+
+    /// Keeps a connection to the monitor: boot, subscribe to maps, heartbeat. Reconnects
+    /// (and boots again) whenever the monitor goes away.
+    async fn mon_loop(&self) {
+        let hb = Duration::from_millis(self.inner.config.heartbeat_ms);
+        loop {
+            let conn = match RpcConn::connect(
+                &self.inner.config.mon_addr,
+                2000,
+                Some(self.inner.push_tx.clone()),
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("osd.{}: monitor unreachable: {e}", self.inner.id);
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            if let Err(e) = self.boot(&conn).await {
+                tracing::warn!("osd.{}: boot failed: {e}", self.inner.id);
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            let have = self.epoch();
+            let _ = conn.send_oneway(
+                have,
+                &Msg::GetMap {
+                    have_epoch: have,
+                    subscribe: true,
+                },
+            );
+            *lock(&self.inner.mon) = Some(conn.clone());
+            loop {
+                tokio::time::sleep(hb).await;
+                let reports = self.pg_reports();
+                let epoch = self.epoch();
+                match conn
+                    .call(
+                        epoch,
+                        &Msg::Heartbeat {
+                            osd_id: self.inner.id,
+                            reports,
+                            counters: self.counters(),
+                        },
+                        5000,
+                    )
+                    .await
+                {
+                    Ok(inc) => {
+                        if let Msg::HeartbeatAck { epoch: mon_epoch } = inc.msg {
+                            if mon_epoch > self.epoch() {
+                                self.fetch_map(&conn).await;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("osd.{}: monitor link lost: {e}", self.inner.id);
+                        break;
+                    }
+                }
+                // Wrongly marked down (e.g. after a stall): boot again.
+                if let Some(ms) = self.map_state() {
+                    if ms.map.osds.get(&self.inner.id).is_some_and(|o| !o.up) {
+                        tracing::warn!("osd.{}: map says I am down; booting again", self.inner.id);
+                        break;
+                    }
+                }
+            }
+            *lock(&self.inner.mon) = None;
+        }
+    }
+
+    async fn boot(&self, conn: &RpcConn) -> Result<(), String> {
+        let reply = conn
+            .call(
+                self.epoch(),
+                &Msg::OsdBoot {
+                    osd_id: self.inner.id,
+                    addr: self.inner.addr.clone(),
+                    pid: std::process::id(),
+                },
+                10_000,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        match reply.msg {
+            Msg::MapUpdate { map } => {
+                self.install_map(&map)?;
+                tracing::info!("osd.{} booted at epoch {}", self.inner.id, self.epoch());
+                Ok(())
+            }
+            Msg::Error { message, .. } => Err(message),
+            other => Err(format!("unexpected boot reply {}", other.name())),
+        }
+    }
+
+    async fn fetch_map(&self, conn: &RpcConn) {
+        let have = self.epoch();
+        if let Ok(inc) = conn
+            .call(
+                have,
+                &Msg::GetMap {
+                    have_epoch: have,
+                    subscribe: false,
+                },
+                5000,
+            )
+            .await
+        {
+            if let Msg::MapUpdate { map } = inc.msg {
+                if let Err(e) = self.install_map(&map) {
+                    tracing::warn!("osd.{}: {e}", self.inner.id);
+                }
+            }
+        }
+    }
+
+    /// Unsolicited frames: map pushes from the monitor subscription.
+    async fn push_loop(&self, mut rx: mpsc::UnboundedReceiver<Incoming>) {
+        while let Some(inc) = rx.recv().await {
+            if let Msg::MapUpdate { map } = inc.msg {
+                if let Err(e) = self.install_map(&map) {
+                    tracing::warn!("osd.{}: {e}", self.inner.id);
+                }
+            }
+        }
+    }
+
+    /// Installs a newer map and starts peering where placement changed.
+    fn install_map(&self, bytes: &[u8]) -> Result<(), String> {
+        let map = ClusterMap::decode(bytes).map_err(|e| format!("rejecting map: {e}"))?;
+        {
+            let mut guard = self.inner.map.write().unwrap_or_else(|p| p.into_inner());
+            if let Some(cur) = guard.as_ref() {
+                if cur.map.cluster_id != map.cluster_id {
+                    return Err(format!(
+                        "rejecting map of cluster {:016x} (mine is {:016x})",
+                        map.cluster_id, cur.map.cluster_id
+                    ));
+                }
+                if map.epoch <= cur.map.epoch {
+                    return Ok(());
+                }
+            }
+            let placement = Placement::compute(&map);
+            *guard = Some(Arc::new(MapState {
+                encoded: Arc::new(bytes.to_vec()),
+                map,
+                placement,
+            }));
+        }
+        let epoch = self.epoch();
+        self.inner.map_tx.send_replace(epoch);
+        self.on_new_epoch();
+        Ok(())
+    }
+
+    /// Recomputes the state of every placement group this daemon is primary of.
+    fn on_new_epoch(&self) {
+        let Some(ms) = self.map_state() else { return };
+        let me = self.inner.id;
+        let mut to_peer = Vec::new();
+        {
+            let mut pgs = lock(&self.inner.pgs);
+            let mut seen = BTreeSet::new();
+            for (&(pool_id, pg), mapping) in ms.placement.iter() {
+                if mapping.primary() != Some(me) {
+                    continue;
+                }
+                let Some(pool) = ms.map.pools.get(&pool_id) else {
+                    continue;
+                };
+                seen.insert((pool_id, pg));
+                let interval: Vec<(u32, u64)> = mapping
+                    .up
+                    .iter()
+                    .map(|id| (*id, ms.map.osds.get(id).map_or(0, |o| o.up_from)))
+                    .collect();
+                let min_ok = mapping.up.len() as u32 >= pool.min_size();
+                let entry = pgs.entry((pool_id, pg)).or_insert_with(|| PgState {
+                    epoch: 0,
+                    interval: Vec::new(),
+                    phase: Phase::Peering,
+                    last: Ver::default(),
+                    acting: Vec::new(),
+                    size: pool.size(),
+                });
+                let same = entry.interval == interval && entry.phase == Phase::Active;
+                entry.epoch = ms.map.epoch;
+                entry.acting = mapping.up.clone();
+                entry.size = pool.size();
+                if !min_ok {
+                    entry.phase = Phase::Inactive;
+                    entry.interval = interval;
+                } else if !same {
+                    entry.phase = Phase::Peering;
+                    entry.interval = interval;
+                    to_peer.push((pool_id, pg));
+                }
+            }
+            pgs.retain(|k, _| seen.contains(k));
+        }
+        for (pool, pg) in to_peer {
+            let osd = self.clone();
+            let epoch = ms.map.epoch;
+            tokio::spawn(async move { osd.peer_until_done(pool, pg, epoch).await });
+        }
+    }
+
+    fn counters(&self) -> Vec<(String, u64)> {
+        let s = self.inner.store.stats();
+        vec![
+            (
+                "corruptions_repaired".to_string(),
+                self.inner
+                    .repaired
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
+            ("corruptions_detected".to_string(), s.corruptions_detected),
+            ("transactions".to_string(), s.transactions),
+            ("flushes".to_string(), s.flushes),
+            ("objects".to_string(), s.objects),
+            ("data_bytes".to_string(), s.data_bytes),
+        ]
+    }
+
+    fn pg_reports(&self) -> Vec<PgReport> {
+        let pgs = lock(&self.inner.pgs);
+        pgs.iter()
+            .map(|(&(pool, pg), st)| PgReport {
+                pool,
+                pg,
+                state: match st.phase {
+                    Phase::Active if st.acting.len() as u32 >= st.size => PgStateCode::Clean,
+                    Phase::Active => PgStateCode::Degraded,
+                    Phase::Peering => PgStateCode::Recovering,
+                    Phase::Inactive => PgStateCode::Inactive,
+                },
+                objects: self.inner.store.pg_info(PgId { pool, pg }).object_count,
+            })
+            .collect()
+    }
+
+    // ------------------------------------------------------------------ peering
+
+    async fn peer_until_done(&self, pool: u32, pg: u32, epoch: u64) {
+        let mut delay_ms = 100;
+        loop {
+            if self.epoch() != epoch {
+                return; // a newer epoch started its own peering
+            }
+            match self.peer(pool, pg, epoch).await {
+                Ok(()) => return,
+                Err(e) => {
+                    tracing::info!(
+                        "osd.{}: pg {pool}.{pg:x} peering at epoch {epoch} failed: {e}; retrying",
+                        self.inner.id
+                    );
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    delay_ms = (delay_ms * 2).min(2000);
+                }
+            }
+        }
+    }
+
+    fn local_log_info(&self, pgid: PgId) -> LogInfo {
+        let info = self.inner.store.pg_info(pgid);
+        LogInfo {
+            last_version: ver(info.last_version),
+            log_tail: ver(info.log_tail),
+            log: log_to_wire(&self.inner.store.pg_log(pgid)),
+        }
+    }
+
+    async fn peer(&self, pool: u32, pg: u32, epoch: u64) -> Result<(), String> {
+        let pgid = PgId { pool, pg };
+        let acting = {
+            let pgs = lock(&self.inner.pgs);
+            match pgs.get(&(pool, pg)) {
+                Some(st) if st.epoch == epoch && st.phase == Phase::Peering => st.acting.clone(),
+                _ => return Ok(()),
+            }
+        };
+        let me = self.inner.id;
+        // 1. Gather every copy's log.
+        let mut infos: Vec<(u32, LogInfo)> = vec![(me, self.local_log_info(pgid))];
+        for &peer in acting.iter().filter(|&&p| p != me) {
+            let reply = self
+                .call_peer(peer, epoch, &Msg::PgQuery { pool, pg })
+                .await?;
+            match reply {
+                Msg::PgInfo {
+                    last_version,
+                    log_tail,
+                    log,
+                } => infos.push((
+                    peer,
+                    LogInfo {
+                        last_version,
+                        log_tail,
+                        log,
+                    },
+                )),
+                other => return Err(format!("osd.{peer}: unexpected {}", other.name())),
+            }
+        }
+        // 2. The newest copy is authoritative (ties: prefer myself).
+        let (auth_id, auth) = infos
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
+            .map(|(_, (id, info))| (*id, info.clone()))
+            .ok_or("no copies")?;
+        // 3. Bring myself level first.
+        if auth_id != me {
+            let mine = infos[0].1.clone();
+            let names = self
+                .names_to_sync(pgid, &auth, &mine, auth_id, me, epoch)
+                .await?;
+            tracing::info!(
+                "osd.{me}: pg {pool}.{pg:x}: pulling {} objects from osd.{auth_id}",
+                names.len()
+            );
+            for name in names {
+                let state = self.pull(auth_id, epoch, pgid, &name).await?;
+                self.inner
+                    .store
+                    .recover_object(pgid, &name, state)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            self.inner
+                .store
+                .set_pg_log(
+                    pgid,
+                    log_from_wire(&auth.log),
+                    version(auth.last_version),
+                    version(auth.log_tail),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        // 4. Push to every copy that is behind.
+        let mine = self.local_log_info(pgid);
+        for (peer, info) in infos.iter().filter(|(id, _)| *id != me) {
+            if info.last_version == mine.last_version {
+                continue;
+            }
+            let names = self
+                .names_to_sync(pgid, &mine, info, me, *peer, epoch)
+                .await?;
+            tracing::info!(
+                "osd.{me}: pg {pool}.{pg:x}: pushing {} objects to osd.{peer}",
+                names.len()
+            );
+            for name in names {
+                let (version, data) = match self.inner.store.stat(pgid, &name) {
+                    None => (None, Vec::new()),
+                    Some(meta) => {
+                        let data = self
+                            .inner
+                            .store
+                            .read(pgid, &name, 0, meta.size_bytes)
+                            .await
+                            .map_err(|e| format!("reading {name} to push: {e}"))?;
+                        (Some(ver(meta.version)), data)
+                    }
+                };
+                let msg = Msg::ObjState {
+                    pool,
+                    pg,
+                    name,
+                    version,
+                    data,
+                };
+                expect_ok(self.call_peer(*peer, epoch, &msg).await?)?;
+            }
+            let msg = Msg::PgSetLog {
+                pool,
+                pg,
+                last_version: mine.last_version,
+                log_tail: mine.log_tail,
+                log: mine.log.clone(),
+            };
+            expect_ok(self.call_peer(*peer, epoch, &msg).await?)?;
+        }
+        // 5. Activate (only if nothing changed meanwhile).
+        let mut pgs = lock(&self.inner.pgs);
+        if let Some(st) = pgs.get_mut(&(pool, pg)) {
+            if st.epoch == epoch && st.phase == Phase::Peering {
+                st.phase = Phase::Active;
+                st.last = mine.last_version;
+            }
+        }
+        Ok(())
+    }
+
+    /// Objects to copy from `auth` (on `auth_id`) to `stale` (on `stale_id`).
+    async fn names_to_sync(
+        &self,
+        pgid: PgId,
+        auth: &LogInfo,
+        stale: &LogInfo,
+        auth_id: u32,
+        stale_id: u32,
+        epoch: u64,
+    ) -> Result<BTreeSet<String>, String> {
+        match plan(auth, stale) {
+            SyncPlan::InSync => Ok(BTreeSet::new()),
+            SyncPlan::Objects(names) => Ok(names),
+            SyncPlan::Backfill => {
+                tracing::info!(
+                    "osd.{}: pg {}.{:x}: backfilling osd.{stale_id} from osd.{auth_id}",
+                    self.inner.id,
+                    pgid.pool,
+                    pgid.pg
+                );
+                let a = self.listing(auth_id, epoch, pgid).await?;
+                let s = self.listing(stale_id, epoch, pgid).await?;
+                let mut names = BTreeSet::new();
+                for (name, v) in &a {
+                    if s.get(name) != Some(v) {
+                        names.insert(name.clone());
+                    }
+                }
+                for name in s.keys() {
+                    if !a.contains_key(name) {
+                        names.insert(name.clone());
+                    }
+                }
+                Ok(names)
+            }
+        }
+    }
+
+    async fn listing(
+        &self,
+        osd: u32,
+        epoch: u64,
+        pgid: PgId,
+    ) -> Result<HashMap<String, Ver>, String> {
+        if osd == self.inner.id {
+            return Ok(self
+                .inner
+                .store
+                .list(pgid)
+                .into_iter()
+                .map(|(n, m)| (n, ver(m.version)))
+                .collect());
+        }
+        match self
+            .call_peer(
+                osd,
+                epoch,
+                &Msg::PgList {
+                    pool: pgid.pool,
+                    pg: pgid.pg,
+                },
+            )
+            .await?
+        {
+            Msg::ObjReply { listing, .. } => {
+                Ok(listing.into_iter().map(|l| (l.name, l.version)).collect())
+            }
+            other => Err(format!("osd.{osd}: unexpected {}", other.name())),
+        }
+    }
+
+    async fn pull(
+        &self,
+        osd: u32,
+        epoch: u64,
+        pgid: PgId,
+        name: &str,
+    ) -> Result<Option<(Vec<u8>, Version)>, String> {
+        let msg = Msg::ObjPull {
+            pool: pgid.pool,
+            pg: pgid.pg,
+            name: name.to_string(),
+        };
+        match self.call_peer(osd, epoch, &msg).await? {
+            Msg::ObjState {
+                version: v, data, ..
+            } => Ok(v.map(|v| (data, version(v)))),
+            other => Err(format!("osd.{osd}: unexpected {}", other.name())),
+        }
+    }
+
+    // ------------------------------------------------------------------ peers
+
+    async fn peer_conn(&self, osd: u32) -> Result<Arc<RpcConn>, String> {
+        if let Some(c) = lock(&self.inner.peers).get(&osd) {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let ms = self.map_state().ok_or("no map yet")?;
+        let addr = ms
+            .map
+            .osds
+            .get(&osd)
+            .map(|o| o.addr.clone())
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| format!("osd.{osd} has no address"))?;
+        let conn = RpcConn::connect(&addr, 2000, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        lock(&self.inner.peers).insert(osd, conn.clone());
+        Ok(conn)
+    }
+
+    /// A request to another daemon; pushes our map first if it has an older one.
+    async fn call_peer(&self, osd: u32, epoch: u64, msg: &Msg) -> Result<Msg, String> {
+        for _ in 0..3 {
+            let conn = self.peer_conn(osd).await?;
+            let reply = conn
+                .call(epoch, msg, self.inner.config.replica_timeout_ms)
+                .await
+                .map_err(|e| format!("osd.{osd}: {e}"))?;
+            match reply.msg {
+                Msg::Error {
+                    code: ErrorCode::NeedMap,
+                    ..
+                } => {
+                    self.push_map_to(&conn);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Msg::Error {
+                    code: ErrorCode::StaleMap,
+                    map,
+                    ..
+                } => {
+                    let _ = self.install_map(&map);
+                    return Err(format!("osd.{osd} has a newer map"));
+                }
+                Msg::Error { code, message, .. } => {
+                    return Err(format!("osd.{osd}: {code:?}: {message}"))
+                }
+                other => return Ok(other),
+            }
+        }
+        Err(format!("osd.{osd} keeps asking for the map"))
+    }
+
+    fn push_map_to(&self, conn: &RpcConn) {
+        if let Some(ms) = self.map_state() {
+            let _ = conn.send_oneway(
+                ms.map.epoch,
+                &Msg::MapUpdate {
+                    map: ms.encoded.to_vec(),
+                },
+            );
+        }
+    }
+
+    // ------------------------------------------------------------------ requests
+
+    /// Called in arrival order for every request on a connection.
+    fn dispatch(&self, inc: Incoming, reply: Replier) {
+        let rid = inc.request_id;
+        let Some(ms) = self.map_state() else {
+            reply.send(rid, 0, &Msg::error(ErrorCode::Again, "daemon is booting"));
+            return;
+        };
+        let epoch = ms.map.epoch;
+        // Map exchange first: never act on a placement the sender or we have outdated.
+        match &inc.msg {
+            Msg::MapUpdate { map } => {
+                if let Err(e) = self.install_map(map) {
+                    tracing::warn!("osd.{}: {e}", self.inner.id);
+                }
+                reply.send(rid, self.epoch(), &Msg::Ok);
+                return;
+            }
+            Msg::ObjRequest { .. }
+            | Msg::RepWrite { .. }
+            | Msg::PgQuery { .. }
+            | Msg::PgList { .. }
+            | Msg::ObjPull { .. }
+            | Msg::ObjState { .. }
+            | Msg::PgSetLog { .. } => {
+                if inc.epoch < epoch {
+                    reply.send(
+                        rid,
+                        epoch,
+                        &Msg::Error {
+                            code: ErrorCode::StaleMap,
+                            message: format!("sender epoch {} < {epoch}", inc.epoch),
+                            map: ms.encoded.to_vec(),
+                        },
+                    );
+                    return;
+                }
+                if inc.epoch > epoch {
+                    // Ask the monitor too, in case the sender never pushes it.
+                    self.kick_map_fetch();
+                    reply.send(
+                        rid,
+                        epoch,
+                        &Msg::error(ErrorCode::NeedMap, format!("my epoch is {epoch}")),
+                    );
+                    return;
+                }
+            }
+            _ => {}
+        }
+        match inc.msg {
+            Msg::ObjRequest { pool, pg, name, op } => {
+                self.client_op(&ms, rid, pool, pg, name, op, reply)
+            }
+            Msg::RepWrite {
+                pool,
+                pg,
+                name,
+                version: v,
+                mutation,
+            } => {
+                let commit = self.inner.store.apply(
+                    PgId { pool, pg },
+                    &name,
+                    version(v),
+                    to_store_mutation(mutation),
+                );
+                tokio::spawn(async move {
+                    let msg = match commit.await {
+                        Ok(()) => Msg::Ok,
+                        Err(e) => store_error_reply(&e),
+                    };
+                    reply.send(rid, epoch, &msg);
+                });
+            }
+            Msg::PgQuery { pool, pg } => {
+                let info = self.local_log_info(PgId { pool, pg });
+                reply.send(
+                    rid,
+                    epoch,
+                    &Msg::PgInfo {
+                        last_version: info.last_version,
+                        log_tail: info.log_tail,
+                        log: info.log,
+                    },
+                );
+            }
+            Msg::PgList { pool, pg } => {
+                let listing = self
+                    .inner
+                    .store
+                    .list(PgId { pool, pg })
+                    .into_iter()
+                    .map(|(name, m)| ObjectListing {
+                        name,
+                        size_bytes: m.size_bytes,
+                        version: ver(m.version),
+                    })
+                    .collect();
+                reply.send(
+                    rid,
+                    epoch,
+                    &Msg::ObjReply {
+                        version: Ver::default(),
+                        size_bytes: 0,
+                        data: Vec::new(),
+                        listing,
+                    },
+                );
+            }
+            Msg::ObjPull { pool, pg, name } => {
+                let store = self.inner.store.clone();
+                tokio::spawn(async move {
+                    let pgid = PgId { pool, pg };
+                    let msg = match store.stat(pgid, &name) {
+                        None => Msg::ObjState {
+                            pool,
+                            pg,
+                            name,
+                            version: None,
+                            data: Vec::new(),
+                        },
+                        Some(meta) => match store.read(pgid, &name, 0, meta.size_bytes).await {
+                            Ok(data) => Msg::ObjState {
+                                pool,
+                                pg,
+                                name,
+                                version: Some(ver(meta.version)),
+                                data,
+                            },
+                            Err(e) => store_error_reply(&e),
+                        },
+                    };
+                    reply.send(rid, epoch, &msg);
+                });
+            }
+            Msg::ObjState {
+                pool,
+                pg,
+                name,
+                version: v,
+                data,
+            } => {
+                let commit = self.inner.store.recover_object(
+                    PgId { pool, pg },
+                    &name,
+                    v.map(|v| (data, version(v))),
+                );
+                tokio::spawn(async move {
+                    let msg = match commit.await {
+                        Ok(()) => Msg::Ok,
+                        Err(e) => store_error_reply(&e),
+                    };
+                    reply.send(rid, epoch, &msg);
+                });
+            }
+            Msg::PgSetLog {
+                pool,
+                pg,
+                last_version,
+                log_tail,
+                log,
+            } => {
+                let commit = self.inner.store.set_pg_log(
+                    PgId { pool, pg },
+                    log_from_wire(&log),
+                    version(last_version),
+                    version(log_tail),
+                );
+                tokio::spawn(async move {
+                    let msg = match commit.await {
+                        Ok(()) => Msg::Ok,
+                        Err(e) => store_error_reply(&e),
+                    };
+                    reply.send(rid, epoch, &msg);
+                });
+            }
+            other => {
+                reply.send(
+                    rid,
+                    epoch,
+                    &Msg::error(
+                        ErrorCode::Invalid,
+                        format!("a storage daemon does not handle {}", other.name()),
+                    ),
+                );
+            }
+        }
+    }
+
+    fn kick_map_fetch(&self) {
+        let conn = lock(&self.inner.mon).clone();
+        if let Some(conn) = conn {
+            let osd = self.clone();
+            tokio::spawn(async move { osd.fetch_map(&conn).await });
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn client_op(
+        &self,
+        ms: &Arc<MapState>,
+        rid: u64,
+        pool: u32,
+        pg: u32,
+        name: String,
+        op: ObjOp,
+        reply: Replier,
+    ) {
+        let epoch = ms.map.epoch;
+        let pgid = PgId { pool, pg };
+        let Some(mapping) = ms.placement.pg(pool, pg) else {
+            reply.send(
+                rid,
+                epoch,
+                &Msg::error(ErrorCode::NoSuchPool, format!("no pg {pool}.{pg:x}")),
+            );
+            return;
+        };
+        if mapping.primary() != Some(self.inner.id) {
+            reply.send(
+                rid,
+                epoch,
+                &Msg::error(
+                    ErrorCode::NotPrimary,
+                    format!("osd.{} is not primary", self.inner.id),
+                ),
+            );
+            return;
+        }
+        let phase = lock(&self.inner.pgs)
+            .get(&(pool, pg))
+            .map_or(Phase::Peering, |s| s.phase);
+        if phase != Phase::Active {
+            reply.send(
+                rid,
+                epoch,
+                &Msg::error(ErrorCode::Again, format!("pg {pool}.{pg:x} is {phase:?}")),
+            );
+            return;
+        }
+        let osd = self.clone();
+        match op {
+            ObjOp::Mutate(m) => {
+                // Fast path: all replica connections exist, so the version is assigned and
+                // the replication frames are queued right now, in arrival order.
+                let replicas: Vec<u32> = mapping
+                    .up
+                    .iter()
+                    .copied()
+                    .filter(|&o| o != self.inner.id)
+                    .collect();
+                let conns: Option<Vec<Arc<RpcConn>>> = {
+                    let peers = lock(&self.inner.peers);
+                    replicas
+                        .iter()
+                        .map(|o| peers.get(o).filter(|c| !c.is_closed()).cloned())
+                        .collect()
+                };
+                match conns {
+                    Some(conns) => {
+                        let started = self.start_write(epoch, pgid, &name, m, &conns);
+                        tokio::spawn(async move {
+                            let msg = osd.finish_write(started).await;
+                            reply.send(rid, epoch, &msg);
+                        });
+                    }
+                    None => {
+                        tokio::spawn(async move {
+                            let mut conns = Vec::new();
+                            for o in replicas {
+                                match osd.peer_conn(o).await {
+                                    Ok(c) => conns.push(c),
+                                    Err(e) => {
+                                        reply.send(rid, epoch, &Msg::error(ErrorCode::Again, e));
+                                        return;
+                                    }
+                                }
+                            }
+                            let started = osd.start_write(epoch, pgid, &name, m, &conns);
+                            let msg = osd.finish_write(started).await;
+                            reply.send(rid, epoch, &msg);
+                        });
+                    }
+                }
+            }
+            ObjOp::Read { offset, len } => {
+                let peers: Vec<u32> = mapping
+                    .up
+                    .iter()
+                    .copied()
+                    .filter(|&o| o != self.inner.id)
+                    .collect();
+                tokio::spawn(async move {
+                    let msg = osd.read(epoch, pgid, &name, offset, len, &peers).await;
+                    reply.send(rid, epoch, &msg);
+                });
+            }
+            ObjOp::Stat => {
+                let msg = match self.inner.store.stat(pgid, &name) {
+                    Some(meta) => Msg::ObjReply {
+                        version: ver(meta.version),
+                        size_bytes: meta.size_bytes,
+                        data: Vec::new(),
+                        listing: Vec::new(),
+                    },
+                    None => Msg::error(ErrorCode::NotFound, format!("{name}: no such object")),
+                };
+                reply.send(rid, epoch, &msg);
+            }
+            ObjOp::List => {
+                let listing = self
+                    .inner
+                    .store
+                    .list(pgid)
+                    .into_iter()
+                    .map(|(name, m)| ObjectListing {
+                        name,
+                        size_bytes: m.size_bytes,
+                        version: ver(m.version),
+                    })
+                    .collect();
+                reply.send(
+                    rid,
+                    epoch,
+                    &Msg::ObjReply {
+                        version: Ver::default(),
+                        size_bytes: 0,
+                        data: Vec::new(),
+                        listing,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Assigns the version, applies locally and queues replication, atomically per PG.
+    fn start_write(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        name: &str,
+        m: WireMutation,
+        conns: &[Arc<RpcConn>],
+    ) -> Result<StartedWrite, Msg> {
+        if matches!(m, WireMutation::Delete) && self.inner.store.stat(pgid, name).is_none() {
+            return Err(Msg::error(
+                ErrorCode::NotFound,
+                format!("{name}: no such object"),
+            ));
+        }
+        let mut pgs = lock(&self.inner.pgs);
+        let st = pgs
+            .get_mut(&(pgid.pool, pgid.pg))
+            .filter(|s| s.phase == Phase::Active && s.epoch == epoch)
+            .ok_or_else(|| Msg::error(ErrorCode::Again, "placement group changed"))?;
+        let v = Ver {
+            epoch,
+            seq: st.last.seq + 1,
+        };
+        let rep = Msg::RepWrite {
+            pool: pgid.pool,
+            pg: pgid.pg,
+            name: name.to_string(),
+            version: v,
+            mutation: m.clone(),
+        };
+        let mut pending = Vec::with_capacity(conns.len());
+        for c in conns {
+            match c.start(epoch, &rep) {
+                Ok(p) => pending.push(p),
+                Err(e) => return Err(Msg::error(ErrorCode::Again, e.to_string())),
+            }
+        }
+        st.last = v;
+        let commit = self
+            .inner
+            .store
+            .apply(pgid, name, version(v), to_store_mutation(m));
+        drop(pgs);
+        Ok(StartedWrite {
+            version: v,
+            commit,
+            pending,
+            pgid,
+            name: name.to_string(),
+        })
+    }
+
+    async fn finish_write(&self, started: Result<StartedWrite, Msg>) -> Msg {
+        let w = match started {
+            Ok(w) => w,
+            Err(msg) => return msg,
+        };
+        let timeout = self.inner.config.replica_timeout_ms;
+        let local = w.commit.await;
+        let mut failure = None;
+        for p in w.pending {
+            match p.wait(timeout).await {
+                Ok(inc) => match inc.msg {
+                    Msg::Ok => {}
+                    Msg::Error {
+                        code: ErrorCode::StaleMap,
+                        map,
+                        ..
+                    } => {
+                        let _ = self.install_map(&map);
+                        failure = Some("a replica has a newer map".to_string());
+                    }
+                    Msg::Error { code, message, .. } => {
+                        failure = Some(format!("replica: {code:?}: {message}"))
+                    }
+                    other => failure = Some(format!("replica answered {}", other.name())),
+                },
+                Err(e) => failure = Some(format!("replica: {e}")),
+            }
+        }
+        if let Err(e) = local {
+            tracing::error!("osd.{}: local write failed: {e}", self.inner.id);
+            return store_error_reply(&e);
+        }
+        if let Some(f) = failure {
+            tracing::info!(
+                "osd.{}: write {} in pg {}.{:x} not acknowledged: {f}",
+                self.inner.id,
+                w.name,
+                w.pgid.pool,
+                w.pgid.pg
+            );
+            return Msg::error(ErrorCode::Again, f);
+        }
+        let size_bytes = self
+            .inner
+            .store
+            .stat(w.pgid, &w.name)
+            .map_or(0, |m| m.size_bytes);
+        Msg::ObjReply {
+            version: w.version,
+            size_bytes,
+            data: Vec::new(),
+            listing: Vec::new(),
+        }
+    }
+
+    /// Reads locally; on a checksum failure reads the object from another copy, repairs
+    /// the local one and serves the good data.
+    async fn read(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        name: &str,
+        offset: u64,
+        len: u64,
+        peers: &[u32],
+    ) -> Msg {
+        let store = &self.inner.store;
+        let Some(meta) = store.stat(pgid, name) else {
+            return Msg::error(ErrorCode::NotFound, format!("{name}: no such object"));
+        };
+        match store.read(pgid, name, offset, len).await {
+            Ok(data) => Msg::ObjReply {
+                version: ver(meta.version),
+                size_bytes: meta.size_bytes,
+                data,
+                listing: Vec::new(),
+            },
+            Err(e @ StoreError::Corrupt { .. }) => {
+                tracing::error!("osd.{}: {e}; reading another copy", self.inner.id);
+                for &peer in peers {
+                    match self.pull(peer, epoch, pgid, name).await {
+                        Ok(Some((data, v))) if v == meta.version => {
+                            let start = (offset.min(data.len() as u64)) as usize;
+                            let end = (offset.saturating_add(len)).min(data.len() as u64) as usize;
+                            let part = data[start..end].to_vec();
+                            match store.recover_object(pgid, name, Some((data, v))).await {
+                                Ok(()) => {
+                                    self.inner
+                                        .repaired
+                                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    tracing::warn!(
+                                        "osd.{}: repaired {name} in pg {}.{:x} from osd.{peer}",
+                                        self.inner.id,
+                                        pgid.pool,
+                                        pgid.pg
+                                    );
+                                }
+                                Err(e) => tracing::error!("repair of {name} failed: {e}"),
+                            }
+                            return Msg::ObjReply {
+                                version: ver(v),
+                                size_bytes: meta.size_bytes,
+                                data: part,
+                                listing: Vec::new(),
+                            };
+                        }
+                        Ok(_) => continue,
+                        Err(e) => tracing::warn!("osd.{}: {e}", self.inner.id),
+                    }
+                }
+                Msg::error(ErrorCode::Corrupt, format!("{e}; no good copy reachable"))
+            }
+            Err(e) => store_error_reply(&e),
+        }
+    }
+}
+
+struct StartedWrite {
+    version: Ver,
+    commit: spindle_store::Commit,
+    pending: Vec<PendingReply>,
+    pgid: PgId,
+    name: String,
+}
+
+fn expect_ok(msg: Msg) -> Result<(), String> {
+    match msg {
+        Msg::Ok => Ok(()),
+        other => Err(format!("unexpected {}", other.name())),
+    }
+}

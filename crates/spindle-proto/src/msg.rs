@@ -1,0 +1,718 @@
+//! Message bodies of the cluster protocol (monitor, storage daemons, clients).
+//!
+//! One [`Msg`] travels in one frame; the frame's `kind` is [`Msg::kind`] and the body is
+//! encoded with [`crate::codec`]. Requests and replies are matched by the frame's
+//! `request_id`; every frame carries the sender's map epoch (see `docs/protocol.md`).
+//! Decoding validates every length and enum tag: a bad body is a [`CodecError`], which
+//! the receiver answers with an error reply (or closes the connection), never a panic.
+
+use crate::codec::{CodecError, Reader, Writer};
+
+/// Longest object name.
+pub const NAME_MAX: usize = 1024;
+/// Largest data payload in one message (object data, replication, recovery).
+pub const DATA_MAX: usize = 48 << 20;
+const LIST_MAX: u32 = 1 << 22;
+const MAP_MAX: usize = 32 << 20;
+const TEXT_MAX: usize = 1 << 20;
+
+/// A placement-group version: ordered by (epoch, seq).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ver {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+/// A change to one object, as replicated from the primary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    WriteFull(Vec<u8>),
+    Write { offset: u64, data: Vec<u8> },
+    Truncate { size_bytes: u64 },
+    Delete,
+}
+
+/// What a client asks of an object (or, for `List`, of a placement group).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ObjOp {
+    Mutate(Mutation),
+    Read { offset: u64, len: u64 },
+    Stat,
+    List,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntryMsg {
+    pub version: Ver,
+    pub name: String,
+    pub delete: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectListing {
+    pub name: String,
+    pub size_bytes: u64,
+    pub version: Ver,
+}
+
+/// State of a placement group as its primary reports it to the monitor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum PgStateCode {
+    /// All copies present and in sync.
+    Clean = 0,
+    /// Serving, but fewer copies than the pool's size are up.
+    Degraded = 1,
+    /// Peering or copying objects to bring copies in sync.
+    Recovering = 2,
+    /// Fewer than min_size copies up: not serving.
+    Inactive = 3,
+}
+
+impl PgStateCode {
+    fn from_u8(v: u8) -> Result<Self, CodecError> {
+        Ok(match v {
+            0 => Self::Clean,
+            1 => Self::Degraded,
+            2 => Self::Recovering,
+            3 => Self::Inactive,
+            _ => {
+                return Err(CodecError::Invalid {
+                    what: "pg state",
+                    value: v as u64,
+                })
+            }
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgReport {
+    pub pool: u32,
+    pub pg: u32,
+    pub state: PgStateCode,
+    pub objects: u64,
+}
+
+/// Error codes carried by [`Msg::Error`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum ErrorCode {
+    /// The object does not exist.
+    NotFound = 1,
+    /// The sender's map is older than the receiver's: the newer map is attached; retry.
+    StaleMap = 2,
+    /// The receiver's map is older than the sender's: push it the map, then retry.
+    NeedMap = 3,
+    /// The receiver is not the primary of that placement group at the sender's epoch.
+    NotPrimary = 4,
+    /// Temporarily unable (peering, recovering, too few copies up): retry later.
+    Again = 5,
+    /// Stored data failed its checksum and no good copy was found.
+    Corrupt = 6,
+    /// The request is malformed or not allowed.
+    Invalid = 7,
+    /// An I/O error on the daemon.
+    Io = 8,
+    /// No such pool or placement group.
+    NoSuchPool = 9,
+    /// Anything else.
+    Internal = 10,
+}
+
+impl ErrorCode {
+    fn from_u16(v: u16) -> Result<Self, CodecError> {
+        Ok(match v {
+            1 => Self::NotFound,
+            2 => Self::StaleMap,
+            3 => Self::NeedMap,
+            4 => Self::NotPrimary,
+            5 => Self::Again,
+            6 => Self::Corrupt,
+            7 => Self::Invalid,
+            8 => Self::Io,
+            9 => Self::NoSuchPool,
+            10 => Self::Internal,
+            _ => {
+                return Err(CodecError::Invalid {
+                    what: "error code",
+                    value: v as u64,
+                })
+            }
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    // ---- monitor ----
+    /// A storage daemon starts (or restarts) and asks to be marked up.
+    OsdBoot {
+        osd_id: u32,
+        addr: String,
+        pid: u32,
+    },
+    /// A daemon is alive; `reports` covers the placement groups it is primary for.
+    Heartbeat {
+        osd_id: u32,
+        reports: Vec<PgReport>,
+        /// Named counters of the daemon (e.g. `corruptions_repaired`), shown by `status`.
+        counters: Vec<(String, u64)>,
+    },
+    /// Reply to a heartbeat: the monitor's epoch (the daemon fetches the map if newer).
+    HeartbeatAck {
+        epoch: u64,
+    },
+    /// Ask for the map if newer than `have_epoch`; with `subscribe`, every later epoch is
+    /// pushed on this connection as a `MapUpdate` with request id 0.
+    GetMap {
+        have_epoch: u64,
+        subscribe: bool,
+    },
+    /// A whole encoded cluster map (`spindle_map::ClusterMap::encode`).
+    MapUpdate {
+        map: Vec<u8>,
+    },
+    /// An administrative command (`["pool", "create", "name", ...]`).
+    Command {
+        args: Vec<String>,
+    },
+    /// Command result: `output` is JSON on success, a message on failure.
+    CommandReply {
+        ok: bool,
+        output: String,
+    },
+
+    // ---- client -> primary ----
+    ObjRequest {
+        pool: u32,
+        pg: u32,
+        name: String,
+        op: ObjOp,
+    },
+    ObjReply {
+        version: Ver,
+        size_bytes: u64,
+        data: Vec<u8>,
+        listing: Vec<ObjectListing>,
+    },
+
+    // ---- primary -> replicas (replication and peering) ----
+    RepWrite {
+        pool: u32,
+        pg: u32,
+        name: String,
+        version: Ver,
+        mutation: Mutation,
+    },
+    PgQuery {
+        pool: u32,
+        pg: u32,
+    },
+    PgInfo {
+        last_version: Ver,
+        log_tail: Ver,
+        log: Vec<LogEntryMsg>,
+    },
+    PgList {
+        pool: u32,
+        pg: u32,
+    },
+    /// Fetch the full state of an object (reply `ObjState`).
+    ObjPull {
+        pool: u32,
+        pg: u32,
+        name: String,
+    },
+    /// Install the full state of an object (`version == None`: it must not exist).
+    ObjState {
+        pool: u32,
+        pg: u32,
+        name: String,
+        version: Option<Ver>,
+        data: Vec<u8>,
+    },
+    /// Replace a placement group's log after recovery.
+    PgSetLog {
+        pool: u32,
+        pg: u32,
+        last_version: Ver,
+        log_tail: Ver,
+        log: Vec<LogEntryMsg>,
+    },
+    /// Generic success reply.
+    Ok,
+
+    /// Failure reply to any request. `map` carries the newer map for `StaleMap`.
+    Error {
+        code: ErrorCode,
+        message: String,
+        map: Vec<u8>,
+    },
+}
+
+mod tag {
+    pub const OSD_BOOT: u16 = 1;
+    pub const HEARTBEAT: u16 = 2;
+    pub const HEARTBEAT_ACK: u16 = 3;
+    pub const GET_MAP: u16 = 4;
+    pub const MAP_UPDATE: u16 = 5;
+    pub const COMMAND: u16 = 6;
+    pub const COMMAND_REPLY: u16 = 7;
+    pub const OBJ_REQUEST: u16 = 20;
+    pub const OBJ_REPLY: u16 = 21;
+    pub const REP_WRITE: u16 = 30;
+    pub const PG_QUERY: u16 = 31;
+    pub const PG_INFO: u16 = 32;
+    pub const PG_LIST: u16 = 33;
+    pub const OBJ_PULL: u16 = 34;
+    pub const OBJ_STATE: u16 = 35;
+    pub const PG_SET_LOG: u16 = 36;
+    pub const OK: u16 = 40;
+    pub const ERROR: u16 = 41;
+}
+
+fn put_ver(w: &mut Writer, v: Ver) {
+    w.u64(v.epoch).u64(v.seq);
+}
+fn get_ver(r: &mut Reader) -> Result<Ver, CodecError> {
+    Ok(Ver {
+        epoch: r.u64("version epoch")?,
+        seq: r.u64("version seq")?,
+    })
+}
+fn put_mutation(w: &mut Writer, m: &Mutation) {
+    match m {
+        Mutation::WriteFull(data) => {
+            w.u8(0).bytes(data);
+        }
+        Mutation::Write { offset, data } => {
+            w.u8(1).u64(*offset).bytes(data);
+        }
+        Mutation::Truncate { size_bytes } => {
+            w.u8(2).u64(*size_bytes);
+        }
+        Mutation::Delete => {
+            w.u8(3);
+        }
+    }
+}
+fn get_mutation(r: &mut Reader) -> Result<Mutation, CodecError> {
+    Ok(match r.u8("mutation")? {
+        0 => Mutation::WriteFull(r.bytes("data", DATA_MAX)?.to_vec()),
+        1 => Mutation::Write {
+            offset: r.u64("offset")?,
+            data: r.bytes("data", DATA_MAX)?.to_vec(),
+        },
+        2 => Mutation::Truncate {
+            size_bytes: r.u64("size")?,
+        },
+        3 => Mutation::Delete,
+        v => {
+            return Err(CodecError::Invalid {
+                what: "mutation",
+                value: v as u64,
+            })
+        }
+    })
+}
+fn put_log(w: &mut Writer, log: &[LogEntryMsg]) {
+    w.u32(log.len() as u32);
+    for e in log {
+        put_ver(w, e.version);
+        w.str(&e.name).u8(e.delete as u8);
+    }
+}
+fn count(r: &mut Reader, what: &'static str) -> Result<u32, CodecError> {
+    let n = r.u32(what)?;
+    if n > LIST_MAX {
+        return Err(CodecError::TooLong {
+            what,
+            len: n as u64,
+            max: LIST_MAX as u64,
+        });
+    }
+    Ok(n)
+}
+fn get_log(r: &mut Reader) -> Result<Vec<LogEntryMsg>, CodecError> {
+    let n = count(r, "log length")?;
+    let mut log = Vec::with_capacity((n as usize).min(4096));
+    for _ in 0..n {
+        log.push(LogEntryMsg {
+            version: get_ver(r)?,
+            name: r.str("name", NAME_MAX)?.to_string(),
+            delete: r.u8("delete")? != 0,
+        });
+    }
+    Ok(log)
+}
+fn name(r: &mut Reader) -> Result<String, CodecError> {
+    Ok(r.str("object name", NAME_MAX)?.to_string())
+}
+
+impl Msg {
+    pub fn kind(&self) -> u16 {
+        use tag::*;
+        match self {
+            Msg::OsdBoot { .. } => OSD_BOOT,
+            Msg::Heartbeat { .. } => HEARTBEAT,
+            Msg::HeartbeatAck { .. } => HEARTBEAT_ACK,
+            Msg::GetMap { .. } => GET_MAP,
+            Msg::MapUpdate { .. } => MAP_UPDATE,
+            Msg::Command { .. } => COMMAND,
+            Msg::CommandReply { .. } => COMMAND_REPLY,
+            Msg::ObjRequest { .. } => OBJ_REQUEST,
+            Msg::ObjReply { .. } => OBJ_REPLY,
+            Msg::RepWrite { .. } => REP_WRITE,
+            Msg::PgQuery { .. } => PG_QUERY,
+            Msg::PgInfo { .. } => PG_INFO,
+            Msg::PgList { .. } => PG_LIST,
+            Msg::ObjPull { .. } => OBJ_PULL,
+            Msg::ObjState { .. } => OBJ_STATE,
+            Msg::PgSetLog { .. } => PG_SET_LOG,
+            Msg::Ok => OK,
+            Msg::Error { .. } => ERROR,
+        }
+    }
+
+    /// Short name for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Msg::OsdBoot { .. } => "osd_boot",
+            Msg::Heartbeat { .. } => "heartbeat",
+            Msg::HeartbeatAck { .. } => "heartbeat_ack",
+            Msg::GetMap { .. } => "get_map",
+            Msg::MapUpdate { .. } => "map_update",
+            Msg::Command { .. } => "command",
+            Msg::CommandReply { .. } => "command_reply",
+            Msg::ObjRequest { .. } => "obj_request",
+            Msg::ObjReply { .. } => "obj_reply",
+            Msg::RepWrite { .. } => "rep_write",
+            Msg::PgQuery { .. } => "pg_query",
+            Msg::PgInfo { .. } => "pg_info",
+            Msg::PgList { .. } => "pg_list",
+            Msg::ObjPull { .. } => "obj_pull",
+            Msg::ObjState { .. } => "obj_state",
+            Msg::PgSetLog { .. } => "pg_set_log",
+            Msg::Ok => "ok",
+            Msg::Error { .. } => "error",
+        }
+    }
+
+    /// Convenience constructor for error replies.
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Msg {
+        Msg::Error {
+            code,
+            message: message.into(),
+            map: Vec::new(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new();
+        match self {
+            Msg::OsdBoot { osd_id, addr, pid } => {
+                w.u32(*osd_id).str(addr).u32(*pid);
+            }
+            Msg::Heartbeat {
+                osd_id,
+                reports,
+                counters,
+            } => {
+                w.u32(*osd_id).u32(reports.len() as u32);
+                for p in reports {
+                    w.u32(p.pool).u32(p.pg).u8(p.state as u8).u64(p.objects);
+                }
+                w.u32(counters.len() as u32);
+                for (k, v) in counters {
+                    w.str(k).u64(*v);
+                }
+            }
+            Msg::HeartbeatAck { epoch } => {
+                w.u64(*epoch);
+            }
+            Msg::GetMap {
+                have_epoch,
+                subscribe,
+            } => {
+                w.u64(*have_epoch).u8(*subscribe as u8);
+            }
+            Msg::MapUpdate { map } => {
+                w.bytes(map);
+            }
+            Msg::Command { args } => {
+                w.u32(args.len() as u32);
+                for a in args {
+                    w.str(a);
+                }
+            }
+            Msg::CommandReply { ok, output } => {
+                w.u8(*ok as u8).str(output);
+            }
+            Msg::ObjRequest { pool, pg, name, op } => {
+                w.u32(*pool).u32(*pg).str(name);
+                match op {
+                    ObjOp::Mutate(m) => {
+                        w.u8(0);
+                        put_mutation(&mut w, m);
+                    }
+                    ObjOp::Read { offset, len } => {
+                        w.u8(1).u64(*offset).u64(*len);
+                    }
+                    ObjOp::Stat => {
+                        w.u8(2);
+                    }
+                    ObjOp::List => {
+                        w.u8(3);
+                    }
+                }
+            }
+            Msg::ObjReply {
+                version,
+                size_bytes,
+                data,
+                listing,
+            } => {
+                put_ver(&mut w, *version);
+                w.u64(*size_bytes).bytes(data).u32(listing.len() as u32);
+                for l in listing {
+                    w.str(&l.name).u64(l.size_bytes);
+                    put_ver(&mut w, l.version);
+                }
+            }
+            Msg::RepWrite {
+                pool,
+                pg,
+                name,
+                version,
+                mutation,
+            } => {
+                w.u32(*pool).u32(*pg).str(name);
+                put_ver(&mut w, *version);
+                put_mutation(&mut w, mutation);
+            }
+            Msg::PgQuery { pool, pg } | Msg::PgList { pool, pg } => {
+                w.u32(*pool).u32(*pg);
+            }
+            Msg::PgInfo {
+                last_version,
+                log_tail,
+                log,
+            } => {
+                put_ver(&mut w, *last_version);
+                put_ver(&mut w, *log_tail);
+                put_log(&mut w, log);
+            }
+            Msg::ObjPull { pool, pg, name } => {
+                w.u32(*pool).u32(*pg).str(name);
+            }
+            Msg::ObjState {
+                pool,
+                pg,
+                name,
+                version,
+                data,
+            } => {
+                w.u32(*pool).u32(*pg).str(name);
+                match version {
+                    Some(v) => {
+                        w.u8(1);
+                        put_ver(&mut w, *v);
+                    }
+                    None => {
+                        w.u8(0);
+                    }
+                }
+                w.bytes(data);
+            }
+            Msg::PgSetLog {
+                pool,
+                pg,
+                last_version,
+                log_tail,
+                log,
+            } => {
+                w.u32(*pool).u32(*pg);
+                put_ver(&mut w, *last_version);
+                put_ver(&mut w, *log_tail);
+                put_log(&mut w, log);
+            }
+            Msg::Ok => {}
+            Msg::Error { code, message, map } => {
+                w.u16(*code as u16).str(message).bytes(map);
+            }
+        }
+        w.finish()
+    }
+
+    pub fn decode(kind: u16, payload: &[u8]) -> Result<Msg, CodecError> {
+        use tag::*;
+        let mut r = Reader::new(payload);
+        let r = &mut r;
+        let msg = match kind {
+            OSD_BOOT => Msg::OsdBoot {
+                osd_id: r.u32("osd id")?,
+                addr: r.str("addr", 256)?.to_string(),
+                pid: r.u32("pid")?,
+            },
+            HEARTBEAT => {
+                let osd_id = r.u32("osd id")?;
+                let n = count(r, "report count")?;
+                let mut reports = Vec::with_capacity((n as usize).min(4096));
+                for _ in 0..n {
+                    reports.push(PgReport {
+                        pool: r.u32("pool")?,
+                        pg: r.u32("pg")?,
+                        state: PgStateCode::from_u8(r.u8("state")?)?,
+                        objects: r.u64("objects")?,
+                    });
+                }
+                let n = count(r, "counter count")?;
+                let mut counters = Vec::new();
+                for _ in 0..n.min(1024) {
+                    counters.push((r.str("counter", 128)?.to_string(), r.u64("value")?));
+                }
+                Msg::Heartbeat {
+                    osd_id,
+                    reports,
+                    counters,
+                }
+            }
+            HEARTBEAT_ACK => Msg::HeartbeatAck {
+                epoch: r.u64("epoch")?,
+            },
+            GET_MAP => Msg::GetMap {
+                have_epoch: r.u64("have epoch")?,
+                subscribe: r.u8("subscribe")? != 0,
+            },
+            MAP_UPDATE => Msg::MapUpdate {
+                map: r.bytes("map", MAP_MAX)?.to_vec(),
+            },
+            COMMAND => {
+                let n = r.u32("arg count")?;
+                if n > 64 {
+                    return Err(CodecError::TooLong {
+                        what: "arg count",
+                        len: n as u64,
+                        max: 64,
+                    });
+                }
+                let mut args = Vec::new();
+                for _ in 0..n {
+                    args.push(r.str("arg", TEXT_MAX)?.to_string());
+                }
+                Msg::Command { args }
+            }
+            COMMAND_REPLY => Msg::CommandReply {
+                ok: r.u8("ok")? != 0,
+                output: r.str("output", MAP_MAX)?.to_string(),
+            },
+            OBJ_REQUEST => {
+                let pool = r.u32("pool")?;
+                let pg = r.u32("pg")?;
+                let name = name(r)?;
+                let op = match r.u8("op")? {
+                    0 => ObjOp::Mutate(get_mutation(r)?),
+                    1 => ObjOp::Read {
+                        offset: r.u64("offset")?,
+                        len: r.u64("len")?,
+                    },
+                    2 => ObjOp::Stat,
+                    3 => ObjOp::List,
+                    v => {
+                        return Err(CodecError::Invalid {
+                            what: "op",
+                            value: v as u64,
+                        })
+                    }
+                };
+                Msg::ObjRequest { pool, pg, name, op }
+            }
+            OBJ_REPLY => {
+                let version = get_ver(r)?;
+                let size_bytes = r.u64("size")?;
+                let data = r.bytes("data", DATA_MAX)?.to_vec();
+                let n = count(r, "listing length")?;
+                let mut listing = Vec::with_capacity((n as usize).min(4096));
+                for _ in 0..n {
+                    listing.push(ObjectListing {
+                        name: name(r)?,
+                        size_bytes: r.u64("size")?,
+                        version: get_ver(r)?,
+                    });
+                }
+                Msg::ObjReply {
+                    version,
+                    size_bytes,
+                    data,
+                    listing,
+                }
+            }
+            REP_WRITE => Msg::RepWrite {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+                name: name(r)?,
+                version: get_ver(r)?,
+                mutation: get_mutation(r)?,
+            },
+            PG_QUERY => Msg::PgQuery {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+            },
+            PG_LIST => Msg::PgList {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+            },
+            PG_INFO => Msg::PgInfo {
+                last_version: get_ver(r)?,
+                log_tail: get_ver(r)?,
+                log: get_log(r)?,
+            },
+            OBJ_PULL => Msg::ObjPull {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+                name: name(r)?,
+            },
+            OBJ_STATE => {
+                let pool = r.u32("pool")?;
+                let pg = r.u32("pg")?;
+                let name = name(r)?;
+                let version = match r.u8("exists")? {
+                    0 => None,
+                    _ => Some(get_ver(r)?),
+                };
+                Msg::ObjState {
+                    pool,
+                    pg,
+                    name,
+                    version,
+                    data: r.bytes("data", DATA_MAX)?.to_vec(),
+                }
+            }
+            PG_SET_LOG => Msg::PgSetLog {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+                last_version: get_ver(r)?,
+                log_tail: get_ver(r)?,
+                log: get_log(r)?,
+            },
+            OK => Msg::Ok,
+            ERROR => Msg::Error {
+                code: ErrorCode::from_u16(r.u16("code")?)?,
+                message: r.str("message", TEXT_MAX)?.to_string(),
+                map: r.bytes("map", MAP_MAX)?.to_vec(),
+            },
+            other => {
+                return Err(CodecError::Invalid {
+                    what: "message kind",
+                    value: other as u64,
+                })
+            }
+        };
+        let rest = r.remaining();
+        if rest != 0 {
+            return Err(CodecError::Trailing(rest));
+        }
+        Ok(msg)
+    }
+}

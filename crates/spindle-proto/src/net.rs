@@ -1,0 +1,391 @@
+//! Async transport over TCP (tokio): framed reads and writes, and [`RpcConn`], a
+//! multiplexed request/reply connection shared by many tasks.
+//!
+//! Invariants:
+//! - a frame that fails to parse or verify ends the connection (the byte stream cannot be
+//!   resynchronized); every waiting caller gets [`NetError::Closed`] with the reason;
+//! - [`RpcConn::start`] enqueues synchronously, so frames leave in the order `start` was
+//!   called (the primary relies on this to keep replicas' operation order);
+//! - request id 0 is never used for requests: frames with id 0 are unsolicited pushes
+//!   (map updates) delivered to the connection's push channel.
+
+use crate::frame::{encode_frame, parse_header, FrameError, HEADER_LEN, PAYLOAD_LEN_MAX_DEFAULT};
+use crate::msg::Msg;
+use crate::CodecError;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+#[derive(Debug, thiserror::Error, Clone)]
+pub enum NetError {
+    #[error("connection closed: {0}")]
+    Closed(String),
+    #[error("timed out after {0} ms")]
+    Timeout(u64),
+    #[error("cannot connect to {addr}: {reason}")]
+    Connect { addr: String, reason: String },
+    #[error("bad frame: {0}")]
+    Frame(#[from] FrameError),
+    #[error("bad message: {0}")]
+    Codec(#[from] CodecError),
+    #[error("i/o: {0}")]
+    Io(String),
+}
+
+impl From<std::io::Error> for NetError {
+    fn from(e: std::io::Error) -> Self {
+        NetError::Io(e.to_string())
+    }
+}
+
+/// A received frame with its decoded message.
+#[derive(Debug)]
+pub struct Incoming {
+    pub request_id: u64,
+    pub epoch: u64,
+    pub msg: Msg,
+}
+
+/// Reads one frame and decodes its message. `Ok(None)` on a clean end of stream between
+/// frames. A frame whose message body does not decode is returned as `Err(Codec)` but the
+/// stream stays in sync (the frame itself was whole and verified): see [`read_frame_raw`].
+pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Incoming>, NetError> {
+    match read_frame_raw(r).await? {
+        None => Ok(None),
+        Some((kind, request_id, epoch, payload)) => Ok(Some(Incoming {
+            request_id,
+            epoch,
+            msg: Msg::decode(kind, &payload)?,
+        })),
+    }
+}
+
+/// Reads and verifies one frame: `(kind, request_id, epoch, payload)`.
+pub async fn read_frame_raw<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<Option<(u16, u64, u64, Vec<u8>)>, NetError> {
+    let mut header = [0u8; HEADER_LEN];
+    let mut got = 0;
+    while got < HEADER_LEN {
+        let n = r.read(&mut header[got..]).await?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(NetError::Closed(format!(
+                "stream ended inside a frame header ({got} of {HEADER_LEN} bytes)"
+            )));
+        }
+        got += n;
+    }
+    let h = parse_header(&header, PAYLOAD_LEN_MAX_DEFAULT)?;
+    let mut payload = vec![0u8; h.payload_len as usize];
+    r.read_exact(&mut payload)
+        .await
+        .map_err(|e| NetError::Closed(format!("stream ended inside a frame payload: {e}")))?;
+    let computed = spindle_ec::crc32c::crc32c(&payload);
+    if computed != h.payload_crc {
+        return Err(FrameError::PayloadChecksum {
+            stored: h.payload_crc,
+            computed,
+        }
+        .into());
+    }
+    Ok(Some((h.kind, h.request_id, h.epoch, payload)))
+}
+
+/// Encodes `msg` as one frame.
+pub fn frame_bytes(request_id: u64, epoch: u64, msg: &Msg) -> Vec<u8> {
+    let payload = msg.encode();
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    encode_frame(msg.kind(), request_id, epoch, &payload, &mut out);
+    out
+}
+
+pub async fn write_msg<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    request_id: u64,
+    epoch: u64,
+    msg: &Msg,
+) -> Result<(), NetError> {
+    w.write_all(&frame_bytes(request_id, epoch, msg)).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// Writes queued frames to `w`, coalescing whatever is queued into one flush.
+pub async fn writer_loop<W: AsyncWrite + Unpin>(
+    w: W,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+) -> Result<(), NetError> {
+    let mut w = BufWriter::with_capacity(256 << 10, w);
+    while let Some(frame) = rx.recv().await {
+        w.write_all(&frame).await?;
+        while let Ok(more) = rx.try_recv() {
+            w.write_all(&more).await?;
+        }
+        w.flush().await?;
+    }
+    Ok(())
+}
+
+type Waiter = oneshot::Sender<Result<Incoming, NetError>>;
+
+struct Shared {
+    pending: Mutex<HashMap<u64, Waiter>>,
+    closed: AtomicBool,
+    close_reason: Mutex<String>,
+}
+
+impl Shared {
+    fn close(&self, reason: String) {
+        self.closed.store(true, Ordering::Release);
+        if let Ok(mut r) = self.close_reason.lock() {
+            if r.is_empty() {
+                *r = reason.clone();
+            }
+        }
+        let waiters: Vec<Waiter> = match self.pending.lock() {
+            Ok(mut p) => p.drain().map(|(_, w)| w).collect(),
+            Err(_) => Vec::new(),
+        };
+        for w in waiters {
+            let _ = w.send(Err(NetError::Closed(reason.clone())));
+        }
+    }
+}
+
+/// A multiplexed request/reply connection (one per peer, shared by all tasks).
+pub struct RpcConn {
+    peer: String,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+}
+
+/// The reply to one request, once it arrives.
+pub struct PendingReply {
+    rx: oneshot::Receiver<Result<Incoming, NetError>>,
+    peer: String,
+}
+
+impl PendingReply {
+    pub async fn wait(self, timeout_ms: u64) -> Result<Incoming, NetError> {
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), self.rx).await {
+            Err(_) => Err(NetError::Timeout(timeout_ms)),
+            Ok(Err(_)) => Err(NetError::Closed(format!(
+                "{}: connection dropped",
+                self.peer
+            ))),
+            Ok(Ok(r)) => r,
+        }
+    }
+}
+
+impl RpcConn {
+    /// Connects; unsolicited frames (request id 0) go to `push` if given.
+    pub async fn connect(
+        addr: &str,
+        timeout_ms: u64,
+        push: Option<mpsc::UnboundedSender<Incoming>>,
+    ) -> Result<Arc<RpcConn>, NetError> {
+        let stream =
+            tokio::time::timeout(Duration::from_millis(timeout_ms), TcpStream::connect(addr))
+                .await
+                .map_err(|_| NetError::Connect {
+                    addr: addr.to_string(),
+                    reason: format!("timed out after {timeout_ms} ms"),
+                })?
+                .map_err(|e| NetError::Connect {
+                    addr: addr.to_string(),
+                    reason: e.to_string(),
+                })?;
+        stream.set_nodelay(true)?;
+        let (read_half, write_half) = stream.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            close_reason: Mutex::new(String::new()),
+        });
+        let peer = addr.to_string();
+        {
+            let shared = shared.clone();
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                let reason = match writer_loop(write_half, rx).await {
+                    Ok(()) => "connection dropped by owner".to_string(),
+                    Err(e) => format!("{peer}: write failed: {e}"),
+                };
+                shared.close(reason);
+            });
+        }
+        {
+            let shared = shared.clone();
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                let mut r = BufReader::with_capacity(256 << 10, read_half);
+                let reason = loop {
+                    match read_msg(&mut r).await {
+                        Ok(None) => break format!("{peer} closed the connection"),
+                        Err(e) => break format!("{peer}: {e}"),
+                        Ok(Some(inc)) => {
+                            if inc.request_id == 0 {
+                                if let Some(push) = &push {
+                                    let _ = push.send(inc);
+                                }
+                                continue;
+                            }
+                            let waiter = match shared.pending.lock() {
+                                Ok(mut p) => p.remove(&inc.request_id),
+                                Err(_) => None,
+                            };
+                            if let Some(w) = waiter {
+                                let _ = w.send(Ok(inc));
+                            }
+                        }
+                    }
+                };
+                shared.close(reason);
+            });
+        }
+        Ok(Arc::new(RpcConn {
+            peer,
+            tx,
+            shared,
+            next_id: AtomicU64::new(1),
+        }))
+    }
+
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Enqueues a request now (frames leave in `start` order) and returns its reply.
+    pub fn start(&self, epoch: u64, msg: &Msg) -> Result<PendingReply, NetError> {
+        if self.is_closed() {
+            let reason = self
+                .shared
+                .close_reason
+                .lock()
+                .map(|r| r.clone())
+                .unwrap_or_default();
+            return Err(NetError::Closed(reason));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (wtx, wrx) = oneshot::channel();
+        if let Ok(mut p) = self.shared.pending.lock() {
+            p.insert(id, wtx);
+        }
+        if self.tx.send(frame_bytes(id, epoch, msg)).is_err() {
+            if let Ok(mut p) = self.shared.pending.lock() {
+                p.remove(&id);
+            }
+            return Err(NetError::Closed(format!("{}: writer stopped", self.peer)));
+        }
+        Ok(PendingReply {
+            rx: wrx,
+            peer: self.peer.clone(),
+        })
+    }
+
+    /// Sends a frame that expects no reply (request id 0 is reserved for pushes; this uses
+    /// a fresh id the peer's reply to which, if any, is ignored).
+    pub fn send_oneway(&self, epoch: u64, msg: &Msg) -> Result<(), NetError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.tx
+            .send(frame_bytes(id, epoch, msg))
+            .map_err(|_| NetError::Closed(format!("{}: writer stopped", self.peer)))
+    }
+
+    pub async fn call(&self, epoch: u64, msg: &Msg, timeout_ms: u64) -> Result<Incoming, NetError> {
+        self.start(epoch, msg)?.wait(timeout_ms).await
+    }
+}
+
+impl Drop for RpcConn {
+    fn drop(&mut self) {
+        self.shared.close("connection dropped by owner".to_string());
+    }
+}
+
+/// Sends replies on a served connection (cheap to clone; frames keep their order).
+#[derive(Clone)]
+pub struct Replier {
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl Replier {
+    /// Queues a reply; false if the connection is gone.
+    pub fn send(&self, request_id: u64, epoch: u64, msg: &Msg) -> bool {
+        self.tx.send(frame_bytes(request_id, epoch, msg)).is_ok()
+    }
+}
+
+/// Serves one accepted connection: verified frames are decoded and handed to `dispatch`
+/// in arrival order (it must not block; spawn for anything slow). A body that does not
+/// decode gets an `Invalid` error reply and the connection goes on (the frame itself was
+/// whole and verified); a bad frame gets an error frame, is logged, and ends the
+/// connection. Returns when the peer disconnects.
+pub async fn serve<F>(stream: TcpStream, label: &str, epoch: impl Fn() -> u64, mut dispatch: F)
+where
+    F: FnMut(Incoming, Replier),
+{
+    let _ = stream.set_nodelay(true);
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".to_string());
+    let (read_half, write_half) = stream.into_split();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let writer = tokio::spawn(writer_loop(write_half, rx));
+    let replier = Replier { tx };
+    let mut r = BufReader::with_capacity(256 << 10, read_half);
+    loop {
+        match read_frame_raw(&mut r).await {
+            Ok(None) => break,
+            Ok(Some((kind, request_id, frame_epoch, payload))) => {
+                match Msg::decode(kind, &payload) {
+                    Ok(msg) => dispatch(
+                        Incoming {
+                            request_id,
+                            epoch: frame_epoch,
+                            msg,
+                        },
+                        replier.clone(),
+                    ),
+                    Err(e) => {
+                        tracing::warn!("{label}: bad message from {peer} (kind {kind}): {e}");
+                        replier.send(
+                            request_id,
+                            epoch(),
+                            &Msg::error(crate::ErrorCode::Invalid, format!("bad message: {e}")),
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!("{label}: closing connection from {peer}: {e}");
+                replier.send(
+                    0,
+                    epoch(),
+                    &Msg::error(
+                        crate::ErrorCode::Invalid,
+                        format!("closing connection: {e}"),
+                    ),
+                );
+                break;
+            }
+        }
+    }
+    drop(replier);
+    let _ = writer.await;
+}

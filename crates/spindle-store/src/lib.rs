@@ -1,0 +1,26 @@
+//! `spindle-store`: the storage daemon's local object store.
+//!
+//! Objects live in placement groups (`PgId`). Every change is a transaction that is first
+//! appended to a checksummed write-ahead journal, many transactions per flush (group
+//! commit: one O_DIRECT + O_DSYNC write per batch, through `spindle_io::Engine`), then applied
+//! to per-object data files (page cache) and to the in-memory metadata, and only then
+//! acknowledged. A periodic checkpoint syncs the dirty object files, stores metadata and PG
+//! logs in a redb database and restarts the journal. Every read checks the CRC32C of each
+//! 4 KiB block it touches. On-disk format and crash analysis: `docs/on-disk-format.md`.
+
+mod commit;
+mod error;
+mod journal;
+mod limits;
+mod meta;
+mod state;
+mod store;
+mod types;
+mod worker;
+
+pub use commit::Commit;
+pub use error::StoreError;
+pub use store::Store;
+pub use types::{
+    LogEntry, LogOp, Mutation, ObjectMeta, PgId, PgInfo, StoreConfig, StoreStats, Version,
+};

@@ -1,0 +1,31 @@
+//! Every bound of the store in one place.
+
+/// Bytes covered by one data CRC.
+pub const BLOCK_BYTES: u64 = 4096;
+/// Longest object name in bytes.
+pub const NAME_BYTES_MAX: usize = 1024;
+/// Largest object size (offset + length of any write, truncate size).
+pub const OBJECT_BYTES_MAX: u64 = 1 << 40;
+/// Largest data payload of one mutation (journal records must fit in memory).
+pub const MUTATION_BYTES_MAX: usize = 1 << 30;
+/// A journal batch stops taking transactions beyond this many bytes (a single larger
+/// transaction still forms its own batch).
+pub const BATCH_BYTES_MAX: usize = 64 << 20;
+/// Transactions per journal batch.
+pub const BATCH_TXNS_MAX: usize = 8192;
+/// Alignment (and padding unit) of journal batches: O_DIRECT block size.
+pub const JOURNAL_ALIGN: usize = 4096;
+/// The journal is pre-written with zeros this far ahead of the write position.
+pub const JOURNAL_ZERO_CHUNK_BYTES: u64 = 8 << 20;
+/// WriteFull / recover payloads at least this large bypass the journal (written with
+/// O_DIRECT to a fresh file and synced before the metadata-only record is journaled).
+pub const DIRECT_WRITE_BYTES_MIN: usize = 256 << 10;
+/// Open data-file descriptors kept cached.
+pub const FD_CACHE_MAX: usize = 512;
+/// Log entries in one `set_pg_log` record.
+pub const LOG_ENTRIES_MAX: usize = 1 << 20;
+
+const _: () = assert!(BLOCK_BYTES.is_power_of_two());
+const _: () = assert!(JOURNAL_ALIGN.is_power_of_two());
+const _: () = assert!(JOURNAL_ZERO_CHUNK_BYTES.is_multiple_of(JOURNAL_ALIGN as u64));
+const _: () = assert!(NAME_BYTES_MAX <= u16::MAX as usize);

@@ -1,0 +1,475 @@
+//! `Store`: the public handle, shared state and the read path.
+//!
+//! Writes are queued to the worker thread (`worker.rs`), which journals, applies and then
+//! acknowledges them. Reads run on the caller's task: they snapshot an object's metadata,
+//! read the blocks through the I/O engine and check every block CRC; a mismatch is reported
+//! as corruption only if no write touched the object meanwhile (else the read is retried).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::thread::JoinHandle;
+
+use spindle_io::{Engine, IoBuf, Op};
+
+use crate::commit::Commit;
+use crate::error::StoreError;
+use crate::limits::{
+    BLOCK_BYTES, FD_CACHE_MAX, MUTATION_BYTES_MAX, NAME_BYTES_MAX, OBJECT_BYTES_MAX,
+};
+use crate::state::{ObjEntry, PgState};
+use crate::types::*;
+use crate::worker::{Msg, Txn, TxnKind, Worker};
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub transactions: AtomicU64,
+    pub flushes: AtomicU64,
+    pub journal_bytes: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub corruptions: AtomicU64,
+}
+
+/// State shared by the handle, readers and the worker thread.
+pub(crate) struct Shared {
+    pub config: StoreConfig,
+    pub objects_dir: PathBuf,
+    pub engine: Engine,
+    pub pgs: RwLock<BTreeMap<PgId, PgState>>,
+    fds: Mutex<HashMap<u64, Arc<File>>>,
+    pub counters: Counters,
+}
+
+impl Shared {
+    pub fn new(config: StoreConfig, engine: Engine, pgs: BTreeMap<PgId, PgState>) -> Shared {
+        Shared {
+            objects_dir: config.dir.join("objects"),
+            config,
+            engine,
+            pgs: RwLock::new(pgs),
+            fds: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn pgs_read(&self) -> RwLockReadGuard<'_, BTreeMap<PgId, PgState>> {
+        self.pgs.read().unwrap_or_else(|p| p.into_inner())
+    }
+    pub fn pgs_write(&self) -> RwLockWriteGuard<'_, BTreeMap<PgId, PgState>> {
+        self.pgs.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn file_path(&self, file_id: u64) -> PathBuf {
+        self.objects_dir.join(format!("{file_id:016x}"))
+    }
+
+    /// The data file `file_id`, from the cache or opened (created if `create`).
+    pub fn file(&self, file_id: u64, create: bool) -> io::Result<Arc<File>> {
+        let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = fds.get(&file_id) {
+            return Ok(f.clone());
+        }
+        let f = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .truncate(false)
+                .custom_flags(libc::O_CLOEXEC)
+                .mode(0o644)
+                .open(self.file_path(file_id))?,
+        );
+        if fds.len() >= FD_CACHE_MAX {
+            fds.clear();
+        }
+        fds.insert(file_id, f.clone());
+        Ok(f)
+    }
+
+    pub fn forget_file(&self, file_id: u64) {
+        let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
+        fds.remove(&file_id);
+    }
+}
+
+/// The object store. `Send + Sync`; share it as `Arc<Store>`.
+pub struct Store {
+    sh: Arc<Shared>,
+    tx: Option<mpsc::Sender<Msg>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn check_name(name: &str) -> Result<(), StoreError> {
+    if name.is_empty() {
+        return Err(StoreError::InvalidName("empty name".into()));
+    }
+    if name.len() > NAME_BYTES_MAX {
+        return Err(StoreError::InvalidName(format!(
+            "name is {} bytes, the limit is {NAME_BYTES_MAX}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+fn check_mutation(m: &Mutation) -> Result<(), StoreError> {
+    let (end, len) = match m {
+        Mutation::WriteFull(d) => (d.len() as u64, d.len()),
+        Mutation::Write { offset, data } => (
+            offset
+                .checked_add(data.len() as u64)
+                .ok_or_else(|| StoreError::InvalidArgument("offset + length overflows".into()))?,
+            data.len(),
+        ),
+        Mutation::Truncate { size_bytes } => (*size_bytes, 0),
+        Mutation::Delete => (0, 0),
+    };
+    if end > OBJECT_BYTES_MAX {
+        return Err(StoreError::InvalidArgument(format!(
+            "object would be {end} bytes, the limit is {OBJECT_BYTES_MAX}"
+        )));
+    }
+    if len > MUTATION_BYTES_MAX {
+        return Err(StoreError::InvalidArgument(format!(
+            "mutation carries {len} bytes, the limit is {MUTATION_BYTES_MAX}"
+        )));
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Opens (or creates) the store in `config.dir`, replaying the journal.
+    pub fn open(config: StoreConfig) -> Result<Store, StoreError> {
+        let (sh, worker) = Worker::open(config)?;
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("spindle-store".into())
+            .spawn(move || worker.run(rx))?;
+        Ok(Store {
+            sh,
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn submit(&self, kind: TxnKind) -> Commit {
+        let (done, commit) = Commit::pair();
+        match &self.tx {
+            Some(tx) => {
+                if let Err(mpsc::SendError(Msg::Txn(t))) = tx.send(Msg::Txn(Txn { kind, done })) {
+                    let _ = t.done.send(Err(StoreError::Closed));
+                }
+            }
+            None => {
+                let _ = done.send(Err(StoreError::Closed));
+            }
+        }
+        commit
+    }
+
+    /// A client write on PG `pg`: applies `mutation` to object `name`, sets the object's
+    /// version to `version`, appends `LogEntry { version, name, op }` to the PG log and sets
+    /// the PG's last_version. Transactions are applied in call order; `version` must be
+    /// newer than the PG's last_version (else `VersionNotNewer`).
+    pub fn apply(&self, pg: PgId, name: &str, version: Version, mutation: Mutation) -> Commit {
+        if let Err(e) = check_name(name).and_then(|_| check_mutation(&mutation)) {
+            return Commit::ready(Err(e));
+        }
+        self.submit(TxnKind::Apply {
+            pg,
+            name: name.to_string(),
+            version,
+            mutation,
+        })
+    }
+
+    /// Recovery: install the authoritative full state of an object (`Some((data, version))`)
+    /// or remove it (`None`). No log entry; the PG's last_version is unchanged.
+    pub fn recover_object(
+        &self,
+        pg: PgId,
+        name: &str,
+        state: Option<(Vec<u8>, Version)>,
+    ) -> Commit {
+        let checked = check_name(name).and_then(|_| match &state {
+            Some((d, _)) if d.len() > MUTATION_BYTES_MAX => {
+                Err(StoreError::InvalidArgument(format!(
+                    "object is {} bytes, the limit is {MUTATION_BYTES_MAX}",
+                    d.len()
+                )))
+            }
+            _ => Ok(()),
+        });
+        if let Err(e) = checked {
+            return Commit::ready(Err(e));
+        }
+        self.submit(TxnKind::Recover {
+            pg,
+            name: name.to_string(),
+            state,
+        })
+    }
+
+    /// Recovery: replace the PG's whole log and last_version / log_tail.
+    pub fn set_pg_log(
+        &self,
+        pg: PgId,
+        entries: Vec<LogEntry>,
+        last_version: Version,
+        log_tail: Version,
+    ) -> Commit {
+        if entries.len() > crate::limits::LOG_ENTRIES_MAX {
+            return Commit::ready(Err(StoreError::InvalidArgument(
+                "too many log entries".into(),
+            )));
+        }
+        if let Some(Err(e)) = entries
+            .iter()
+            .map(|e| check_name(&e.name))
+            .find(|r| r.is_err())
+        {
+            return Commit::ready(Err(e));
+        }
+        self.submit(TxnKind::SetPgLog {
+            pg,
+            entries,
+            last_version,
+            log_tail,
+        })
+    }
+
+    /// Remove a PG and all its objects.
+    pub fn remove_pg(&self, pg: PgId) -> Commit {
+        self.submit(TxnKind::RemovePg { pg })
+    }
+
+    fn entry(&self, pg: PgId, name: &str) -> Option<Arc<ObjEntry>> {
+        self.sh.pgs_read().get(&pg)?.objects.get(name).cloned()
+    }
+
+    /// Reads `[offset, offset + len)` clipped to the object (all of it if `len` is None),
+    /// checking every block CRC, from one consistent version.
+    async fn read_inner(
+        &self,
+        pg: PgId,
+        name: &str,
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<(Vec<u8>, ObjectMeta), StoreError> {
+        loop {
+            let entry = self.entry(pg, name).ok_or(StoreError::NotFound)?;
+            let mut notified = std::pin::pin!(entry.notify.notified());
+            notified.as_mut().enable();
+            let snap = {
+                let st = entry.lock();
+                (st.writing == 0).then(|| (st.gen, st.file_id, st.meta()))
+            };
+            let Some((gen, file_id, meta)) = snap else {
+                notified.await;
+                continue;
+            };
+            let size = meta.size_bytes;
+            let end = match len {
+                None => size,
+                Some(len) => offset.saturating_add(len).min(size),
+            };
+            if offset >= end {
+                return Ok((Vec::new(), meta));
+            }
+            let first_block = offset / BLOCK_BYTES;
+            let last_block = (end - 1) / BLOCK_BYTES;
+            let crcs: Vec<u32> = {
+                let st = entry.lock();
+                if st.gen != gen {
+                    continue;
+                }
+                st.crcs
+                    .get(first_block as usize..=last_block as usize)
+                    .map(<[u32]>::to_vec)
+                    .unwrap_or_default()
+            };
+            let read_start = first_block * BLOCK_BYTES;
+            let read_end = ((last_block + 1) * BLOCK_BYTES).min(size);
+            let want = usize::try_from(read_end - read_start)
+                .map_err(|_| StoreError::InvalidArgument("read too large".into()))?;
+            let data = match self.sh.file(file_id, false) {
+                Ok(file) => {
+                    let op = Op::read(file.as_raw_fd(), read_start, IoBuf::zeroed(want));
+                    let req = self
+                        .sh
+                        .engine
+                        .submit(op)
+                        .map_err(|e| StoreError::Io(io::Error::other(e.to_string())))?;
+                    let c = req.await;
+                    drop(file);
+                    let n = c.ok()?;
+                    let mut buf = c.buf.map(IoBuf::into_vec).unwrap_or_default();
+                    buf.truncate(n);
+                    buf.resize(want, 0);
+                    Some(buf)
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e.into()),
+            };
+            let bad_block = match &data {
+                None => Some(first_block),
+                Some(buf) => buf
+                    .chunks(BLOCK_BYTES as usize)
+                    .zip(crcs.iter().chain(std::iter::repeat(&0)))
+                    .position(|(chunk, crc)| spindle_ec::crc32c::crc32c(chunk) != *crc)
+                    .map(|i| first_block + i as u64)
+                    .or((crcs.len() as u64 != last_block - first_block + 1).then_some(first_block)),
+            };
+            match (bad_block, data) {
+                (None, Some(buf)) => {
+                    let from = (offset - read_start) as usize;
+                    let to = (end - read_start) as usize;
+                    let out = if from == 0 && to == buf.len() {
+                        buf
+                    } else {
+                        buf[from..to].to_vec()
+                    };
+                    return Ok((out, meta));
+                }
+                (bad, _) => {
+                    let raced = {
+                        let st = entry.lock();
+                        st.gen != gen || st.writing > 0
+                    };
+                    let still_there = self
+                        .entry(pg, name)
+                        .is_some_and(|e| Arc::ptr_eq(&e, &entry));
+                    if raced || !still_there {
+                        continue;
+                    }
+                    self.sh.counters.corruptions.fetch_add(1, Relaxed);
+                    return Err(StoreError::Corrupt {
+                        pg,
+                        name: name.to_string(),
+                        block: bad.unwrap_or(first_block),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Read up to `len` bytes at `offset` (clipped to the object size; empty if
+    /// `offset >= size`). Verifies the CRC of every block it touches.
+    pub async fn read(
+        &self,
+        pg: PgId,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, StoreError> {
+        check_name(name)?;
+        Ok(self.read_inner(pg, name, offset, Some(len)).await?.0)
+    }
+
+    /// Metadata of an object, if it exists.
+    pub fn stat(&self, pg: PgId, name: &str) -> Option<ObjectMeta> {
+        Some(self.entry(pg, name)?.lock().meta())
+    }
+
+    /// Objects of a PG, sorted by name.
+    pub fn list(&self, pg: PgId) -> Vec<(String, ObjectMeta)> {
+        let pgs = self.sh.pgs_read();
+        match pgs.get(&pg) {
+            Some(p) => p
+                .objects
+                .iter()
+                .map(|(n, e)| (n.clone(), e.lock().meta()))
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// PGs that have objects or a log.
+    pub fn pgs(&self) -> Vec<PgId> {
+        self.sh
+            .pgs_read()
+            .iter()
+            .filter(|(_, p)| !p.is_empty())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Summary of a PG (all ZERO for unknown PGs).
+    pub fn pg_info(&self, pg: PgId) -> PgInfo {
+        match self.sh.pgs_read().get(&pg) {
+            Some(p) => PgInfo {
+                last_version: p.last_version,
+                log_tail: p.log_tail,
+                object_count: p.objects.len() as u64,
+            },
+            None => PgInfo::default(),
+        }
+    }
+
+    /// The PG log, oldest first.
+    pub fn pg_log(&self, pg: PgId) -> Vec<LogEntry> {
+        match self.sh.pgs_read().get(&pg) {
+            Some(p) => p.log.iter().cloned().collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Scrub: read the whole object and check every block CRC.
+    pub async fn verify(&self, pg: PgId, name: &str) -> Result<ObjectMeta, StoreError> {
+        check_name(name)?;
+        Ok(self.read_inner(pg, name, 0, None).await?.1)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> StoreStats {
+        let c = &self.sh.counters;
+        let (mut objects, mut data_bytes) = (0, 0);
+        for p in self.sh.pgs_read().values() {
+            objects += p.objects.len() as u64;
+            data_bytes += p.objects.values().map(|e| e.lock().size).sum::<u64>();
+        }
+        StoreStats {
+            transactions: c.transactions.load(Relaxed),
+            flushes: c.flushes.load(Relaxed),
+            journal_bytes: c.journal_bytes.load(Relaxed),
+            checkpoints: c.checkpoints.load(Relaxed),
+            corruptions_detected: c.corruptions.load(Relaxed),
+            objects,
+            data_bytes,
+        }
+    }
+
+    /// Flush + checkpoint + stop the worker thread.
+    pub fn shutdown(mut self) -> Result<(), StoreError> {
+        let (reply_tx, reply_rx) = mpsc::channel();
+        let Some(tx) = self.tx.take() else {
+            return Err(StoreError::Closed);
+        };
+        let sent = tx.send(Msg::Shutdown(reply_tx)).is_ok();
+        drop(tx);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if !sent {
+            return Err(StoreError::Closed);
+        }
+        reply_rx.recv().unwrap_or(Err(StoreError::Closed))
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(Msg::Stop);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

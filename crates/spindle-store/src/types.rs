@@ -1,0 +1,103 @@
+//! Public value types of the store: identifiers, versions, mutations, PG logs, stats, config.
+
+use std::path::PathBuf;
+
+/// Store configuration. `StoreConfig::new(dir)` gives the defaults.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Directory holding the journal, the metadata database and the object files.
+    pub dir: PathBuf,
+    /// Per-PG log length; older entries are trimmed (and `log_tail` advances).
+    pub pg_log_max_entries: usize,
+    /// Checkpoint when the journal holds more than this many bytes.
+    pub checkpoint_journal_bytes: u64,
+    /// Checkpoint at least this often while there are journaled changes.
+    pub checkpoint_interval_ms: u64,
+}
+
+impl StoreConfig {
+    /// Defaults: 4096 log entries per PG, checkpoint at 256 MiB of journal or every 5 s.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            dir: dir.into(),
+            pg_log_max_entries: 4096,
+            checkpoint_journal_bytes: 256 << 20,
+            checkpoint_interval_ms: 5000,
+        }
+    }
+}
+
+/// A placement group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PgId {
+    pub pool: u32,
+    pub pg: u32,
+}
+
+/// Placement-group version: ordered by (epoch, seq).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Version {
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+impl Version {
+    pub const ZERO: Version = Version { epoch: 0, seq: 0 };
+}
+
+/// What a PG log entry did to its object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogOp {
+    Modify,
+    Delete,
+}
+
+/// One PG log entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogEntry {
+    pub version: Version,
+    pub name: String,
+    pub op: LogOp,
+}
+
+/// Object metadata visible to callers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub size_bytes: u64,
+    pub version: Version,
+}
+
+/// A change to one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mutation {
+    /// Replace the whole object (creates it).
+    WriteFull(Vec<u8>),
+    /// Write at `offset` (creates it; size becomes max(size, offset + len); gaps read as zeros).
+    Write { offset: u64, data: Vec<u8> },
+    /// Set the size (creates the object if missing; growing reads as zeros).
+    Truncate { size_bytes: u64 },
+    /// Remove the object (deleting a missing object is Ok, and still logged).
+    Delete,
+}
+
+/// Summary of a placement group.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PgInfo {
+    /// Version of the newest applied log entry (or set by `set_pg_log`); ZERO if none.
+    pub last_version: Version,
+    /// Every entry with version > log_tail is still in the log (ZERO if never trimmed).
+    pub log_tail: Version,
+    pub object_count: u64,
+}
+
+/// Counters (since open, except `objects` and `data_bytes`, which are current totals).
+#[derive(Clone, Debug, Default)]
+pub struct StoreStats {
+    pub transactions: u64,
+    pub flushes: u64,
+    pub journal_bytes: u64,
+    pub checkpoints: u64,
+    pub corruptions_detected: u64,
+    pub objects: u64,
+    pub data_bytes: u64,
+}

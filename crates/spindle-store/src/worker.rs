@@ -1,0 +1,1142 @@
+//! The worker thread: group commit, apply, checkpoint, and replay at open.
+//!
+//! Order of operations for each batch (see `docs/on-disk-format.md`):
+//! 1. validate every queued transaction in order (version checks, file-id allocation);
+//! 2. encode the valid ones as journal records into one aligned buffer; one O_DSYNC write;
+//! 3. apply each record to the data files (pwrite via the engine) and to the in-memory
+//!    metadata, wait for those writes;
+//! 4. resolve the commits.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redb::Database;
+use spindle_io::{Engine, IoBuf, Op, Request};
+
+use crate::commit::CommitTx;
+use crate::error::StoreError;
+use crate::journal::{self, Parsed, Record};
+use crate::limits::{
+    BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_WRITE_BYTES_MIN, JOURNAL_ALIGN,
+    JOURNAL_ZERO_CHUNK_BYTES,
+};
+use crate::meta::{self, Super};
+use crate::state::{append_zeros, block_count, block_len, crcs_of, zero_crc, ObjEntry, ObjState};
+use crate::store::Shared;
+use crate::types::*;
+
+pub(crate) enum TxnKind {
+    Apply {
+        pg: PgId,
+        name: String,
+        version: Version,
+        mutation: Mutation,
+    },
+    Recover {
+        pg: PgId,
+        name: String,
+        state: Option<(Vec<u8>, Version)>,
+    },
+    SetPgLog {
+        pg: PgId,
+        entries: Vec<LogEntry>,
+        last_version: Version,
+        log_tail: Version,
+    },
+    RemovePg {
+        pg: PgId,
+    },
+}
+
+pub(crate) struct Txn {
+    pub kind: TxnKind,
+    pub done: CommitTx,
+}
+
+pub(crate) enum Msg {
+    Txn(Txn),
+    /// Flush, checkpoint and stop; the result goes back on the channel.
+    Shutdown(mpsc::Sender<Result<(), StoreError>>),
+    /// Flush what is queued and stop (drop).
+    Stop,
+}
+
+pub(crate) struct Worker {
+    sh: Arc<Shared>,
+    db: Database,
+    journal: File,
+    /// Next write offset in the journal (multiple of JOURNAL_ALIGN).
+    journal_pos: u64,
+    /// Journal bytes known to be allocated and written (zeros or records): O_DSYNC writes
+    /// below this need no file-system metadata update.
+    journal_zeroed: u64,
+    epoch: u64,
+    next_seq: u64,
+    next_file_id: u64,
+    removed_pgs: BTreeSet<PgId>,
+    dirty_files: HashSet<u64>,
+    last_checkpoint: Instant,
+    /// Data-file writes submitted and not yet waited for, with the file they target.
+    pending: Vec<(Request, Arc<File>)>,
+    /// Objects with `writing` raised during the current batch.
+    touched: Vec<Arc<ObjEntry>>,
+    /// Objects touched during replay (their CRCs are recomputed at the end).
+    replayed: BTreeSet<(PgId, String)>,
+    /// Large payloads of the batch being built: (new file id, data), written directly.
+    direct: Vec<(u64, Vec<u8>)>,
+    /// CRCs of the direct writes of the current batch, by file id.
+    direct_crcs: HashMap<u64, Vec<u32>>,
+    /// Set after a failed write: the store refuses further transactions.
+    failed: Option<String>,
+}
+
+fn open_journal(path: &std::path::Path) -> io::Result<File> {
+    let open = |direct: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_CLOEXEC | libc::O_DSYNC | if direct { libc::O_DIRECT } else { 0 })
+            .mode(0o644)
+            .open(path)
+    };
+    match open(true) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false),
+        r => r,
+    }
+}
+
+/// Opens a new data file for a direct (O_DIRECT when supported) write.
+fn open_direct(path: &std::path::Path) -> io::Result<File> {
+    let open = |direct: bool| {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 })
+            .mode(0o644)
+            .open(path)
+    };
+    match open(true) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false),
+        r => r,
+    }
+}
+
+fn io_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(io::Error::other(e.to_string()))
+}
+
+impl Worker {
+    /// Opens the directory, loads the checkpoint, replays the journal and checkpoints.
+    pub fn open(config: StoreConfig) -> Result<(Arc<Shared>, Worker), StoreError> {
+        std::fs::create_dir_all(config.dir.join("objects"))?;
+        let db_path = config.dir.join("meta.redb");
+        let journal_path = config.dir.join("journal");
+        let journal_existed = journal_path.exists();
+        let db = meta::open_db(&db_path)?;
+        let loaded = meta::load(&db)?;
+        let (sup, pgs, fresh) = match loaded {
+            Some(l) => (l.sup, l.pgs, false),
+            None if !journal_existed => {
+                let sup = Super {
+                    epoch: 1,
+                    next_seq: 1,
+                    next_file_id: 1,
+                };
+                meta::save(&db, sup, &BTreeMap::new(), &BTreeSet::new())?;
+                (sup, BTreeMap::new(), true)
+            }
+            None => {
+                return Err(StoreError::BadFormat(format!(
+                    "{} has no superblock but a journal exists",
+                    db_path.display()
+                )))
+            }
+        };
+        let engine = Engine::new(spindle_io::Config::default()).map_err(io_err)?;
+        let sh = Arc::new(Shared::new(config, engine, pgs));
+        let journal = open_journal(&journal_path)?;
+        let journal_len = journal.metadata()?.len();
+        let mut w = Worker {
+            sh: sh.clone(),
+            db,
+            journal,
+            journal_pos: 0,
+            journal_zeroed: 0,
+            epoch: sup.epoch,
+            next_seq: sup.next_seq,
+            next_file_id: sup.next_file_id,
+            removed_pgs: BTreeSet::new(),
+            dirty_files: HashSet::new(),
+            last_checkpoint: Instant::now(),
+            pending: Vec::new(),
+            touched: Vec::new(),
+            replayed: BTreeSet::new(),
+            direct: Vec::new(),
+            direct_crcs: HashMap::new(),
+            failed: None,
+        };
+        w.journal_zeroed = journal_len - journal_len % JOURNAL_ALIGN as u64;
+        let replayed = if fresh { 0 } else { w.replay()? };
+        w.remove_orphans()?;
+        w.checkpoint()?;
+        let (objects, pg_count) = {
+            let pgs = sh.pgs_read();
+            (
+                pgs.values().map(|p| p.objects.len()).sum::<usize>(),
+                pgs.len(),
+            )
+        };
+        tracing::info!(
+            dir = %sh.config.dir.display(),
+            replayed_records = replayed,
+            objects,
+            pgs = pg_count,
+            "spindle-store opened"
+        );
+        Ok((sh, w))
+    }
+
+    /// Replays the journal records of the current epoch; returns how many were applied.
+    fn replay(&mut self) -> Result<u64, StoreError> {
+        let file_len = self.journal.metadata()?.len();
+        let mut base = 0u64; // file offset of buf[0]
+        let mut buf: Vec<u8> = Vec::new();
+        let mut pos = 0u64;
+        let mut count = 0u64;
+        let chunk = 16usize << 20;
+        let reader = std::fs::File::open(self.sh.config.dir.join("journal"))?;
+        loop {
+            let in_buf = (pos - base) as usize;
+            let eof = base + buf.len() as u64 >= file_len;
+            match journal::parse(
+                &buf[in_buf.min(buf.len())..],
+                eof,
+                self.epoch,
+                self.next_seq,
+            ) {
+                Parsed::Record { record, bytes } => {
+                    self.exec(record)?;
+                    self.next_seq += 1;
+                    count += 1;
+                    pos += bytes as u64;
+                }
+                Parsed::NeedBytes(n) => {
+                    // Slide the window to `pos` and read at least `n` bytes.
+                    let want = n.max(chunk);
+                    let avail = file_len.saturating_sub(pos);
+                    let len = (want as u64).min(avail) as usize;
+                    let mut nb = vec![0u8; len];
+                    reader.read_exact_at(&mut nb, pos)?;
+                    base = pos;
+                    buf = nb;
+                }
+                Parsed::Invalid => {
+                    let aligned = pos.next_multiple_of(JOURNAL_ALIGN as u64);
+                    if aligned != pos {
+                        pos = aligned;
+                        if pos > base + buf.len() as u64 {
+                            base = pos;
+                            buf.clear();
+                        }
+                        continue;
+                    }
+                    break;
+                }
+            }
+        }
+        self.finish_batch()?;
+        // Recompute the CRCs of every replayed object from its file.
+        let replayed = std::mem::take(&mut self.replayed);
+        for (pg, name) in replayed {
+            let entry = self
+                .sh
+                .pgs_read()
+                .get(&pg)
+                .and_then(|p| p.objects.get(&name).cloned());
+            if let Some(entry) = entry {
+                let mut st = entry.lock();
+                let file = self.sh.file(st.file_id, true)?;
+                if file.metadata()?.len() != st.size {
+                    file.set_len(st.size)?;
+                }
+                st.crcs = crcs_of_file(&file, st.size)?;
+            }
+        }
+        tracing::info!(records = count, journal_bytes = pos, "journal replayed");
+        Ok(count)
+    }
+
+    /// Removes data files that no object references (left by crashes before journaling).
+    fn remove_orphans(&mut self) -> Result<(), StoreError> {
+        let referenced: HashSet<u64> = self
+            .sh
+            .pgs_read()
+            .values()
+            .flat_map(|p| p.objects.values().map(|e| e.lock().file_id))
+            .collect();
+        let mut removed = 0u64;
+        for ent in std::fs::read_dir(&self.sh.objects_dir)? {
+            let ent = ent?;
+            let name = ent.file_name();
+            let Some(id) = name.to_str().and_then(|n| u64::from_str_radix(n, 16).ok()) else {
+                continue;
+            };
+            if name.len() == 16 && !referenced.contains(&id) {
+                self.unlink(id)?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(files = removed, "removed unreferenced data files");
+        }
+        Ok(())
+    }
+
+    pub fn run(mut self, rx: mpsc::Receiver<Msg>) {
+        let interval = Duration::from_millis(self.sh.config.checkpoint_interval_ms.max(1));
+        loop {
+            let wait = interval.saturating_sub(self.last_checkpoint.elapsed());
+            let first = match rx.recv_timeout(wait.max(Duration::from_millis(1))) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => Some(Msg::Stop),
+            };
+            let mut batch = Vec::new();
+            let mut bytes = 0usize;
+            let mut control = None;
+            let mut next = first;
+            while let Some(m) = next {
+                match m {
+                    Msg::Txn(t) => {
+                        bytes += txn_bytes_hint(&t.kind);
+                        batch.push(t);
+                    }
+                    other => {
+                        control = Some(other);
+                        break;
+                    }
+                }
+                if batch.len() >= BATCH_TXNS_MAX || bytes >= BATCH_BYTES_MAX {
+                    break;
+                }
+                next = rx.try_recv().ok();
+            }
+            if !batch.is_empty() {
+                self.commit_batch(batch);
+            }
+            let due = self.journal_pos > self.sh.config.checkpoint_journal_bytes
+                || (self.journal_pos > 0 && self.last_checkpoint.elapsed() >= interval);
+            match control {
+                Some(Msg::Shutdown(reply)) => {
+                    let r = match &self.failed {
+                        Some(f) => Err(StoreError::Failed(f.clone())),
+                        None => self.checkpoint(),
+                    };
+                    let _ = reply.send(r);
+                    return;
+                }
+                Some(Msg::Stop) => return,
+                _ => {}
+            }
+            if due && self.failed.is_none() {
+                if let Err(e) = self.checkpoint() {
+                    tracing::error!(error = %e, "checkpoint failed; store stops accepting writes");
+                    self.failed = Some(format!("checkpoint failed: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Validates, journals, applies and acknowledges one batch.
+    fn commit_batch(&mut self, batch: Vec<Txn>) {
+        if let Some(f) = &self.failed {
+            for t in batch {
+                let _ = t.done.send(Err(StoreError::Failed(f.clone())));
+            }
+            return;
+        }
+        let mut ov = Overlay::default();
+        let mut records = Vec::with_capacity(batch.len());
+        let mut waiters = Vec::with_capacity(batch.len());
+        let mut hint = 0;
+        for t in batch {
+            match self.validate(&mut ov, t.kind) {
+                Ok(r) => {
+                    hint += r.encoded_bytes_hint();
+                    records.push(r);
+                    waiters.push(t.done);
+                }
+                Err(e) => {
+                    let _ = t.done.send(Err(e));
+                }
+            }
+        }
+        if records.is_empty() {
+            return;
+        }
+        let waiters: Vec<_> = waiters
+            .into_iter()
+            .map(|w| {
+                let _ = w.send(Ok(()));
+                let (tx, _c) = crate::commit::Commit::pair();
+                tx
+            })
+            .collect();
+        let result = self
+            .write_direct()
+            .and_then(|_| self.journal_write(&records, hint))
+            .and_then(|_| {
+                for r in records {
+                    self.exec(r)?;
+                }
+                self.finish_batch()
+            });
+        match result {
+            Ok(()) => {
+                self.sh
+                    .counters
+                    .transactions
+                    .fetch_add(waiters.len() as u64, Relaxed);
+                for w in waiters {
+                    let _ = w.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "write failed; store stops accepting writes");
+                self.failed = Some(e.to_string());
+                self.direct.clear();
+                self.direct_crcs.clear();
+                let _ = self.finish_batch();
+                for w in waiters {
+                    let _ = w.send(Err(e.duplicate()));
+                }
+            }
+        }
+    }
+
+    fn exists(&self, ov: &Overlay, pg: PgId, name: &str) -> Option<u64> {
+        if let Some(v) = ov.objects.get(&(pg, name.to_string())) {
+            return *v;
+        }
+        if ov.removed.contains(&pg) {
+            return None;
+        }
+        let pgs = self.sh.pgs_read();
+        let e = pgs.get(&pg)?.objects.get(name)?;
+        let id = e.lock().file_id;
+        Some(id)
+    }
+
+    fn alloc_file(&mut self) -> u64 {
+        let id = self.next_file_id;
+        self.next_file_id += 1;
+        id
+    }
+
+    /// Checks a transaction against the state (plus the earlier ones of the batch) and turns
+    /// it into a journal record.
+    fn validate(&mut self, ov: &mut Overlay, kind: TxnKind) -> Result<Record, StoreError> {
+        Ok(match kind {
+            TxnKind::Apply {
+                pg,
+                name,
+                version,
+                mutation,
+            } => {
+                let have = match ov.last.get(&pg) {
+                    Some(v) => *v,
+                    None => self
+                        .sh
+                        .pgs_read()
+                        .get(&pg)
+                        .map_or(Version::ZERO, |p| p.last_version),
+                };
+                if version <= have {
+                    return Err(StoreError::VersionNotNewer {
+                        pg,
+                        have,
+                        got: version,
+                    });
+                }
+                ov.last.insert(pg, version);
+                if let Mutation::WriteFull(data) = &mutation {
+                    if data.len() >= DIRECT_WRITE_BYTES_MIN {
+                        let file_id = self.alloc_file();
+                        ov.objects.insert((pg, name.clone()), Some(file_id));
+                        let size = data.len() as u64;
+                        if let Mutation::WriteFull(data) = mutation {
+                            self.direct.push((file_id, data));
+                        }
+                        return Ok(Record::ApplyDirect {
+                            pg,
+                            name,
+                            version,
+                            file_id,
+                            size,
+                        });
+                    }
+                }
+                let existing = self.exists(ov, pg, &name);
+                let file_id = match (&mutation, existing) {
+                    (Mutation::Delete, e) => e.unwrap_or(0),
+                    (_, Some(id)) => id,
+                    (_, None) => self.alloc_file(),
+                };
+                let after = (!matches!(mutation, Mutation::Delete)).then_some(file_id);
+                ov.objects.insert((pg, name.clone()), after);
+                Record::Apply {
+                    pg,
+                    name,
+                    version,
+                    file_id,
+                    mutation,
+                }
+            }
+            TxnKind::Recover { pg, name, state } => {
+                let state = match state {
+                    Some((data, version)) if data.len() >= DIRECT_WRITE_BYTES_MIN => {
+                        let file_id = self.alloc_file();
+                        ov.objects.insert((pg, name.clone()), Some(file_id));
+                        let size = data.len() as u64;
+                        self.direct.push((file_id, data));
+                        return Ok(Record::RecoverDirect {
+                            pg,
+                            name,
+                            version,
+                            file_id,
+                            size,
+                        });
+                    }
+                    other => other,
+                };
+                let existing = self.exists(ov, pg, &name);
+                let file_id = match (&state, existing) {
+                    (None, e) => e.unwrap_or(0),
+                    (Some(_), Some(id)) => id,
+                    (Some(_), None) => self.alloc_file(),
+                };
+                ov.objects
+                    .insert((pg, name.clone()), state.is_some().then_some(file_id));
+                Record::Recover {
+                    pg,
+                    name,
+                    file_id,
+                    state,
+                }
+            }
+            TxnKind::SetPgLog {
+                pg,
+                entries,
+                last_version,
+                log_tail,
+            } => {
+                ov.last.insert(pg, last_version);
+                Record::SetPgLog {
+                    pg,
+                    entries,
+                    last_version,
+                    log_tail,
+                }
+            }
+            TxnKind::RemovePg { pg } => {
+                ov.last.insert(pg, Version::ZERO);
+                ov.removed.insert(pg);
+                ov.objects.retain(|(p, _), _| *p != pg);
+                Record::RemovePg { pg }
+            }
+        })
+    }
+
+    /// Writes the batch's large payloads to their new files (O_DIRECT, in parallel), syncs
+    /// them and the objects directory. Must complete before their records are journaled.
+    fn write_direct(&mut self) -> Result<(), StoreError> {
+        if self.direct.is_empty() {
+            return Ok(());
+        }
+        let direct = std::mem::take(&mut self.direct);
+        let mut files = Vec::with_capacity(direct.len());
+        let mut reqs = Vec::with_capacity(direct.len());
+        for (file_id, data) in direct {
+            let file = Arc::new(open_direct(&self.sh.file_path(file_id))?);
+            let mut buf = IoBuf::aligned(data.len().next_multiple_of(JOURNAL_ALIGN), JOURNAL_ALIGN);
+            buf[..data.len()].copy_from_slice(&data);
+            let req = self
+                .sh
+                .engine
+                .submit(Op::write(file.as_raw_fd(), 0, buf))
+                .map_err(io_err)?;
+            self.direct_crcs.insert(file_id, crcs_of(&data));
+            reqs.push(req);
+            files.push((file, data.len() as u64));
+        }
+        let mut first_err = None;
+        for r in reqs {
+            if let Err(e) = r.wait().ok() {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e.into());
+        }
+        let mut syncs = Vec::with_capacity(files.len());
+        for (file, size) in &files {
+            if !size.is_multiple_of(JOURNAL_ALIGN as u64) {
+                file.set_len(*size)?;
+            }
+            let req = self
+                .sh
+                .engine
+                .submit(Op::Fdatasync {
+                    fd: file.as_raw_fd(),
+                })
+                .map_err(io_err)?;
+            syncs.push(req);
+        }
+        for r in syncs {
+            r.wait().ok()?;
+        }
+        File::open(&self.sh.objects_dir)?.sync_all()?;
+        Ok(())
+    }
+
+    /// Points an object at its freshly written direct file (and unlinks the old file).
+    fn exec_direct(
+        &mut self,
+        pg: PgId,
+        name: &str,
+        version: Version,
+        file_id: u64,
+        size: u64,
+    ) -> Result<(), StoreError> {
+        self.next_file_id = self.next_file_id.max(file_id + 1);
+        let e = self.get_or_create(pg, name, file_id);
+        self.begin_write(&e);
+        let crcs = match self.direct_crcs.remove(&file_id) {
+            Some(c) => c,
+            None => {
+                // Replay: the CRCs are recomputed from the file after replay.
+                self.replayed.insert((pg, name.to_string()));
+                vec![0; block_count(size) as usize]
+            }
+        };
+        let old = {
+            let mut st = e.lock();
+            let old = st.file_id;
+            st.file_id = file_id;
+            st.size = size;
+            st.crcs = crcs;
+            st.version = version;
+            old
+        };
+        if old != file_id {
+            self.unlink(old)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes `records` into one aligned buffer and writes it (O_DSYNC) at the journal end.
+    fn journal_write(&mut self, records: &[Record], hint: usize) -> Result<(), StoreError> {
+        let mut bytes = Vec::with_capacity(hint);
+        for r in records {
+            r.encode(self.epoch, self.next_seq, &mut bytes);
+            self.next_seq += 1;
+        }
+        let padded = journal::batch_padded_len(bytes.len());
+        let mut buf = IoBuf::aligned(padded, JOURNAL_ALIGN);
+        buf[..bytes.len()].copy_from_slice(&bytes);
+        drop(bytes);
+        self.extend_journal(self.journal_pos + padded as u64)?;
+        let op = Op::write(self.journal.as_raw_fd(), self.journal_pos, buf);
+        let c = self.sh.engine.submit(op).map_err(io_err)?.wait();
+        c.ok()?;
+        self.journal_pos += padded as u64;
+        self.sh.counters.flushes.fetch_add(1, Relaxed);
+        self.sh
+            .counters
+            .journal_bytes
+            .fetch_add(padded as u64, Relaxed);
+        Ok(())
+    }
+
+    /// Makes sure the journal is allocated and written (with zeros) up to `end`, in chunks,
+    /// so that batch writes overwrite allocated blocks and the O_DSYNC write needs no
+    /// metadata commit.
+    fn extend_journal(&mut self, end: u64) -> Result<(), StoreError> {
+        while self.journal_zeroed < end {
+            let chunk = JOURNAL_ZERO_CHUNK_BYTES.max(end - self.journal_zeroed);
+            let buf = IoBuf::aligned(chunk as usize, JOURNAL_ALIGN);
+            let op = Op::write(self.journal.as_raw_fd(), self.journal_zeroed, buf);
+            let c = self.sh.engine.submit(op).map_err(io_err)?.wait();
+            c.ok()?;
+            self.journal_zeroed += chunk;
+        }
+        Ok(())
+    }
+
+    /// Waits for every submitted data-file write.
+    fn wait_pending(&mut self) -> Result<(), StoreError> {
+        let mut first_err = None;
+        for (req, _file) in self.pending.drain(..) {
+            if let Err(e) = req.wait().ok() {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the current batch: waits for data writes, then lets readers in again.
+    fn finish_batch(&mut self) -> Result<(), StoreError> {
+        let r = self.wait_pending();
+        for e in self.touched.drain(..) {
+            {
+                let mut st = e.lock();
+                st.writing -= 1;
+                st.gen += 1;
+            }
+            e.notify.notify_waiters();
+        }
+        r
+    }
+
+    /// Marks `e` as being written (readers wait or retry).
+    fn begin_write(&mut self, e: &Arc<ObjEntry>) {
+        {
+            let mut st = e.lock();
+            st.writing += 1;
+            st.gen += 1;
+        }
+        self.touched.push(e.clone());
+    }
+
+    /// The entry of `name` in `pg`, created (with `file_id`) if missing.
+    fn get_or_create(&mut self, pg: PgId, name: &str, file_id: u64) -> Arc<ObjEntry> {
+        let mut pgs = self.sh.pgs_write();
+        let recreated = self.removed_pgs.contains(&pg);
+        let p = pgs.entry(pg).or_insert_with(|| crate::state::PgState {
+            ck_log_reset: recreated,
+            ck_dirty: true,
+            ..Default::default()
+        });
+        p.ck_dirty_objects.insert(name.to_string());
+        let e = p
+            .objects
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                ObjEntry::new(ObjState {
+                    file_id,
+                    size: 0,
+                    version: Version::ZERO,
+                    crcs: Vec::new(),
+                    writing: 0,
+                    gen: 0,
+                })
+            })
+            .clone();
+        drop(pgs);
+        e
+    }
+
+    /// Removes `name` from `pg` (if present) and unlinks its file.
+    fn delete_object(&mut self, pg: PgId, name: &str) -> Result<(), StoreError> {
+        let removed = {
+            let mut pgs = self.sh.pgs_write();
+            let recreated = self.removed_pgs.contains(&pg);
+            let p = pgs.entry(pg).or_insert_with(|| crate::state::PgState {
+                ck_log_reset: recreated,
+                ck_dirty: true,
+                ..Default::default()
+            });
+            p.ck_dirty_objects.insert(name.to_string());
+            p.objects.remove(name)
+        };
+        if let Some(e) = removed {
+            self.begin_write(&e);
+            let id = e.lock().file_id;
+            self.unlink(id)?;
+        }
+        Ok(())
+    }
+
+    fn unlink(&mut self, file_id: u64) -> Result<(), StoreError> {
+        self.wait_pending()?;
+        self.sh.forget_file(file_id);
+        self.dirty_files.remove(&file_id);
+        match std::fs::remove_file(self.sh.file_path(file_id)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn submit_write(
+        &mut self,
+        file: &Arc<File>,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let req = self
+            .sh
+            .engine
+            .submit(Op::write(file.as_raw_fd(), offset, data))
+            .map_err(io_err)?;
+        self.pending.push((req, file.clone()));
+        Ok(())
+    }
+
+    /// Reads `[start, start + len)` of `file` (zeros past its end) after pending writes.
+    fn read_old(&mut self, file: &Arc<File>, start: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+        self.wait_pending()?;
+        let mut buf = vec![0u8; len as usize];
+        if len == 0 {
+            return Ok(buf);
+        }
+        let c = self
+            .sh
+            .engine
+            .submit(Op::read(file.as_raw_fd(), start, std::mem::take(&mut buf)))
+            .map_err(io_err)?
+            .wait();
+        let n = c.ok()?;
+        let mut buf = c.buf.map(IoBuf::into_vec).unwrap_or_default();
+        buf.truncate(n);
+        buf.resize(len as usize, 0);
+        Ok(buf)
+    }
+
+    /// Grows `st` to `new` bytes of zeros (CRCs only; the file grows by the caller).
+    fn grow_crcs(st: &mut ObjState, new: u64) {
+        let old = st.size;
+        if new <= old {
+            return;
+        }
+        if !old.is_multiple_of(BLOCK_BYTES) {
+            let b = old / BLOCK_BYTES;
+            let cur = block_len(old, b);
+            let next = block_len(new, b);
+            if let Some(c) = st.crcs.get_mut(b as usize) {
+                *c = append_zeros(*c, next - cur);
+            }
+        }
+        for b in block_count(old)..block_count(new) {
+            st.crcs.push(zero_crc(block_len(new, b)));
+        }
+        st.size = new;
+    }
+
+    fn write_at(
+        &mut self,
+        e: &Arc<ObjEntry>,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let file_id = e.lock().file_id;
+        let file = self.sh.file(file_id, true)?;
+        self.dirty_files.insert(file_id);
+        let old = e.lock().size;
+        let end = offset + data.len() as u64;
+        let new = old.max(end);
+        let mut new_crcs = Vec::new();
+        if !data.is_empty() {
+            for b in offset / BLOCK_BYTES..=(end - 1) / BLOCK_BYTES {
+                let bs = b * BLOCK_BYTES;
+                let be = bs + block_len(new, b);
+                let crc = if offset <= bs && end >= be {
+                    spindle_ec::crc32c::crc32c(
+                        &data[(bs - offset) as usize..(be - offset) as usize],
+                    )
+                } else {
+                    let old_end = old.min(be).max(bs);
+                    let mut block = self.read_old(&file, bs, old_end - bs)?;
+                    block.resize((be - bs) as usize, 0);
+                    let from = offset.max(bs);
+                    let to = end.min(be);
+                    block[(from - bs) as usize..(to - bs) as usize]
+                        .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+                    spindle_ec::crc32c::crc32c(&block)
+                };
+                new_crcs.push((b, crc));
+            }
+        }
+        {
+            let mut st = e.lock();
+            Self::grow_crcs(&mut st, new);
+            for (b, crc) in new_crcs {
+                if let Some(c) = st.crcs.get_mut(b as usize) {
+                    *c = crc;
+                }
+            }
+        }
+        if data.is_empty() && new > old {
+            self.wait_pending()?;
+            file.set_len(new)?;
+        }
+        self.submit_write(&file, offset, data)
+    }
+
+    fn truncate(&mut self, e: &Arc<ObjEntry>, new: u64) -> Result<(), StoreError> {
+        let file_id = e.lock().file_id;
+        let file = self.sh.file(file_id, true)?;
+        self.dirty_files.insert(file_id);
+        let old = e.lock().size;
+        if new < old && !new.is_multiple_of(BLOCK_BYTES) {
+            let b = new / BLOCK_BYTES;
+            let bs = b * BLOCK_BYTES;
+            let block = self.read_old(&file, bs, new - bs)?;
+            let crc = spindle_ec::crc32c::crc32c(&block);
+            let mut st = e.lock();
+            st.crcs.truncate(b as usize);
+            st.crcs.push(crc);
+            st.size = new;
+        } else if new < old {
+            let mut st = e.lock();
+            st.crcs.truncate(block_count(new) as usize);
+            st.size = new;
+        } else {
+            Self::grow_crcs(&mut e.lock(), new);
+        }
+        self.wait_pending()?;
+        file.set_len(new)?;
+        Ok(())
+    }
+
+    fn write_full(&mut self, e: &Arc<ObjEntry>, data: Vec<u8>) -> Result<(), StoreError> {
+        let file_id = e.lock().file_id;
+        let file = self.sh.file(file_id, true)?;
+        self.dirty_files.insert(file_id);
+        let old = e.lock().size;
+        let new = data.len() as u64;
+        if new < old {
+            self.wait_pending()?;
+            file.set_len(new)?;
+        }
+        {
+            let mut st = e.lock();
+            st.crcs = crcs_of(&data);
+            st.size = new;
+        }
+        self.submit_write(&file, 0, data)
+    }
+
+    /// Applies one journaled record to the data files and the in-memory state.
+    fn exec(&mut self, record: Record) -> Result<(), StoreError> {
+        let max = self.sh.config.pg_log_max_entries;
+        match record {
+            Record::Apply {
+                pg,
+                name,
+                version,
+                file_id,
+                mutation,
+            } => {
+                self.next_file_id = self.next_file_id.max(file_id + 1);
+                let op = if matches!(mutation, Mutation::Delete) {
+                    self.delete_object(pg, &name)?;
+                    LogOp::Delete
+                } else {
+                    let e = self.get_or_create(pg, &name, file_id);
+                    self.begin_write(&e);
+                    e.lock().file_id = file_id;
+                    match mutation {
+                        Mutation::WriteFull(data) => self.write_full(&e, data)?,
+                        Mutation::Write { offset, data } => self.write_at(&e, offset, data)?,
+                        Mutation::Truncate { size_bytes } => self.truncate(&e, size_bytes)?,
+                        Mutation::Delete => {}
+                    }
+                    e.lock().version = version;
+                    self.replayed.insert((pg, name.clone()));
+                    LogOp::Modify
+                };
+                let mut pgs = self.sh.pgs_write();
+                if let Some(p) = pgs.get_mut(&pg) {
+                    p.push_log(LogEntry { version, name, op }, max);
+                }
+            }
+            Record::Recover {
+                pg,
+                name,
+                file_id,
+                state,
+            } => {
+                self.next_file_id = self.next_file_id.max(file_id + 1);
+                match state {
+                    None => self.delete_object(pg, &name)?,
+                    Some((data, version)) => {
+                        let e = self.get_or_create(pg, &name, file_id);
+                        self.begin_write(&e);
+                        e.lock().file_id = file_id;
+                        self.write_full(&e, data)?;
+                        e.lock().version = version;
+                        self.replayed.insert((pg, name));
+                    }
+                }
+            }
+            Record::SetPgLog {
+                pg,
+                entries,
+                last_version,
+                log_tail,
+            } => {
+                let mut pgs = self.sh.pgs_write();
+                let recreated = self.removed_pgs.contains(&pg);
+                let p = pgs.entry(pg).or_insert_with(|| crate::state::PgState {
+                    ck_log_reset: recreated,
+                    ..Default::default()
+                });
+                p.log = entries.into();
+                p.last_version = last_version;
+                p.log_tail = log_tail;
+                p.trim(max);
+                p.ck_log_reset = true;
+                p.ck_dirty = true;
+            }
+            Record::ApplyDirect {
+                pg,
+                name,
+                version,
+                file_id,
+                size,
+            } => {
+                self.exec_direct(pg, &name, version, file_id, size)?;
+                let mut pgs = self.sh.pgs_write();
+                if let Some(p) = pgs.get_mut(&pg) {
+                    let op = LogOp::Modify;
+                    p.push_log(LogEntry { version, name, op }, max);
+                }
+            }
+            Record::RecoverDirect {
+                pg,
+                name,
+                version,
+                file_id,
+                size,
+            } => self.exec_direct(pg, &name, version, file_id, size)?,
+            Record::RemovePg { pg } => {
+                let removed = self.sh.pgs_write().remove(&pg);
+                self.removed_pgs.insert(pg);
+                if let Some(p) = removed {
+                    for (name, e) in p.objects {
+                        self.begin_write(&e);
+                        let id = e.lock().file_id;
+                        self.unlink(id)?;
+                        self.replayed.remove(&(pg, name));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Syncs dirty data files, stores the metadata durably and restarts the journal.
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        self.wait_pending()?;
+        let mut syncs = Vec::new();
+        for id in self.dirty_files.drain() {
+            match self.sh.file(id, false) {
+                Ok(f) => {
+                    let req = self
+                        .sh
+                        .engine
+                        .submit(Op::Fdatasync { fd: f.as_raw_fd() })
+                        .map_err(io_err)?;
+                    syncs.push((req, f));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for (req, _f) in syncs {
+            req.wait().ok()?;
+        }
+        File::open(&self.sh.objects_dir)?.sync_all()?;
+        let sup = Super {
+            epoch: self.epoch + 1,
+            next_seq: self.next_seq,
+            next_file_id: self.next_file_id,
+        };
+        {
+            let pgs = self.sh.pgs_read();
+            meta::save(&self.db, sup, &pgs, &self.removed_pgs)?;
+        }
+        {
+            let mut pgs = self.sh.pgs_write();
+            pgs.retain(|_, p| !p.is_empty());
+            for p in pgs.values_mut() {
+                p.ck_dirty_objects.clear();
+                p.ck_dirty = false;
+                p.ck_log_reset = false;
+                p.ck_log_persisted = p.log.back().map_or(Version::ZERO, |e| e.version);
+            }
+        }
+        self.removed_pgs.clear();
+        self.epoch = sup.epoch;
+        self.journal_pos = 0;
+        self.last_checkpoint = Instant::now();
+        self.sh.counters.checkpoints.fetch_add(1, Relaxed);
+        Ok(())
+    }
+}
+
+/// Per-block CRCs of the first `size` bytes of `file` (zeros past its end), read in chunks.
+fn crcs_of_file(file: &File, size: u64) -> io::Result<Vec<u32>> {
+    const CHUNK: u64 = 1 << 20;
+    let mut crcs = Vec::with_capacity(block_count(size) as usize);
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut pos = 0;
+    while pos < size {
+        let len = (size - pos).min(CHUNK) as usize;
+        buf[..len].fill(0);
+        read_full_at(file, &mut buf[..len], pos)?;
+        crcs.extend(crcs_of(&buf[..len]));
+        pos += len as u64;
+    }
+    Ok(crcs)
+}
+
+fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+fn txn_bytes_hint(k: &TxnKind) -> usize {
+    match k {
+        TxnKind::Apply { mutation, .. } => match mutation {
+            Mutation::WriteFull(d) | Mutation::Write { data: d, .. } => d.len() + 64,
+            _ => 64,
+        },
+        TxnKind::Recover { state, .. } => state.as_ref().map_or(64, |(d, _)| d.len() + 64),
+        TxnKind::SetPgLog { entries, .. } => entries.len() * 32 + 64,
+        TxnKind::RemovePg { .. } => 64,
+    }
+}
+
+/// Effects of the earlier transactions of a batch that are not applied yet.
+#[derive(Default)]
+struct Overlay {
+    last: HashMap<PgId, Version>,
+    objects: HashMap<(PgId, String), Option<u64>>,
+    removed: HashSet<PgId>,
+}

@@ -1,0 +1,207 @@
+//! Test 4: corruption of data files, of the journal tail, and of the metadata database.
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use common::rt;
+use spindle_store::{Mutation, PgId, Store, StoreConfig, StoreError, Version};
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "spindle-store-{tag}-{}-{}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+const PG: PgId = PgId { pool: 2, pg: 9 };
+
+fn v(seq: u64) -> Version {
+    Version { epoch: 1, seq }
+}
+
+fn flip_byte(path: &Path, offset: u64) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact(&mut b).unwrap();
+    f.seek(SeekFrom::Start(offset)).unwrap();
+    f.write_all(&[b[0] ^ 0x40]).unwrap();
+}
+
+#[test]
+fn flipped_data_byte_is_detected() {
+    let dir = tempdir("corrupt-data");
+    let rt = rt();
+    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    let data: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
+    // The first object created in a fresh store gets data file id 1 (on-disk-format.md).
+    store
+        .apply(PG, "victim", v(1), Mutation::WriteFull(data.clone()))
+        .wait()
+        .unwrap();
+    store
+        .apply(PG, "other", v(2), Mutation::WriteFull(data.clone()))
+        .wait()
+        .unwrap();
+    let file = dir.join("objects").join(format!("{:016x}", 1));
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), 20_000);
+    flip_byte(&file, 2 * 4096 + 17);
+
+    // Blocks 0-1 still read fine; block 2 is reported, never returned.
+    assert_eq!(
+        rt.block_on(store.read(PG, "victim", 0, 8192)).unwrap(),
+        data[..8192]
+    );
+    match rt.block_on(store.read(PG, "victim", 8000, 1000)) {
+        Err(StoreError::Corrupt { pg, name, block }) => {
+            assert_eq!((pg, name.as_str(), block), (PG, "victim", 2));
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(matches!(
+        rt.block_on(store.verify(PG, "victim")),
+        Err(StoreError::Corrupt { block: 2, .. })
+    ));
+    assert_eq!(
+        rt.block_on(store.verify(PG, "other")).unwrap().size_bytes,
+        20_000
+    );
+    assert_eq!(store.stats().corruptions_detected, 2);
+    // Still corrupt after a restart (the checkpoint keeps the CRCs, not the bad bytes).
+    store.shutdown().unwrap();
+    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    assert!(matches!(
+        rt.block_on(store.verify(PG, "victim")),
+        Err(StoreError::Corrupt { .. })
+    ));
+    // Overwriting the object repairs it.
+    store
+        .apply(PG, "victim", v(3), Mutation::WriteFull(vec![1; 100]))
+        .wait()
+        .unwrap();
+    assert_eq!(
+        rt.block_on(store.read(PG, "victim", 0, 1000)).unwrap(),
+        vec![1; 100]
+    );
+    // A truncated data file is corruption too.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("objects").join(format!("{:016x}", 2)))
+        .unwrap();
+    f.set_len(5000).unwrap();
+    assert!(matches!(
+        rt.block_on(store.read(PG, "other", 0, 20_000)),
+        Err(StoreError::Corrupt { block: 1, .. })
+    ));
+    store.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn corrupt_journal_tail_loses_only_later_records() {
+    let dir = tempdir("corrupt-journal");
+    let rt = rt();
+    let mut cfg = StoreConfig::new(&dir);
+    cfg.checkpoint_interval_ms = 3_600_000;
+    let store = Store::open(cfg.clone()).unwrap();
+    // One transaction per batch: batch i starts at journal offset 4096 * i (small records).
+    for i in 0..10u64 {
+        store
+            .apply(
+                PG,
+                &format!("o{i}"),
+                v(i + 1),
+                Mutation::WriteFull(vec![i as u8; 100]),
+            )
+            .wait()
+            .unwrap();
+    }
+    assert_eq!(store.stats().flushes, 10);
+    drop(store); // no checkpoint: the state is only in the journal
+    flip_byte(&dir.join("journal"), 6 * 4096 + 40);
+    let store = Store::open(cfg.clone()).unwrap();
+    for i in 0..10u64 {
+        let got = rt.block_on(store.read(PG, &format!("o{i}"), 0, 1000));
+        if i < 6 {
+            assert_eq!(got.unwrap(), vec![i as u8; 100], "o{i}");
+        } else {
+            assert!(matches!(got, Err(StoreError::NotFound)), "o{i}: {got:?}");
+        }
+    }
+    assert_eq!(store.pg_info(PG).last_version, v(6));
+    // The store continues normally after the torn tail.
+    store
+        .apply(PG, "after", v(7), Mutation::WriteFull(vec![7; 10]))
+        .wait()
+        .unwrap();
+    drop(store);
+    let store = Store::open(cfg).unwrap();
+    assert_eq!(
+        rt.block_on(store.read(PG, "after", 0, 100)).unwrap(),
+        vec![7; 10]
+    );
+    assert_eq!(store.pg_log(PG).len(), 7);
+    store.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn garbage_metadata_is_an_error_not_a_panic() {
+    // Garbage database file.
+    let dir = tempdir("garbage-meta");
+    std::fs::write(dir.join("meta.redb"), vec![0xA5u8; 10_000]).unwrap();
+    let r = Store::open(StoreConfig::new(&dir));
+    assert!(r.is_err(), "garbage meta.redb must not open");
+    eprintln!("garbage meta.redb: {}", r.err().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Truncated database file.
+    let dir = tempdir("truncated-meta");
+    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    store
+        .apply(PG, "x", v(1), Mutation::WriteFull(vec![1; 10]))
+        .wait()
+        .unwrap();
+    store.shutdown().unwrap();
+    let path = dir.join("meta.redb");
+    let len = std::fs::metadata(&path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(len / 3).unwrap();
+    drop(f);
+    let r = Store::open(StoreConfig::new(&dir));
+    assert!(r.is_err(), "truncated meta.redb must not open");
+    eprintln!("truncated meta.redb: {}", r.err().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Metadata database missing while a journal exists.
+    let dir = tempdir("missing-meta");
+    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    store.shutdown().unwrap();
+    std::fs::remove_file(dir.join("meta.redb")).unwrap();
+    let r = Store::open(StoreConfig::new(&dir));
+    assert!(matches!(r, Err(StoreError::BadFormat(_))));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // Garbage journal: opens (nothing of the current epoch to replay).
+    let dir = tempdir("garbage-journal");
+    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    store
+        .apply(PG, "x", v(1), Mutation::WriteFull(vec![1; 10]))
+        .wait()
+        .unwrap();
+    store.shutdown().unwrap();
+    std::fs::write(dir.join("journal"), vec![0x5Au8; 100_000]).unwrap();
+    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    assert_eq!(store.stat(PG, "x").unwrap().size_bytes, 10);
+    store.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

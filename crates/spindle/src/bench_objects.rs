@@ -1,0 +1,362 @@
+//! `spindle bench objects`: like `rados bench`. Writes then reads 4 MiB and 4 KiB objects
+//! with N operations in flight and prints ops/s, MiB/s, mean and p99 latency and the CPU
+//! time of the cluster's daemons per operation, beside Ceph 16's figures measured on this
+//! kind of machine (`shared/baselines/ceph.md`).
+
+use crate::bench_common::{print_report, BenchResult};
+use crate::cluster_cmd::Target;
+use clap::Args;
+use spindle_client::Client;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+// Reference figures from shared/baselines/ceph.md (Ceph 16.2.15, 3 BlueStore OSDs on one
+// node of this machine kind): rados bench 4 MiB x 16 (MiB/s, mean latency ms), fio rbd
+// 4k randwrite/randread at QD16 (IOPS), OSD CPU per 4k replicated write (µs).
+const CEPH_RADOS_WRITE_4M_MIBS: f64 = 238.059;
+const CEPH_RADOS_WRITE_4M_LAT_MS: f64 = 268.8;
+const CEPH_RADOS_READ_4M_MIBS: f64 = 942.239;
+const CEPH_RADOS_READ_4M_LAT_MS: f64 = 66.3;
+const CEPH_RBD_4K_RANDWRITE_QD16_IOPS: f64 = 626.0;
+const CEPH_RBD_4K_RANDREAD_QD16_IOPS: f64 = 3521.0;
+const CEPH_OSD_CPU_US_PER_4K_WRITE: f64 = 2638.9;
+const CEPH_OSD_CPU_US_PER_4K_READ: f64 = 235.1;
+
+#[derive(Args)]
+pub struct BenchObjectsArgs {
+    /// Pool to write into.
+    #[arg(long, default_value = "default")]
+    pub pool: String,
+    /// Total running time, split over the four phases.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// Operations in flight.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Keep the benchmark objects afterwards (default: delete them).
+    #[arg(long)]
+    pub keep: bool,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+struct Phase {
+    ops: u64,
+    bytes: u64,
+    secs: f64,
+    lat_us: Vec<u64>,
+    daemon_cpu_us: f64,
+    client_cpu_us: f64,
+}
+
+impl Phase {
+    fn mean_ms(&self) -> f64 {
+        self.lat_us.iter().sum::<u64>() as f64 / self.lat_us.len().max(1) as f64 / 1000.0
+    }
+    fn p99_ms(&mut self) -> f64 {
+        self.lat_us.sort_unstable();
+        let i = ((self.lat_us.len() as f64 * 0.99).ceil() as usize).saturating_sub(1);
+        self.lat_us.get(i).copied().unwrap_or(0) as f64 / 1000.0
+    }
+}
+
+/// utime + stime of a process, in µs.
+fn cpu_us(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let Some(rest) = stat.rsplit(')').next() else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks * 1e6 / hz.max(1.0)
+}
+
+async fn daemon_pids(client: &Client) -> Vec<u32> {
+    let map = client.map();
+    map.osds
+        .values()
+        .map(|o| o.pid)
+        .filter(|&p| p > 0)
+        .collect()
+}
+
+async fn run_phase(
+    client: &Client,
+    pool: &str,
+    size: usize,
+    write: bool,
+    objects: u64,
+    concurrency: usize,
+    duration: Duration,
+    pids: &[u32],
+) -> anyhow::Result<Phase> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let cpu0: f64 = pids.iter().map(|&p| cpu_us(p)).sum();
+    let me = std::process::id();
+    let client_cpu0 = cpu_us(me);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for worker in 0..concurrency {
+        let client = client.clone();
+        let pool = pool.to_string();
+        let stop = stop.clone();
+        let counter = counter.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut ops = 0u64;
+            let mut bytes = 0u64;
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ (worker as u64) << 32;
+            let mut data = vec![0u8; size];
+            for (i, b) in data.iter_mut().enumerate() {
+                *b = (i as u64 ^ seed) as u8;
+            }
+            while !stop.load(Ordering::Relaxed) {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                if write {
+                    if n >= objects {
+                        break;
+                    }
+                    data[0] = n as u8;
+                    client
+                        .write_full(&pool, &format!("bench-{size}-{n}"), data.clone())
+                        .await?;
+                    bytes += size as u64;
+                } else {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let k = seed % objects.max(1);
+                    let got = client
+                        .read_full(&pool, &format!("bench-{size}-{k}"))
+                        .await?;
+                    if got.len() != size {
+                        anyhow::bail!(
+                            "bench-{size}-{k}: read {} bytes, expected {size}",
+                            got.len()
+                        );
+                    }
+                    bytes += got.len() as u64;
+                }
+                lat.push(t.elapsed().as_micros() as u64);
+                ops += 1;
+            }
+            anyhow::Ok((ops, bytes, lat))
+        }));
+    }
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut phase = Phase {
+        ops: 0,
+        bytes: 0,
+        secs: 0.0,
+        lat_us: Vec::new(),
+        daemon_cpu_us: 0.0,
+        client_cpu_us: 0.0,
+    };
+    for t in tasks {
+        let (ops, bytes, lat) = t.await??;
+        phase.ops += ops;
+        phase.bytes += bytes;
+        phase.lat_us.extend(lat);
+    }
+    phase.secs = start.elapsed().as_secs_f64();
+    phase.daemon_cpu_us = pids.iter().map(|&p| cpu_us(p)).sum::<f64>() - cpu0;
+    phase.client_cpu_us = cpu_us(me) - client_cpu0;
+    Ok(phase)
+}
+
+pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
+    let rt = crate::daemon::runtime()?;
+    rt.block_on(async {
+        let client = args.target.client().await?;
+        if client.map().pool_by_name(&args.pool).is_none() {
+            anyhow::bail!("no pool '{}' (see `spindle pool ls`)", args.pool);
+        }
+        let pids = daemon_pids(&client).await;
+        let quarter = Duration::from_secs_f64((args.seconds.max(4) as f64) / 4.0);
+        let mut results = Vec::new();
+        let mut cleanup = Vec::new();
+        for (size, label) in [(4usize << 20, "4 MiB"), (4usize << 10, "4 KiB")] {
+            if !args.json {
+                eprintln!(
+                    "writing {label} objects for {:.1} s ...",
+                    quarter.as_secs_f64()
+                );
+            }
+            let mut w = run_phase(
+                &client,
+                &args.pool,
+                size,
+                true,
+                u64::MAX,
+                args.concurrency,
+                quarter,
+                &pids,
+            )
+            .await?;
+            let written = w.ops;
+            if !args.json {
+                eprintln!(
+                    "reading {label} objects for {:.1} s ...",
+                    quarter.as_secs_f64()
+                );
+            }
+            let mut r = run_phase(
+                &client,
+                &args.pool,
+                size,
+                false,
+                written,
+                args.concurrency,
+                quarter,
+                &pids,
+            )
+            .await?;
+            cleanup.push((size, written));
+            let mibs = |p: &Phase| p.bytes as f64 / (1 << 20) as f64 / p.secs;
+            let iops = |p: &Phase| p.ops as f64 / p.secs;
+            let cpu_per_op = |p: &Phase| p.daemon_cpu_us / p.ops.max(1) as f64;
+            if size == 4 << 20 {
+                results.push(BenchResult::higher_is_better(
+                    "write 4 MiB",
+                    "MiB/s",
+                    mibs(&w),
+                    "Ceph 16 rados bench write 4M t16",
+                    CEPH_RADOS_WRITE_4M_MIBS,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "write 4 MiB mean latency",
+                    "ms",
+                    w.mean_ms(),
+                    "Ceph 16 rados bench write 4M t16",
+                    CEPH_RADOS_WRITE_4M_LAT_MS,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "write 4 MiB p99 latency",
+                    "ms",
+                    w.p99_ms(),
+                    "(no Ceph p99 in baselines)",
+                    f64::NAN,
+                ));
+                results.push(BenchResult::higher_is_better(
+                    "read 4 MiB",
+                    "MiB/s",
+                    mibs(&r),
+                    "Ceph 16 rados bench seq t16",
+                    CEPH_RADOS_READ_4M_MIBS,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "read 4 MiB mean latency",
+                    "ms",
+                    r.mean_ms(),
+                    "Ceph 16 rados bench seq t16",
+                    CEPH_RADOS_READ_4M_LAT_MS,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "read 4 MiB p99 latency",
+                    "ms",
+                    r.p99_ms(),
+                    "(no Ceph p99 in baselines)",
+                    f64::NAN,
+                ));
+            } else {
+                results.push(BenchResult::higher_is_better(
+                    "write 4 KiB",
+                    "ops/s",
+                    iops(&w),
+                    "Ceph 16 RBD 4k randwrite QD16",
+                    CEPH_RBD_4K_RANDWRITE_QD16_IOPS,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "write 4 KiB mean latency",
+                    "ms",
+                    w.mean_ms(),
+                    "(QD16 mean not in baselines)",
+                    f64::NAN,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "write 4 KiB p99 latency",
+                    "ms",
+                    w.p99_ms(),
+                    "(QD16 p99 not in baselines)",
+                    f64::NAN,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "daemon CPU per 4 KiB write",
+                    "us",
+                    cpu_per_op(&w),
+                    "Ceph 16 OSD CPU per 4k rep. write",
+                    CEPH_OSD_CPU_US_PER_4K_WRITE,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "client CPU per 4 KiB write",
+                    "us",
+                    w.client_cpu_us / w.ops.max(1) as f64,
+                    "(not measured for Ceph)",
+                    f64::NAN,
+                ));
+                results.push(BenchResult::higher_is_better(
+                    "read 4 KiB",
+                    "ops/s",
+                    iops(&r),
+                    "Ceph 16 RBD 4k randread QD16",
+                    CEPH_RBD_4K_RANDREAD_QD16_IOPS,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "read 4 KiB mean latency",
+                    "ms",
+                    r.mean_ms(),
+                    "(QD16 mean not in baselines)",
+                    f64::NAN,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "read 4 KiB p99 latency",
+                    "ms",
+                    r.p99_ms(),
+                    "(QD16 p99 not in baselines)",
+                    f64::NAN,
+                ));
+                results.push(BenchResult::lower_is_better(
+                    "daemon CPU per 4 KiB read",
+                    "us",
+                    cpu_per_op(&r),
+                    "Ceph 16 OSD CPU per 4k rep. read",
+                    CEPH_OSD_CPU_US_PER_4K_READ,
+                ));
+            }
+        }
+        if !args.keep {
+            if !args.json {
+                eprintln!("deleting benchmark objects ...");
+            }
+            let mut handles = Vec::new();
+            for (size, n) in cleanup {
+                for chunk in 0..args.concurrency as u64 {
+                    let client = client.clone();
+                    let pool = args.pool.clone();
+                    handles.push(tokio::spawn(async move {
+                        let mut i = chunk;
+                        while i < n {
+                            let _ = client.delete(&pool, &format!("bench-{size}-{i}")).await;
+                            i += 16.max(1);
+                        }
+                    }));
+                }
+            }
+            for h in handles {
+                let _ = h.await;
+            }
+        }
+        print_report("objects", &results, args.json)
+    })
+}

@@ -1,0 +1,603 @@
+//! Cluster commands: `up`, `down`, `status`, `pool`, `osd`, and the object commands
+//! `put`, `get`, `rm`, `ls`, `stat`. All find the embedded cluster through `--dir` /
+//! `SPINDLE_DIR` (default `./spindle-data`), or a monitor through `--mon`.
+//!
+//! Embedded cluster layout: `DIR/cluster.json` (daemon count), `DIR/mon/` (database,
+//! `addr`, `pid`, `log`), `DIR/osd.N/` (store, `pid`, `log`).
+
+use crate::daemon::{runtime, write_atomic};
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Subcommand};
+use serde_json::Value;
+use spindle_client::{Client, ClientConfig};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How to find the cluster (every cluster subcommand takes these).
+#[derive(Args, Clone, Debug)]
+pub struct Target {
+    /// Embedded cluster directory.
+    #[arg(
+        long,
+        env = "SPINDLE_DIR",
+        default_value = "./spindle-data",
+        global = true
+    )]
+    pub dir: PathBuf,
+    /// Monitor address (overrides --dir for finding the monitor).
+    #[arg(long, global = true)]
+    pub mon: Option<String>,
+}
+
+impl Target {
+    pub fn mon_addr(&self) -> anyhow::Result<String> {
+        if let Some(m) = &self.mon {
+            return Ok(m.clone());
+        }
+        let file = self.dir.join("mon").join("addr");
+        std::fs::read_to_string(&file)
+            .map(|s| s.trim().to_string())
+            .map_err(|_| {
+                anyhow!(
+                    "no cluster found in {} (no {}); start one with `spindle up` or pass --mon ADDR",
+                    self.dir.display(),
+                    file.display()
+                )
+            })
+    }
+
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        let addr = self.mon_addr()?;
+        Client::connect(ClientConfig::new(addr.clone()))
+            .await
+            .with_context(|| {
+                format!(
+                    "is the cluster in {} running? (`spindle up` starts it)",
+                    self.dir.display()
+                )
+            })
+    }
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Number of storage daemons of a new cluster.
+    #[arg(long, default_value_t = 3)]
+    pub osds: u32,
+    /// Placement groups of the default pool.
+    #[arg(long, default_value_t = 64)]
+    pub pg_count: u32,
+    /// Seconds to wait for the cluster to become clean.
+    #[arg(long, default_value_t = 60)]
+    pub wait_seconds: u64,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+#[derive(Subcommand)]
+pub enum PoolCommand {
+    /// Create a replicated pool.
+    Create {
+        name: String,
+        #[arg(long, default_value_t = 3)]
+        size: u32,
+        #[arg(long)]
+        min_size: Option<u32>,
+        #[arg(long, default_value_t = 64)]
+        pg_count: u32,
+    },
+    /// List pools.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a pool (its objects become unreachable).
+    Rm { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum OsdCommand {
+    /// List storage daemons.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark a daemon out: its data will be placed elsewhere.
+    Out { id: u32 },
+    /// Mark a daemon in.
+    In { id: u32 },
+    /// Stop a daemon of the embedded cluster (SIGTERM).
+    Stop { id: u32 },
+    /// Start a daemon of the embedded cluster.
+    Start { id: u32 },
+    /// Run a storage daemon in the foreground (what `spindle up` starts).
+    Run(crate::daemon::OsdRunArgs),
+}
+
+#[derive(Args)]
+pub struct ObjArgs {
+    /// Pool name.
+    #[arg(long, default_value = "default")]
+    pub pool: String,
+}
+
+/// True if `pid` is a live process (a zombie, e.g. a killed daemon whose parent is gone
+/// and not reaped yet, counts as dead).
+fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    pid > 0 && unsafe { libc::kill(pid as i32, 0) } == 0 && !zombie(pid)
+}
+
+fn read_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("pid"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Starts `spindle ARGS` detached (own session), output appended to `log`.
+fn spawn_daemon(args: &[String], log: &Path) -> anyhow::Result<u32> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("cannot find the spindle executable")?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("cannot start daemon")?;
+    Ok(child.id())
+}
+
+fn osd_dir(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("osd.{id}"))
+}
+
+fn start_osd(dir: &Path, id: u32, mon: &str) -> anyhow::Result<u32> {
+    let d = osd_dir(dir, id);
+    std::fs::create_dir_all(&d)?;
+    if let Some(pid) = read_pid(&d).filter(|&p| pid_alive(p)) {
+        return Ok(pid);
+    }
+    spawn_daemon(
+        &[
+            "osd".into(),
+            "run".into(),
+            "--id".into(),
+            id.to_string(),
+            "--dir".into(),
+            d.display().to_string(),
+            "--mon".into(),
+            mon.to_string(),
+        ],
+        &d.join("log"),
+    )
+}
+
+fn cluster_osd_count(dir: &Path) -> anyhow::Result<u32> {
+    let text = std::fs::read_to_string(dir.join("cluster.json"))
+        .with_context(|| format!("no embedded cluster in {}", dir.display()))?;
+    let v: Value = serde_json::from_str(&text)?;
+    v["osds"]
+        .as_u64()
+        .map(|n| n as u32)
+        .ok_or_else(|| anyhow!("cluster.json has no osd count"))
+}
+
+pub fn up(args: UpArgs) -> anyhow::Result<()> {
+    let dir = args.target.dir.clone();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    let mon_dir = dir.join("mon");
+    let osds = match cluster_osd_count(&dir) {
+        Ok(n) => n,
+        Err(_) => {
+            if args.osds == 0 {
+                bail!("--osds must be at least 1");
+            }
+            let size = args.osds.min(3);
+            let min_size = if size >= 2 { 2 } else { 1 };
+            spindle_mon::init(
+                &mon_dir,
+                &spindle_mon::InitSpec {
+                    osd_count: args.osds,
+                    default_pool: Some(("default".into(), size, min_size, args.pg_count)),
+                },
+            )?;
+            write_atomic(
+                &dir.join("cluster.json"),
+                &serde_json::json!({"osds": args.osds}).to_string(),
+            )?;
+            println!(
+                "created a cluster of {} storage daemons in {} (pool 'default': {size} copies, min {min_size})",
+                args.osds,
+                dir.display()
+            );
+            args.osds
+        }
+    };
+    std::fs::create_dir_all(&mon_dir)?;
+    let mon_pid = match read_pid(&mon_dir).filter(|&p| pid_alive(p)) {
+        Some(p) => p,
+        None => {
+            let _ = std::fs::remove_file(mon_dir.join("pid"));
+            spawn_daemon(
+                &[
+                    "mon".into(),
+                    "run".into(),
+                    "--dir".into(),
+                    mon_dir.display().to_string(),
+                ],
+                &mon_dir.join("log"),
+            )?
+        }
+    };
+    // The monitor writes its pid after binding: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if read_pid(&mon_dir) == Some(mon_pid) {
+            break;
+        }
+        if !pid_alive(mon_pid) || Instant::now() > deadline {
+            bail!(
+                "the monitor did not start; see {}",
+                mon_dir.join("log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mon_addr = args
+        .target
+        .mon_addr()
+        .or_else(|_| std::fs::read_to_string(mon_dir.join("addr")).map(|s| s.trim().to_string()))?;
+    let mut pids = Vec::new();
+    for id in 0..osds {
+        pids.push(start_osd(&dir, id, &mon_addr)?);
+    }
+    let target = Target {
+        dir: dir.clone(),
+        mon: Some(mon_addr.clone()),
+    };
+    let rt = runtime()?;
+    let status = rt.block_on(async {
+        let client = target.client().await?;
+        wait_clean(&client, Duration::from_secs(args.wait_seconds)).await
+    })?;
+    println!("monitor      {mon_addr} (pid {mon_pid})");
+    for o in status["osds"].as_array().into_iter().flatten() {
+        println!(
+            "osd.{:<8} {} (pid {})",
+            o["id"],
+            o["addr"].as_str().unwrap_or(""),
+            o["pid"]
+        );
+    }
+    println!(
+        "epoch {}, pgs: {}",
+        status["epoch"],
+        pg_summary(&status["pgs"])
+    );
+    println!();
+    println!("use it:");
+    println!("  export SPINDLE_DIR={}", dir.display());
+    println!("  spindle put NAME FILE    spindle get NAME FILE    spindle ls");
+    println!("  spindle status           spindle bench objects --seconds 10");
+    println!(
+        "  spindle down             (stops every daemon; data stays in {})",
+        dir.display()
+    );
+    Ok(())
+}
+
+fn pg_summary(pgs: &Value) -> String {
+    ["clean", "degraded", "recovering", "peering", "inactive"]
+        .iter()
+        .filter(|k| pgs[**k].as_u64().unwrap_or(0) > 0)
+        .map(|k| format!("{} {k}", pgs[*k]))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Waits until every daemon is up and every placement group is clean.
+pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<Value> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status = client.command(&["status"]).await?;
+        let all_up = status["osds"]
+            .as_array()
+            .is_some_and(|a| a.iter().all(|o| o["up"] == true || o["in"] == false));
+        let pgs = &status["pgs"];
+        let not_clean: u64 = ["degraded", "recovering", "peering", "inactive"]
+            .iter()
+            .map(|k| pgs[*k].as_u64().unwrap_or(0))
+            .sum();
+        if all_up && not_clean == 0 {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "cluster not clean after {} s: pgs {}; daemons up: {}",
+                timeout.as_secs(),
+                pg_summary(pgs),
+                status["osds"]
+                    .as_array()
+                    .map(|a| a.iter().filter(|o| o["up"] == true).count())
+                    .unwrap_or(0)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn stop_pid(pid: u32, what: &str) -> anyhow::Result<()> {
+    if !pid_alive(pid) {
+        return Ok(());
+    }
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_alive(pid) {
+        if Instant::now() > deadline {
+            eprintln!("{what} (pid {pid}) did not stop in 10 s; killing it");
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+pub fn down(target: Target) -> anyhow::Result<()> {
+    let dir = &target.dir;
+    let osds = cluster_osd_count(dir)?;
+    for id in 0..osds {
+        if let Some(pid) = read_pid(&osd_dir(dir, id)) {
+            stop_pid(pid, &format!("osd.{id}"))?;
+        }
+    }
+    if let Some(pid) = read_pid(&dir.join("mon")) {
+        stop_pid(pid, "monitor")?;
+    }
+    println!("stopped the cluster in {}", dir.display());
+    Ok(())
+}
+
+pub fn status(args: StatusArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let client = args.target.client().await?;
+        let s = client.command(&["status"]).await?;
+        if args.json {
+            println!("{s}");
+            return Ok(());
+        }
+        println!(
+            "cluster {}  epoch {}",
+            s["cluster_id"].as_str().unwrap_or(""),
+            s["epoch"]
+        );
+        let osds = s["osds"].as_array().cloned().unwrap_or_default();
+        let up = osds.iter().filter(|o| o["up"] == true).count();
+        let inn = osds.iter().filter(|o| o["in"] == true).count();
+        println!("osds: {} total, {up} up, {inn} in", osds.len());
+        println!("pgs: {}   objects: {}", pg_summary(&s["pgs"]), s["objects"]);
+        for p in s["pools"].as_array().into_iter().flatten() {
+            println!(
+                "pool {} '{}': {} copies (min {}), {} pgs, {} objects, pgs {}",
+                p["id"],
+                p["name"].as_str().unwrap_or(""),
+                p["size"],
+                p["min_size"],
+                p["pg_count"],
+                p["objects"],
+                pg_summary(&p["pgs"])
+            );
+        }
+        anyhow::Ok(())
+    })
+}
+
+pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let client = target.client().await?;
+        match command {
+            PoolCommand::Create {
+                name,
+                size,
+                min_size,
+                pg_count,
+            } => {
+                let min_size = min_size.unwrap_or(if size >= 3 { 2 } else { 1 });
+                let r = client
+                    .command(&[
+                        "pool",
+                        "create",
+                        &name,
+                        &size.to_string(),
+                        &min_size.to_string(),
+                        &pg_count.to_string(),
+                    ])
+                    .await?;
+                println!(
+                    "created pool '{name}' (id {}, epoch {})",
+                    r["id"], r["epoch"]
+                );
+            }
+            PoolCommand::Ls { json } => {
+                let r = client.command(&["pool", "ls"]).await?;
+                if json {
+                    println!("{r}");
+                } else {
+                    for p in r.as_array().into_iter().flatten() {
+                        println!(
+                            "{}\t{}\tsize {}\tmin_size {}\tpgs {}",
+                            p["id"],
+                            p["name"].as_str().unwrap_or(""),
+                            p["size"],
+                            p["min_size"],
+                            p["pg_count"]
+                        );
+                    }
+                }
+            }
+            PoolCommand::Rm { name } => {
+                client.command(&["pool", "rm", &name]).await?;
+                println!("removed pool '{name}'");
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
+    match command {
+        OsdCommand::Run(args) => crate::daemon::osd_run(args),
+        OsdCommand::Stop { id } => {
+            let d = osd_dir(&target.dir, id);
+            let pid = read_pid(&d)
+                .ok_or_else(|| anyhow!("osd.{id} has no pid file in {}", d.display()))?;
+            stop_pid(pid, &format!("osd.{id}"))?;
+            println!("stopped osd.{id}");
+            Ok(())
+        }
+        OsdCommand::Start { id } => {
+            let mon = target.mon_addr()?;
+            let pid = start_osd(&target.dir, id, &mon)?;
+            println!("started osd.{id} (pid {pid})");
+            Ok(())
+        }
+        OsdCommand::Ls { json } => runtime()?.block_on(async {
+            let client = target.client().await?;
+            let s = client.command(&["status"]).await?;
+            if json {
+                println!("{}", s["osds"]);
+            } else {
+                for o in s["osds"].as_array().into_iter().flatten() {
+                    println!(
+                        "osd.{}\t{}\t{}\t{}\tpid {}",
+                        o["id"],
+                        if o["up"] == true { "up" } else { "down" },
+                        if o["in"] == true { "in" } else { "out" },
+                        o["addr"].as_str().unwrap_or(""),
+                        o["pid"]
+                    );
+                }
+            }
+            anyhow::Ok(())
+        }),
+        OsdCommand::Out { id } | OsdCommand::In { id } => {
+            let verb = if matches!(command, OsdCommand::Out { .. }) {
+                "out"
+            } else {
+                "in"
+            };
+            runtime()?.block_on(async {
+                let client = target.client().await?;
+                let r = client.command(&["osd", verb, &id.to_string()]).await?;
+                println!("marked osd.{id} {verb} (epoch {})", r["epoch"]);
+                anyhow::Ok(())
+            })
+        }
+    }
+}
+
+pub fn put(args: ObjArgs, target: Target, name: String, file: PathBuf) -> anyhow::Result<()> {
+    let data = if file.as_os_str() == "-" {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut v)?;
+        v
+    } else {
+        std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?
+    };
+    runtime()?.block_on(async {
+        let client = target.client().await?;
+        let len = data.len();
+        let v = client.write_full(&args.pool, &name, data).await?;
+        println!("wrote {name} ({len} bytes, version {}.{})", v.epoch, v.seq);
+        anyhow::Ok(())
+    })
+}
+
+pub fn get(args: ObjArgs, target: Target, name: String, file: PathBuf) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let client = target.client().await?;
+        let data = client.read_full(&args.pool, &name).await?;
+        if file.as_os_str() == "-" {
+            std::io::Write::write_all(&mut std::io::stdout(), &data)?;
+        } else {
+            std::fs::write(&file, &data).with_context(|| format!("writing {}", file.display()))?;
+        }
+        anyhow::Ok(())
+    })
+}
+
+pub fn rm(args: ObjArgs, target: Target, name: String) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        target.client().await?.delete(&args.pool, &name).await?;
+        anyhow::Ok(())
+    })
+}
+
+pub fn stat(args: ObjArgs, target: Target, name: String, json: bool) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let s = target.client().await?.stat(&args.pool, &name).await?;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"name": name, "size_bytes": s.size_bytes,
+                    "version": format!("{}.{}", s.version.epoch, s.version.seq)})
+            );
+        } else {
+            println!(
+                "{name}\t{} bytes\tversion {}.{}",
+                s.size_bytes, s.version.epoch, s.version.seq
+            );
+        }
+        anyhow::Ok(())
+    })
+}
+
+pub fn ls(args: ObjArgs, target: Target, json: bool) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let list = target.client().await?.list(&args.pool).await?;
+        if json {
+            let v: Vec<Value> = list
+                .iter()
+                .map(|l| serde_json::json!({"name": l.name, "size_bytes": l.size_bytes}))
+                .collect();
+            println!("{}", Value::Array(v));
+        } else {
+            for l in list {
+                println!("{}\t{}", l.name, l.size_bytes);
+            }
+        }
+        anyhow::Ok(())
+    })
+}

@@ -1,0 +1,112 @@
+//! Daemon entry points: `spindle mon run` and `spindle osd run` (what `spindle up` starts).
+
+use anyhow::Context;
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+#[derive(Args)]
+pub struct MonRunArgs {
+    /// Monitor directory (database, address file).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Address to listen on. Default: the address used last time (from DIR/addr), else a
+    /// free port on 127.0.0.1.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Mark a daemon down after this long without heartbeats.
+    #[arg(long, default_value_t = 2000)]
+    pub down_after_ms: u64,
+}
+
+#[derive(Args)]
+pub struct OsdRunArgs {
+    /// Daemon id (a device of the cluster's CRUSH map).
+    #[arg(long)]
+    pub id: u32,
+    /// Data directory of this daemon.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Monitor address.
+    #[arg(long)]
+    pub mon: String,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+}
+
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SPINDLE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn termination() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending::<()>().await,
+    }
+}
+
+/// Writes `contents` to `path` atomically (temp file + rename).
+pub fn write_atomic(path: &Path, contents: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {
+    init_logging();
+    let addr_file = args.dir.join("addr");
+    let listen = match args.listen {
+        Some(l) => l,
+        None => std::fs::read_to_string(&addr_file)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "127.0.0.1:0".to_string()),
+    };
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let mut config = spindle_mon::MonConfig::new(&args.dir);
+        config.listen = listen;
+        config.down_after_ms = args.down_after_ms;
+        let bound = spindle_mon::BoundMonitor::bind(config).await?;
+        write_atomic(&addr_file, &bound.addr.to_string())?;
+        write_atomic(&args.dir.join("pid"), &std::process::id().to_string())?;
+        bound.run(termination()).await?;
+        anyhow::Ok(())
+    })
+}
+
+pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
+    init_logging();
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    write_atomic(&args.dir.join("pid"), &std::process::id().to_string())?;
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let mut config = spindle_osd::OsdConfig::new(args.id, &args.dir, args.mon);
+        config.listen = args.listen;
+        spindle_osd::Osd::run(config, termination()).await?;
+        anyhow::Ok(())
+    })
+}

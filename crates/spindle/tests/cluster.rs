@@ -1,0 +1,454 @@
+//! The cluster with real processes on 127.0.0.1: replication, daemon crashes (SIGKILL),
+//! catch-up from placement-group logs, corruption repair, hostile frames, monitor restart.
+
+mod common;
+
+use common::{content, size_log_uniform, Cluster};
+use spindle_client::Client;
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const POOL: &str = "default";
+
+async fn write_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
+    let items: Vec<(String, u64, usize)> = objects
+        .iter()
+        .map(|(n, (g, l))| (n.clone(), *g, *l))
+        .collect();
+    let items = Arc::new(Mutex::new(items));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let client = client.clone();
+        let items = items.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let next = items.lock().unwrap().pop();
+                let Some((name, generation, len)) = next else {
+                    break;
+                };
+                client
+                    .write_full(POOL, &name, content(&name, generation, len))
+                    .await
+                    .unwrap_or_else(|e| panic!("write {name}: {e}"));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+async fn verify_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
+    let items: Vec<(String, u64, usize)> = objects
+        .iter()
+        .map(|(n, (g, l))| (n.clone(), *g, *l))
+        .collect();
+    let items = Arc::new(Mutex::new(items));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let client = client.clone();
+        let items = items.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let next = items.lock().unwrap().pop();
+                let Some((name, generation, len)) = next else {
+                    break;
+                };
+                let got = client
+                    .read_full(POOL, &name)
+                    .await
+                    .unwrap_or_else(|e| panic!("read {name}: {e}"));
+                assert_eq!(got.len(), len, "{name}: size");
+                assert!(
+                    got == content(&name, generation, len),
+                    "{name}: content differs"
+                );
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Opens every daemon's store (cluster stopped) and checks each object is on every copy.
+async fn verify_on_every_replica(
+    c: &Cluster,
+    objects: &BTreeMap<String, (u64, usize)>,
+    copies: usize,
+) {
+    let map_pg_count = 32;
+    let mut found: BTreeMap<String, usize> = BTreeMap::new();
+    for id in 0..c.osds {
+        let store = spindle_store::Store::open(spindle_store::StoreConfig::new(
+            c.osd_dir(id).join("store"),
+        ))
+        .unwrap_or_else(|e| panic!("osd.{id} store: {e}"));
+        for (name, (generation, len)) in objects {
+            let pg = spindle_map::object_pg(name, map_pg_count);
+            let pgid = spindle_store::PgId { pool: 1, pg };
+            if store.stat(pgid, name).is_none() {
+                continue;
+            }
+            let data = store
+                .read(pgid, name, 0, u64::MAX / 2)
+                .await
+                .unwrap_or_else(|e| panic!("osd.{id} {name}: {e}"));
+            assert!(
+                data == content(name, *generation, *len),
+                "osd.{id}: {name} differs from the acknowledged write"
+            );
+            *found.entry(name.clone()).or_default() += 1;
+        }
+        store.shutdown().unwrap();
+    }
+    for name in objects.keys() {
+        assert_eq!(
+            found.get(name).copied().unwrap_or(0),
+            copies,
+            "{name}: copies"
+        );
+    }
+}
+
+fn stop(c: &Cluster) {
+    common::run_ok(common::spindle().arg("down").arg("--dir").arg(&c.dir));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_survive_a_daemon_crash_and_it_catches_up_from_the_logs() {
+    let c = Cluster::start("survive", 3, 32);
+    let client = c.client().await;
+    let mut rng = 0x1234_5678_9abc_def1u64;
+    let mut objects = BTreeMap::new();
+    for i in 0..1000 {
+        objects.insert(
+            format!("obj-{i}"),
+            (0u64, size_log_uniform(&mut rng, 8 << 20)),
+        );
+    }
+    write_all(&client, &objects).await;
+    verify_all(&client, &objects).await;
+    assert_eq!(client.list(POOL).await.unwrap().len(), 1000);
+
+    c.kill_osd(1);
+    // Every object still reads back (the client retries until the map marks osd.1 down).
+    verify_all(&client, &objects).await;
+    c.wait_osd_up(1, false);
+    // New writes succeed with one copy down: overwrite a tenth, add a few.
+    let mut changed = BTreeMap::new();
+    for i in (0..1000).step_by(10) {
+        changed.insert(
+            format!("obj-{i}"),
+            (1u64, size_log_uniform(&mut rng, 1 << 20)),
+        );
+    }
+    for i in 1000..1050 {
+        changed.insert(
+            format!("obj-{i}"),
+            (1u64, size_log_uniform(&mut rng, 1 << 20)),
+        );
+    }
+    write_all(&client, &changed).await;
+    objects.extend(changed);
+    verify_all(&client, &objects).await;
+    let s = c.status();
+    assert!(s["pgs"]["degraded"].as_u64().unwrap() > 0, "{s}");
+
+    c.start_osd(1);
+    c.wait_clean();
+    verify_all(&client, &objects).await;
+    // Catch-up came from the PG logs: objects were pushed, nothing was backfilled.
+    let mut logs = String::new();
+    for id in 0..3 {
+        logs += &std::fs::read_to_string(c.osd_dir(id).join("log")).unwrap();
+    }
+    assert!(
+        logs.contains("pushing"),
+        "no log-based catch-up in the daemon logs"
+    );
+    assert!(
+        !logs.contains("backfilling"),
+        "a backfill happened:\n{logs}"
+    );
+    drop(client);
+    stop(&c);
+    verify_on_every_replica(&c, &objects, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_repeated_sigkill_under_load() {
+    let c = Cluster::start("killload", 3, 32);
+    let client = c.client().await;
+    // Each writer owns 20 names and writes them in turn: per name the order is known.
+    let acked: Arc<Mutex<BTreeMap<String, (u64, usize)>>> = Default::default();
+    let stop_flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..8u64 {
+        let client = client.clone();
+        let acked = acked.clone();
+        let stop_flag = stop_flag.clone();
+        writers.push(tokio::spawn(async move {
+            let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (w + 1);
+            let mut generation = 0u64;
+            while !stop_flag.load(std::sync::atomic::Ordering::Relaxed) {
+                generation += 1;
+                let name = format!("w{w}-{}", generation % 20);
+                let len = size_log_uniform(&mut rng, 256 << 10);
+                client
+                    .write_full(POOL, &name, content(&name, generation, len))
+                    .await
+                    .unwrap_or_else(|e| panic!("write {name} not acknowledged: {e}"));
+                acked.lock().unwrap().insert(name, (generation, len));
+            }
+        }));
+    }
+    let mut rng = 0xdead_beef_u64;
+    for round in 0..6 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        tokio::time::sleep(Duration::from_millis(300 + rng % 1200)).await;
+        let victim = (rng % 3) as u32;
+        eprintln!("round {round}: SIGKILL osd.{victim}");
+        c.kill_osd(victim);
+        tokio::time::sleep(Duration::from_millis(rng % 2500)).await;
+        c.start_osd(victim);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    c.wait_clean();
+    let acked = acked.lock().unwrap().clone();
+    assert!(acked.len() >= 100, "too few writes: {}", acked.len());
+    verify_all(&client, &acked).await;
+    drop(client);
+    stop(&c);
+    verify_on_every_replica(&c, &acked, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_copy_is_detected_served_from_a_replica_and_repaired() {
+    let c = Cluster::start("corrupt", 3, 32);
+    let client = c.client().await;
+    let name = "victim";
+    let data = content(name, 7, 1 << 20);
+    client.write_full(POOL, name, data.clone()).await.unwrap();
+    let map = client.map();
+    let pg = spindle_map::object_pg(name, 32);
+    let placement = spindle_map::Placement::compute(&map);
+    let primary = placement.pg(1, pg).unwrap().primary().unwrap();
+    // The only object of the cluster: flip a byte in every data file of the primary.
+    let objects_dir = c.osd_dir(primary).join("store").join("objects");
+    let mut flipped = 0;
+    for entry in walk(&objects_dir) {
+        let mut bytes = std::fs::read(&entry).unwrap();
+        if bytes.len() > 5000 {
+            bytes[4321] ^= 0x5a;
+            std::fs::write(&entry, &bytes).unwrap();
+            flipped += 1;
+        }
+    }
+    assert!(
+        flipped > 0,
+        "no data file found under {}",
+        objects_dir.display()
+    );
+    let got = client.read_full(POOL, name).await.unwrap();
+    assert!(got == data, "corrupt data was served");
+    c.wait_for("corruption reported", Duration::from_secs(10), |s| {
+        s["osds"][primary as usize]["counters"]["corruptions_repaired"] == 1
+    });
+    let log = std::fs::read_to_string(c.osd_dir(primary).join("log")).unwrap();
+    assert!(log.contains("checksum mismatch"), "corruption not logged");
+    // The local copy was rewritten: the next read is served locally without repair.
+    let again = client.read_full(POOL, name).await.unwrap();
+    assert!(again == data);
+    let s = c.status();
+    assert_eq!(
+        s["osds"][primary as usize]["counters"]["corruptions_repaired"],
+        1
+    );
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn frame(kind: u16, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    spindle_proto::encode_frame(kind, 1, 0, payload, &mut out);
+    out
+}
+
+/// Sends `bytes`, then reads until the peer closes (or 3 s pass); returns what came back.
+fn exchange(addr: &str, bytes: &[u8], half_close: bool) -> Vec<u8> {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let _ = s.write_all(bytes);
+    if half_close {
+        let _ = s.shutdown(std::net::Shutdown::Write);
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    out
+}
+
+fn decode_all(bytes: &[u8]) -> Vec<spindle_proto::Msg> {
+    let mut d = spindle_proto::FrameDecoder::new(64 << 20);
+    d.push(bytes);
+    let mut out = Vec::new();
+    while let Ok(Some(f)) = d.next_frame() {
+        out.push(spindle_proto::Msg::decode(f.kind, &f.payload).expect("reply decodes"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_truncated_and_oversized_frames_get_errors_and_daemons_stay_up() {
+    let c = Cluster::start("garbage", 3, 8);
+    let client = c.client().await;
+    client
+        .write_full(POOL, "before", b"x".to_vec())
+        .await
+        .unwrap();
+    let map = client.map();
+    let targets = vec![c.mon_addr(), map.osds[&0].addr.clone()];
+    for addr in &targets {
+        // Garbage: an error frame comes back, then the connection closes.
+        let reply = decode_all(&exchange(addr, &[0xAB; 1000], false));
+        assert!(
+            matches!(reply.first(), Some(spindle_proto::Msg::Error { .. })),
+            "{addr}: no error for garbage: {reply:?}"
+        );
+        // Oversized: a valid header announcing 1 GiB.
+        let mut big = frame(4, &[]);
+        big[28..32].copy_from_slice(&(1u32 << 30).to_le_bytes());
+        let crc = spindle_ec::crc32c::crc32c(&big[..36]);
+        big[36..40].copy_from_slice(&crc.to_le_bytes());
+        let reply = decode_all(&exchange(addr, &big, false));
+        assert!(
+            matches!(reply.first(), Some(spindle_proto::Msg::Error { message, .. }) if message.contains("too large") || message.contains("exceeds") || message.contains("large")),
+            "{addr}: no error for an oversized frame: {reply:?}"
+        );
+        // Truncated: half a frame, then end of stream.
+        let whole = frame(4, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let reply = decode_all(&exchange(addr, &whole[..45], true));
+        assert!(
+            matches!(reply.first(), Some(spindle_proto::Msg::Error { .. })),
+            "{addr}: no error for a truncated frame: {reply:?}"
+        );
+        // A whole frame with a body that does not decode: error reply, connection lives on.
+        let mut bytes = frame(20, &[0xff; 7]);
+        bytes.extend(frame(
+            4,
+            &spindle_proto::Msg::GetMap {
+                have_epoch: 0,
+                subscribe: false,
+            }
+            .encode(),
+        ));
+        let reply = decode_all(&exchange(addr, &bytes, true));
+        assert!(
+            matches!(
+                reply.first(),
+                Some(spindle_proto::Msg::Error {
+                    code: spindle_proto::ErrorCode::Invalid,
+                    ..
+                })
+            ),
+            "{addr}: {reply:?}"
+        );
+        assert_eq!(
+            reply.len(),
+            2,
+            "{addr}: the connection did not carry on: {reply:?}"
+        );
+    }
+    // Everyone is still up and serving.
+    assert_eq!(client.read_full(POOL, "before").await.unwrap(), b"x");
+    client
+        .write_full(POOL, "after", b"y".to_vec())
+        .await
+        .unwrap();
+    let s = c.status();
+    assert!(
+        s["osds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["up"] == true),
+        "{s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_monitor_restart_keeps_the_map_and_clients_carry_on() {
+    let c = Cluster::start("monrestart", 3, 16);
+    let client = c.client().await;
+    common::run_ok(
+        common::spindle()
+            .args([
+                "pool",
+                "create",
+                "extra",
+                "--size",
+                "2",
+                "--pg-count",
+                "8",
+                "--dir",
+            ])
+            .arg(&c.dir),
+    );
+    for i in 0..20 {
+        client
+            .write_full(POOL, &format!("m{i}"), content("m", i, 1000 + i as usize))
+            .await
+            .unwrap();
+    }
+    c.wait_clean();
+    let before = c.status();
+    c.kill_mon();
+    // Clients keep working with the map they have.
+    for i in 0..20 {
+        let got = client.read_full(POOL, &format!("m{i}")).await.unwrap();
+        assert_eq!(got, content("m", i, 1000 + i as usize));
+    }
+    c.up();
+    let after = c.status();
+    assert_eq!(after["epoch"], before["epoch"], "{before}\n{after}");
+    assert_eq!(after["pools"].as_array().unwrap().len(), 2);
+    for key in ["id", "name", "size", "min_size", "pg_count"] {
+        for p in 0..2 {
+            assert_eq!(after["pools"][p][key], before["pools"][p][key]);
+        }
+    }
+    for o in 0..3 {
+        for key in ["id", "addr", "pid", "up", "in"] {
+            assert_eq!(after["osds"][o][key], before["osds"][o][key]);
+        }
+    }
+    for i in 20..40 {
+        client
+            .write_full(POOL, &format!("m{i}"), content("m", i, 1000 + i as usize))
+            .await
+            .unwrap();
+    }
+    assert_eq!(client.list(POOL).await.unwrap().len(), 40);
+}

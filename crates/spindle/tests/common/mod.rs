@@ -1,0 +1,226 @@
+//! A real embedded cluster (monitor + storage daemons as separate processes on
+//! 127.0.0.1) for integration tests, started and stopped through the `spindle` CLI.
+#![allow(dead_code)]
+
+use spindle_client::{Client, ClientConfig};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub fn spindle() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_spindle"))
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub osds: u32,
+}
+
+fn unique_dir(tag: &str) -> PathBuf {
+    let base = std::env::var_os("SPINDLE_TEST_TMP")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    base.join(format!("spindle-test-{tag}-{}-{nanos}", std::process::id()))
+}
+
+pub fn run_ok(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("spawn spindle");
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}\n{}",
+        cmd,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Cluster {
+    /// `spindle up --osds N` in a fresh directory; returns once every PG is clean.
+    pub fn start(tag: &str, osds: u32, pg_count: u32) -> Cluster {
+        let dir = unique_dir(tag);
+        std::fs::create_dir_all(&dir).expect("create test dir");
+        let c = Cluster { dir, osds };
+        c.up_with(&[
+            "--osds",
+            &osds.to_string(),
+            "--pg-count",
+            &pg_count.to_string(),
+        ]);
+        c
+    }
+
+    pub fn up_with(&self, extra: &[&str]) -> String {
+        run_ok(
+            spindle()
+                .arg("up")
+                .arg("--dir")
+                .arg(&self.dir)
+                .args(["--wait-seconds", "90"])
+                .args(extra),
+        )
+    }
+
+    /// Starts whatever is not running and waits for clean.
+    pub fn up(&self) -> String {
+        self.up_with(&[])
+    }
+
+    pub fn mon_addr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("mon/addr"))
+            .expect("mon addr")
+            .trim()
+            .to_string()
+    }
+
+    pub fn osd_dir(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("osd.{id}"))
+    }
+
+    pub fn pid(dir: &Path) -> Option<i32> {
+        std::fs::read_to_string(dir.join("pid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+
+    fn kill_and_wait(pid: i32) {
+        // SAFETY: plain kill(2) on a daemon this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let gone = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .is_some_and(|r| r.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(true);
+            if gone {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("pid {pid} survived SIGKILL");
+    }
+
+    pub fn kill_osd(&self, id: u32) {
+        let pid = Self::pid(&self.osd_dir(id)).expect("osd pid");
+        Self::kill_and_wait(pid);
+    }
+
+    pub fn kill_mon(&self) {
+        let pid = Self::pid(&self.dir.join("mon")).expect("mon pid");
+        Self::kill_and_wait(pid);
+    }
+
+    pub fn start_osd(&self, id: u32) {
+        run_ok(
+            spindle()
+                .args(["osd", "start", &id.to_string(), "--dir"])
+                .arg(&self.dir),
+        );
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let out = run_ok(spindle().args(["status", "--json", "--dir"]).arg(&self.dir));
+        serde_json::from_str(&out).expect("status JSON")
+    }
+
+    /// Waits until `pred(status)` holds.
+    pub fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.status();
+            if pred(&s) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn wait_osd_up(&self, id: u32, up: bool) {
+        self.wait_for(&format!("osd.{id} up={up}"), Duration::from_secs(30), |s| {
+            s["osds"][id as usize]["up"] == up
+        });
+    }
+
+    pub fn wait_clean(&self) {
+        self.wait_for("all pgs clean", Duration::from_secs(90), |s| {
+            let pgs = &s["pgs"];
+            ["degraded", "recovering", "peering", "inactive"]
+                .iter()
+                .all(|k| pgs[*k] == 0)
+                && s["osds"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(|o| o["up"] == true))
+        });
+    }
+
+    pub async fn client(&self) -> Client {
+        let mut cfg = ClientConfig::new(self.mon_addr());
+        cfg.op_timeout_ms = 60_000;
+        Client::connect(cfg).await.expect("client connects")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for id in 0..self.osds {
+            if let Some(pid) = Self::pid(&self.osd_dir(id)) {
+                // SAFETY: kill(2) of our own daemons.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        if let Some(pid) = Self::pid(&self.dir.join("mon")) {
+            // SAFETY: as above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("keeping {} for inspection", self.dir.display());
+        }
+    }
+}
+
+/// Deterministic object contents for (name, generation).
+pub fn content(name: &str, generation: u64, len: usize) -> Vec<u8> {
+    let mut x = 0xcbf2_9ce4_8422_2325u64 ^ generation.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    for b in name.bytes() {
+        x = (x ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Log-uniform size in 1..=max.
+pub fn size_log_uniform(rng: &mut u64, max: u64) -> usize {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    let bits = 64 - max.leading_zeros() as u64;
+    let b = (*rng % bits) + 1;
+    let lo = 1u64 << (b - 1);
+    let hi = ((1u64 << b) - 1).min(max);
+    (lo + (*rng >> 20) % (hi - lo + 1)) as usize
+}
