@@ -9,7 +9,7 @@
 
 use spindle_map::{object_pg, ClusterMap, Placement};
 use spindle_proto::msg::{Mutation, ObjOp, ObjectListing, Ver};
-use spindle_proto::net::{Incoming, NetError, RpcConn};
+use spindle_proto::net::{Incoming, NetError, Prepared, RpcConn};
 use spindle_proto::{ErrorCode, Msg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -307,17 +307,21 @@ impl Client {
         let timeout_ms = self.inner.config.op_timeout_ms;
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let mut backoff_ms = 5u64;
-        let mut msg: Option<Msg> = None;
+        // Encoded (and checksummed) once; retries only change the frame header.
+        let mut msg: Option<Prepared> = None;
+        let mut op = Some(op);
         loop {
             let ms = self.state();
             let pool_id = self.pool_id(pool)?;
             let pool_def = &ms.map.pools[&pool_id];
             let pg = pg_override.unwrap_or_else(|| object_pg(name, pool_def.pg_count));
-            let m = msg.get_or_insert_with(|| Msg::ObjRequest {
-                pool: pool_id,
-                pg,
-                name: name.to_string(),
-                op: op.clone(),
+            let m = msg.get_or_insert_with(|| {
+                Prepared::new(&Msg::ObjRequest {
+                    pool: pool_id,
+                    pg,
+                    name: name.to_string(),
+                    op: op.take().unwrap_or(ObjOp::Stat),
+                })
             });
             let attempt = match ms.placement.pg(pool_id, pg).and_then(|p| p.primary()) {
                 None => Attempt::Retry(format!("pg {pool_id}.{pg:x} has no daemon up")),
@@ -362,7 +366,7 @@ impl Client {
         ms: &MapState,
         primary: u32,
         addr: &str,
-        msg: &Msg,
+        msg: &Prepared,
         deadline: Instant,
     ) -> Attempt {
         let conn = match self.osd_conn(primary, addr).await {
@@ -372,7 +376,8 @@ impl Client {
         let left_ms = deadline
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
-        let reply = match conn.call(ms.map.epoch, msg, left_ms.max(1)).await {
+        let sent = conn.start_prepared(ms.map.epoch, msg);
+        let reply = match async { sent?.wait(left_ms.max(1)).await }.await {
             Ok(r) => r,
             Err(e) => {
                 lock(&self.inner.osds).remove(&primary);

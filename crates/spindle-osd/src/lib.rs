@@ -26,7 +26,7 @@ use spindle_map::{ClusterMap, Placement};
 use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, ObjectListing, PgReport, PgStateCode, Ver,
 };
-use spindle_proto::net::{serve, Incoming, NetError, PendingReply, Replier, RpcConn};
+use spindle_proto::net::{serve, Incoming, NetError, PendingReply, Prepared, Replier, RpcConn};
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{LogEntry, LogOp, Mutation, PgId, Store, StoreConfig, StoreError, Version};
 use std::collections::{BTreeSet, HashMap};
@@ -1189,11 +1189,22 @@ impl Osd {
             pg: pgid.pg,
             name: name.to_string(),
             version: v,
-            mutation: m.clone(),
+            mutation: m,
+        };
+        // One encoding (and checksum) of the body for every replica.
+        let prepared = Prepared::new(&rep);
+        let m = match rep {
+            Msg::RepWrite { mutation, .. } => mutation,
+            _ => {
+                return Err(Msg::error(
+                    ErrorCode::Internal,
+                    "replication message mismatch",
+                ))
+            }
         };
         let mut pending = Vec::with_capacity(conns.len());
         for c in conns {
-            match c.start(epoch, &rep) {
+            match c.start_prepared(epoch, &prepared) {
                 Ok(p) => pending.push(p),
                 Err(e) => return Err(Msg::error(ErrorCode::Again, e.to_string())),
             }

@@ -51,26 +51,42 @@ pub struct Frame {
     pub payload: Vec<u8>,
 }
 
+/// The header of a frame whose payload is `payload_len` bytes with CRC32C `payload_crc`.
+pub fn frame_header(
+    kind: u16,
+    request_id: u64,
+    epoch: u64,
+    payload_len: u32,
+    payload_crc: u32,
+) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    h[6..8].copy_from_slice(&kind.to_le_bytes());
+    // 8..10 flags, 10..12 reserved: zero.
+    h[12..20].copy_from_slice(&request_id.to_le_bytes());
+    h[20..28].copy_from_slice(&epoch.to_le_bytes());
+    h[28..32].copy_from_slice(&payload_len.to_le_bytes());
+    h[32..36].copy_from_slice(&payload_crc.to_le_bytes());
+    let header_crc = crc32c(&h[..HEADER_LEN - 4]);
+    h[36..40].copy_from_slice(&header_crc.to_le_bytes());
+    h
+}
+
 /// Appends one frame to `out`.
 ///
 /// # Panics
 /// If the payload is 4 GiB or more (no caller can build such a message within limits).
 pub fn encode_frame(kind: u16, request_id: u64, epoch: u64, payload: &[u8], out: &mut Vec<u8>) {
     let payload_len = u32::try_from(payload.len()).expect("payload below 4 GiB");
-    let start = out.len();
     out.reserve(HEADER_LEN + payload.len());
-    out.extend_from_slice(&MAGIC.to_le_bytes());
-    out.extend_from_slice(&VERSION.to_le_bytes());
-    out.extend_from_slice(&kind.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes()); // flags
-    out.extend_from_slice(&0u16.to_le_bytes()); // reserved
-    out.extend_from_slice(&request_id.to_le_bytes());
-    out.extend_from_slice(&epoch.to_le_bytes());
-    out.extend_from_slice(&payload_len.to_le_bytes());
-    out.extend_from_slice(&crc32c(payload).to_le_bytes());
-    let header_crc = crc32c(&out[start..start + HEADER_LEN - 4]);
-    out.extend_from_slice(&header_crc.to_le_bytes());
-    debug_assert_eq!(out.len() - start, HEADER_LEN);
+    out.extend_from_slice(&frame_header(
+        kind,
+        request_id,
+        epoch,
+        payload_len,
+        crc32c(payload),
+    ));
     out.extend_from_slice(payload);
 }
 

@@ -34,7 +34,8 @@ pub mod frame;
 
 pub use codec::{CodecError, Reader, Writer};
 pub use frame::{
-    encode_frame, Frame, FrameDecoder, FrameError, FrameHeader, HEADER_LEN, MAGIC, VERSION,
+    encode_frame, frame_header, Frame, FrameDecoder, FrameError, FrameHeader, HEADER_LEN, MAGIC,
+    VERSION,
 };
 pub mod msg;
 pub mod net;

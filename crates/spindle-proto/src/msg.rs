@@ -2,7 +2,7 @@
 //!
 //! One [`Msg`] travels in one frame; the frame's `kind` is [`Msg::kind`] and the body is
 //! encoded with [`crate::codec`]. Requests and replies are matched by the frame's
-//! `request_id`; every frame carries the sender's map epoch (see `docs/protocol.md`).
+//! `request_id`; every frame carries the sender's map epoch (see `docs/cluster.md`).
 //! Decoding validates every length and enum tag: a bad body is a [`CodecError`], which
 //! the receiver answers with an error reply (or closes the connection), never a panic.
 

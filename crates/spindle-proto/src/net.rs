@@ -9,7 +9,9 @@
 //! - request id 0 is never used for requests: frames with id 0 are unsolicited pushes
 //!   (map updates) delivered to the connection's push channel.
 
-use crate::frame::{encode_frame, parse_header, FrameError, HEADER_LEN, PAYLOAD_LEN_MAX_DEFAULT};
+use crate::frame::{
+    encode_frame, frame_header, parse_header, FrameError, HEADER_LEN, PAYLOAD_LEN_MAX_DEFAULT,
+};
 use crate::msg::Msg;
 use crate::CodecError;
 use std::collections::HashMap;
@@ -117,16 +119,63 @@ pub async fn write_msg<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Writes queued frames to `w`, coalescing whatever is queued into one flush.
+/// A message body encoded once, with its checksum, ready to be framed for any number of
+/// peers without copying it again (replication sends one body to every replica).
+#[derive(Clone)]
+pub struct Prepared {
+    kind: u16,
+    body: Arc<Vec<u8>>,
+    crc: u32,
+}
+
+impl Prepared {
+    pub fn new(msg: &Msg) -> Prepared {
+        let body = msg.encode();
+        let crc = spindle_ec::crc32c::crc32c(&body);
+        Prepared {
+            kind: msg.kind(),
+            body: Arc::new(body),
+            crc,
+        }
+    }
+
+    fn frame(&self, request_id: u64, epoch: u64) -> Outgoing {
+        Outgoing {
+            header: frame_header(
+                self.kind,
+                request_id,
+                epoch,
+                self.body.len() as u32,
+                self.crc,
+            ),
+            body: self.body.clone(),
+        }
+    }
+}
+
+/// One frame queued for a connection's writer: header plus a (possibly shared) body.
+pub struct Outgoing {
+    header: [u8; HEADER_LEN],
+    body: Arc<Vec<u8>>,
+}
+
+fn outgoing(request_id: u64, epoch: u64, msg: &Msg) -> Outgoing {
+    Prepared::new(msg).frame(request_id, epoch)
+}
+
+/// Writes queued frames to `w`, coalescing whatever is queued into one flush (large
+/// bodies go straight from their buffer to the socket).
 pub async fn writer_loop<W: AsyncWrite + Unpin>(
     w: W,
-    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), NetError> {
     let mut w = BufWriter::with_capacity(256 << 10, w);
     while let Some(frame) = rx.recv().await {
-        w.write_all(&frame).await?;
+        w.write_all(&frame.header).await?;
+        w.write_all(&frame.body).await?;
         while let Ok(more) = rx.try_recv() {
-            w.write_all(&more).await?;
+            w.write_all(&more.header).await?;
+            w.write_all(&more.body).await?;
         }
         w.flush().await?;
     }
@@ -162,7 +211,7 @@ impl Shared {
 /// A multiplexed request/reply connection (one per peer, shared by all tasks).
 pub struct RpcConn {
     peer: String,
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Outgoing>,
     shared: Arc<Shared>,
     next_id: AtomicU64,
 }
@@ -271,6 +320,11 @@ impl RpcConn {
 
     /// Enqueues a request now (frames leave in `start` order) and returns its reply.
     pub fn start(&self, epoch: u64, msg: &Msg) -> Result<PendingReply, NetError> {
+        self.start_prepared(epoch, &Prepared::new(msg))
+    }
+
+    /// [`RpcConn::start`] with a body encoded once for several peers.
+    pub fn start_prepared(&self, epoch: u64, msg: &Prepared) -> Result<PendingReply, NetError> {
         if self.is_closed() {
             let reason = self
                 .shared
@@ -285,7 +339,7 @@ impl RpcConn {
         if let Ok(mut p) = self.shared.pending.lock() {
             p.insert(id, wtx);
         }
-        if self.tx.send(frame_bytes(id, epoch, msg)).is_err() {
+        if self.tx.send(msg.frame(id, epoch)).is_err() {
             if let Ok(mut p) = self.shared.pending.lock() {
                 p.remove(&id);
             }
@@ -302,7 +356,7 @@ impl RpcConn {
     pub fn send_oneway(&self, epoch: u64, msg: &Msg) -> Result<(), NetError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.tx
-            .send(frame_bytes(id, epoch, msg))
+            .send(outgoing(id, epoch, msg))
             .map_err(|_| NetError::Closed(format!("{}: writer stopped", self.peer)))
     }
 
@@ -320,13 +374,13 @@ impl Drop for RpcConn {
 /// Sends replies on a served connection (cheap to clone; frames keep their order).
 #[derive(Clone)]
 pub struct Replier {
-    tx: mpsc::UnboundedSender<Vec<u8>>,
+    tx: mpsc::UnboundedSender<Outgoing>,
 }
 
 impl Replier {
     /// Queues a reply; false if the connection is gone.
     pub fn send(&self, request_id: u64, epoch: u64, msg: &Msg) -> bool {
-        self.tx.send(frame_bytes(request_id, epoch, msg)).is_ok()
+        self.tx.send(outgoing(request_id, epoch, msg)).is_ok()
     }
 }
 

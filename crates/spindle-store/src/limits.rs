@@ -13,6 +13,8 @@ pub const MUTATION_BYTES_MAX: usize = 1 << 30;
 pub const BATCH_BYTES_MAX: usize = 64 << 20;
 /// Transactions per journal batch.
 pub const BATCH_TXNS_MAX: usize = 8192;
+/// Journal batch writes outstanding at once (group commit pipelining).
+pub const JOURNAL_WRITES_IN_FLIGHT_MAX: usize = 4;
 /// Alignment (and padding unit) of journal batches: O_DIRECT block size.
 pub const JOURNAL_ALIGN: usize = 4096;
 /// The journal is pre-written with zeros this far ahead of the write position.

@@ -7,7 +7,7 @@
 //!    metadata, wait for those writes;
 //! 4. resolve the commits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -25,7 +25,7 @@ use crate::error::StoreError;
 use crate::journal::{self, Parsed, Record};
 use crate::limits::{
     BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_WRITE_BYTES_MIN, JOURNAL_ALIGN,
-    JOURNAL_ZERO_CHUNK_BYTES,
+    JOURNAL_WRITES_IN_FLIGHT_MAX, JOURNAL_ZERO_CHUNK_BYTES,
 };
 use crate::meta::{self, Super};
 use crate::state::{append_zeros, block_count, block_len, crcs_of, zero_crc, ObjEntry, ObjState};
@@ -304,9 +304,19 @@ impl Worker {
 
     pub fn run(mut self, rx: mpsc::Receiver<Msg>) {
         let interval = Duration::from_millis(self.sh.config.checkpoint_interval_ms.max(1));
+        let mut inflight: VecDeque<InFlight> = VecDeque::new();
+        let mut ov = Overlay::default();
         loop {
-            let wait = interval.saturating_sub(self.last_checkpoint.elapsed());
-            let first = match rx.recv_timeout(wait.max(Duration::from_millis(1))) {
+            // Block for work only when no journal write is outstanding; otherwise look for
+            // new transactions briefly and go back to completing the oldest write.
+            let wait = if inflight.is_empty() {
+                interval
+                    .saturating_sub(self.last_checkpoint.elapsed())
+                    .max(Duration::from_millis(1))
+            } else {
+                INFLIGHT_POLL
+            };
+            let first = match rx.recv_timeout(wait) {
                 Ok(m) => Some(m),
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
                 Err(mpsc::RecvTimeoutError::Disconnected) => Some(Msg::Stop),
@@ -332,10 +342,23 @@ impl Worker {
                 next = rx.try_recv().ok();
             }
             if !batch.is_empty() {
-                self.commit_batch(batch);
+                while inflight.len() >= JOURNAL_WRITES_IN_FLIGHT_MAX {
+                    self.complete_oldest(&mut inflight, &mut ov, true);
+                }
+                if let Some(f) = self.submit_batch(batch, &mut ov) {
+                    inflight.push_back(f);
+                }
+            }
+            while inflight.front().is_some_and(|f| f.req.is_done()) {
+                self.complete_oldest(&mut inflight, &mut ov, false);
             }
             let due = self.journal_pos > self.sh.config.checkpoint_journal_bytes
                 || (self.journal_pos > 0 && self.last_checkpoint.elapsed() >= interval);
+            if control.is_some() || due {
+                while !inflight.is_empty() {
+                    self.complete_oldest(&mut inflight, &mut ov, true);
+                }
+            }
             match control {
                 Some(Msg::Shutdown(reply)) => {
                     let r = match &self.failed {
@@ -357,20 +380,20 @@ impl Worker {
         }
     }
 
-    /// Validates, journals, applies and acknowledges one batch.
-    fn commit_batch(&mut self, batch: Vec<Txn>) {
+    /// Validates a batch (against the state plus the in-flight batches, `ov`), writes its
+    /// direct payloads and submits its journal write. `None` if nothing is left to journal.
+    fn submit_batch(&mut self, batch: Vec<Txn>, ov: &mut Overlay) -> Option<InFlight> {
         if let Some(f) = &self.failed {
             for t in batch {
                 let _ = t.done.send(Err(StoreError::Failed(f.clone())));
             }
-            return;
+            return None;
         }
-        let mut ov = Overlay::default();
         let mut records = Vec::with_capacity(batch.len());
         let mut waiters = Vec::with_capacity(batch.len());
         let mut hint = 0;
         for t in batch {
-            match self.validate(&mut ov, t.kind) {
+            match self.validate(ov, t.kind) {
                 Ok(r) => {
                     hint += r.encoded_bytes_hint();
                     records.push(r);
@@ -382,45 +405,87 @@ impl Worker {
             }
         }
         if records.is_empty() {
-            return;
+            return None;
         }
-        let waiters: Vec<_> = waiters
-            .into_iter()
-            .map(|w| {
-                let _ = w.send(Ok(()));
-                let (tx, _c) = crate::commit::Commit::pair();
-                tx
-            })
-            .collect();
-        let result = self
+        let submitted = self
             .write_direct()
-            .and_then(|_| self.journal_write(&records, hint))
-            .and_then(|_| {
-                for r in records {
-                    self.exec(r)?;
+            .and_then(|_| self.journal_submit(&records, hint));
+        match submitted {
+            Ok((req, padded)) => Some(InFlight {
+                req,
+                padded,
+                records,
+                waiters,
+            }),
+            Err(e) => {
+                self.fail(&e);
+                for w in waiters {
+                    let _ = w.send(Err(e.duplicate()));
                 }
-                self.finish_batch()
-            });
+                None
+            }
+        }
+    }
+
+    /// Latches the failure: no further transaction is accepted.
+    fn fail(&mut self, e: &StoreError) {
+        if self.failed.is_none() {
+            tracing::error!(error = %e, "write failed; store stops accepting writes");
+            self.failed = Some(e.to_string());
+        }
+        self.direct.clear();
+        self.direct_crcs.clear();
+    }
+
+    /// Waits for the oldest journal write, then applies its records and acknowledges them.
+    fn complete_oldest(
+        &mut self,
+        inflight: &mut VecDeque<InFlight>,
+        ov: &mut Overlay,
+        _block: bool,
+    ) {
+        let Some(f) = inflight.pop_front() else {
+            return;
+        };
+        let written = f.req.wait().ok();
+        let result = match (&self.failed, written) {
+            (Some(msg), _) => Err(StoreError::Failed(msg.clone())),
+            (None, Err(e)) => Err(e.into()),
+            (None, Ok(_)) => {
+                self.sh.counters.flushes.fetch_add(1, Relaxed);
+                self.sh.counters.journal_bytes.fetch_add(f.padded, Relaxed);
+                let mut r = Ok(());
+                for rec in f.records {
+                    if let Err(e) = self.exec(rec) {
+                        r = Err(e);
+                        break;
+                    }
+                }
+                let fin = self.finish_batch();
+                r.and(fin)
+            }
+        };
         match result {
             Ok(()) => {
                 self.sh
                     .counters
                     .transactions
-                    .fetch_add(waiters.len() as u64, Relaxed);
-                for w in waiters {
+                    .fetch_add(f.waiters.len() as u64, Relaxed);
+                for w in f.waiters {
                     let _ = w.send(Ok(()));
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "write failed; store stops accepting writes");
-                self.failed = Some(e.to_string());
-                self.direct.clear();
-                self.direct_crcs.clear();
+                self.fail(&e);
                 let _ = self.finish_batch();
-                for w in waiters {
+                for w in f.waiters {
                     let _ = w.send(Err(e.duplicate()));
                 }
             }
+        }
+        if inflight.is_empty() {
+            // Everything validated is applied: the state alone is current again.
+            *ov = Overlay::default();
         }
     }
 
@@ -645,7 +710,11 @@ impl Worker {
     }
 
     /// Encodes `records` into one aligned buffer and writes it (O_DSYNC) at the journal end.
-    fn journal_write(&mut self, records: &[Record], hint: usize) -> Result<(), StoreError> {
+    fn journal_submit(
+        &mut self,
+        records: &[Record],
+        hint: usize,
+    ) -> Result<(Request, u64), StoreError> {
         let mut bytes = Vec::with_capacity(hint);
         for r in records {
             r.encode(self.epoch, self.next_seq, &mut bytes);
@@ -657,15 +726,9 @@ impl Worker {
         drop(bytes);
         self.extend_journal(self.journal_pos + padded as u64)?;
         let op = Op::write(self.journal.as_raw_fd(), self.journal_pos, buf);
-        let c = self.sh.engine.submit(op).map_err(io_err)?.wait();
-        c.ok()?;
+        let req = self.sh.engine.submit(op).map_err(io_err)?;
         self.journal_pos += padded as u64;
-        self.sh.counters.flushes.fetch_add(1, Relaxed);
-        self.sh
-            .counters
-            .journal_bytes
-            .fetch_add(padded as u64, Relaxed);
-        Ok(())
+        Ok((req, padded as u64))
     }
 
     /// Makes sure the journal is allocated and written (with zeros) up to `end`, in chunks,
@@ -1133,7 +1196,18 @@ fn txn_bytes_hint(k: &TxnKind) -> usize {
     }
 }
 
-/// Effects of the earlier transactions of a batch that are not applied yet.
+/// A batch whose journal write was submitted and that is not applied yet.
+struct InFlight {
+    req: Request,
+    padded: u64,
+    records: Vec<Record>,
+    waiters: Vec<CommitTx>,
+}
+
+/// How long the worker looks for new transactions while journal writes are outstanding.
+const INFLIGHT_POLL: Duration = Duration::from_micros(50);
+
+/// Effects of validated transactions (of all in-flight batches) not applied yet.
 #[derive(Default)]
 struct Overlay {
     last: HashMap<PgId, Version>,

@@ -86,7 +86,7 @@ fn crash_writer_child() {
         if window.len() >= 32 {
             let (j, c) = window.pop_front().unwrap();
             c.wait().unwrap();
-            writeln!(out, "ACK {j}").unwrap();
+            writeln!(out, "ACK {j} {}", store.stats().checkpoints).unwrap();
             out.flush().unwrap();
         }
     }
@@ -109,6 +109,7 @@ fn sigkill_at_random_moments() {
     let mut applied: u64 = 0; // transactions 0..applied are in the model
     let mut rng = rand::thread_rng();
     let rounds = 12;
+    let mut total_child_ckpts = 0;
     for round in 0..rounds {
         let mut child = Command::new(&exe)
             .args([
@@ -126,18 +127,23 @@ fn sigkill_at_random_moments() {
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let max_acked: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
+        let child_ckpts = Arc::new(Mutex::new(0u64));
         let opened = Arc::new(Mutex::new(false));
         let reader = {
             let max_acked = max_acked.clone();
             let opened = opened.clone();
+            let child_ckpts = child_ckpts.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stdout).lines() {
                     let Ok(line) = line else { break };
                     if line.ends_with("OPEN") {
                         *opened.lock().unwrap() = true;
                     } else if let Some(n) = line.strip_prefix("ACK ") {
-                        let n: u64 = n.trim().parse().unwrap();
+                        let mut it = n.split_whitespace();
+                        let n: u64 = it.next().unwrap().parse().unwrap();
+                        let c: u64 = it.next().unwrap().parse().unwrap();
                         *max_acked.lock().unwrap() = Some(n);
+                        *child_ckpts.lock().unwrap() = c;
                     }
                 }
             })
@@ -155,6 +161,7 @@ fn sigkill_at_random_moments() {
         let _ = child.wait();
         reader.join().unwrap();
         let acked = *max_acked.lock().unwrap();
+        total_child_ckpts += *child_ckpts.lock().unwrap();
 
         let store = Store::open(config(&dir)).unwrap();
         // The store holds T(0..=k): k from the newest PG version.
@@ -187,5 +194,11 @@ fn sigkill_at_random_moments() {
         }
     }
     assert!(applied > 100, "too few transactions ran: {applied}");
+    // The children checkpointed while writing, so kills also hit checkpoints.
+    eprintln!("checkpoints in killed children: {total_child_ckpts}");
+    assert!(
+        total_child_ckpts > 2 * rounds,
+        "children checkpointed {total_child_ckpts} times"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -78,7 +78,7 @@ fn config(dir: &std::path::Path, ckpt_bytes: u64) -> StoreConfig {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
     fn store_matches_model(steps in prop::collection::vec(step_strategy(), 1..60), ckpt in prop_oneof![Just(16u64 << 10), Just(1u64 << 30)]) {
         let dir = tempdir();
@@ -183,4 +183,24 @@ fn tempdir() -> std::path::PathBuf {
     ));
     std::fs::create_dir_all(&d).unwrap();
     d
+}
+
+#[test]
+fn store_and_read_future_are_send() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    let dir = tempdir();
+    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    send_sync(&store);
+    let pg = PgId { pool: 0, pg: 0 };
+    let read = store.read(pg, "x", 0, 1);
+    send(&read);
+    let verify = store.verify(pg, "x");
+    send(&verify);
+    let commit = store.apply(pg, "x", Version { epoch: 1, seq: 1 }, Mutation::Delete);
+    send(&commit);
+    drop((read, verify));
+    commit.wait().unwrap();
+    store.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -34,6 +34,9 @@ pub struct BenchObjectsArgs {
     /// Operations in flight.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Object sizes to run: "4m", "4k" or both (default).
+    #[arg(long, value_delimiter = ',', default_values_t = vec!["4m".to_string(), "4k".to_string()])]
+    pub sizes: Vec<String>,
     /// Keep the benchmark objects afterwards (default: delete them).
     #[arg(long)]
     pub keep: bool,
@@ -88,6 +91,7 @@ async fn daemon_pids(client: &Client) -> Vec<u32> {
         .collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_phase(
     client: &Client,
     pool: &str,
@@ -183,10 +187,20 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
             anyhow::bail!("no pool '{}' (see `spindle pool ls`)", args.pool);
         }
         let pids = daemon_pids(&client).await;
-        let quarter = Duration::from_secs_f64((args.seconds.max(4) as f64) / 4.0);
+        let sizes: Vec<(usize, &str)> =
+            [(4usize << 20, "4 MiB", "4m"), (4usize << 10, "4 KiB", "4k")]
+                .into_iter()
+                .filter(|(_, _, key)| args.sizes.iter().any(|s| s.eq_ignore_ascii_case(key)))
+                .map(|(size, label, _)| (size, label))
+                .collect();
+        if sizes.is_empty() {
+            anyhow::bail!("--sizes takes 4m, 4k or both");
+        }
+        let phases = 2 * sizes.len() as u64;
+        let quarter = Duration::from_secs_f64((args.seconds.max(phases) as f64) / phases as f64);
         let mut results = Vec::new();
         let mut cleanup = Vec::new();
-        for (size, label) in [(4usize << 20, "4 MiB"), (4usize << 10, "4 KiB")] {
+        for (size, label) in sizes {
             if !args.json {
                 eprintln!(
                     "writing {label} objects for {:.1} s ...",
@@ -340,15 +354,16 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
                 eprintln!("deleting benchmark objects ...");
             }
             let mut handles = Vec::new();
+            let stride = args.concurrency.max(1) as u64;
             for (size, n) in cleanup {
-                for chunk in 0..args.concurrency as u64 {
+                for chunk in 0..stride {
                     let client = client.clone();
                     let pool = args.pool.clone();
                     handles.push(tokio::spawn(async move {
                         let mut i = chunk;
                         while i < n {
                             let _ = client.delete(&pool, &format!("bench-{size}-{i}")).await;
-                            i += 16.max(1);
+                            i += stride;
                         }
                     }));
                 }
