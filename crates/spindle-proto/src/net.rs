@@ -85,10 +85,21 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(
         got += n;
     }
     let h = parse_header(&header, PAYLOAD_LEN_MAX_DEFAULT)?;
-    let mut payload = vec![0u8; h.payload_len as usize];
-    r.read_exact(&mut payload)
-        .await
-        .map_err(|e| NetError::Closed(format!("stream ended inside a frame payload: {e}")))?;
+    // Read into spare capacity (no zeroing of what the socket overwrites anyway).
+    let len = h.payload_len as usize;
+    let mut payload = Vec::with_capacity(len);
+    while payload.len() < len {
+        let n = (&mut *r)
+            .take((len - payload.len()) as u64)
+            .read_buf(&mut payload)
+            .await?;
+        if n == 0 {
+            return Err(NetError::Closed(format!(
+                "stream ended inside a frame payload ({} of {len} bytes)",
+                payload.len()
+            )));
+        }
+    }
     let computed = spindle_ec::crc32c::crc32c(&payload);
     if computed != h.payload_crc {
         return Err(FrameError::PayloadChecksum {
