@@ -316,7 +316,7 @@ impl Client {
             let pool_def = &ms.map.pools[&pool_id];
             let pg = pg_override.unwrap_or_else(|| object_pg(name, pool_def.pg_count));
             let m = msg.get_or_insert_with(|| {
-                Prepared::new(&Msg::ObjRequest {
+                Prepared::from_msg(Msg::ObjRequest {
                     pool: pool_id,
                     pg,
                     name: name.to_string(),

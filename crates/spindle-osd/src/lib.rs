@@ -957,7 +957,7 @@ impl Osd {
                             Err(e) => store_error_reply(&e),
                         },
                     };
-                    reply.send(rid, epoch, &msg);
+                    reply.send_owned(rid, epoch, msg);
                 });
             }
             Msg::ObjState {
@@ -1119,7 +1119,7 @@ impl Osd {
                     .collect();
                 tokio::spawn(async move {
                     let msg = osd.read(epoch, pgid, &name, offset, len, &peers).await;
-                    reply.send(rid, epoch, &msg);
+                    reply.send_owned(rid, epoch, msg);
                 });
             }
             ObjOp::Stat => {

@@ -281,13 +281,14 @@ fn get_ver(r: &mut Reader) -> Result<Ver, CodecError> {
         seq: r.u64("version seq")?,
     })
 }
+/// Data-bearing variants leave their bytes to the body's bulk section.
 fn put_mutation(w: &mut Writer, m: &Mutation) {
     match m {
-        Mutation::WriteFull(data) => {
-            w.u8(0).bytes(data);
+        Mutation::WriteFull(_) => {
+            w.u8(0);
         }
-        Mutation::Write { offset, data } => {
-            w.u8(1).u64(*offset).bytes(data);
+        Mutation::Write { offset, .. } => {
+            w.u8(1).u64(*offset);
         }
         Mutation::Truncate { size_bytes } => {
             w.u8(2).u64(*size_bytes);
@@ -297,12 +298,12 @@ fn put_mutation(w: &mut Writer, m: &Mutation) {
         }
     }
 }
-fn get_mutation(r: &mut Reader) -> Result<Mutation, CodecError> {
+fn get_mutation(r: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<Mutation, CodecError> {
     Ok(match r.u8("mutation")? {
-        0 => Mutation::WriteFull(r.bytes("data", DATA_MAX)?.to_vec()),
+        0 => Mutation::WriteFull(take_bulk(bulk)),
         1 => Mutation::Write {
             offset: r.u64("offset")?,
-            data: r.bytes("data", DATA_MAX)?.to_vec(),
+            data: take_bulk(bulk),
         },
         2 => Mutation::Truncate {
             size_bytes: r.u64("size")?,
@@ -316,6 +317,10 @@ fn get_mutation(r: &mut Reader) -> Result<Mutation, CodecError> {
         }
     })
 }
+fn take_bulk(bulk: &mut Option<Vec<u8>>) -> Vec<u8> {
+    bulk.take().unwrap_or_default()
+}
+
 fn put_log(w: &mut Writer, log: &[LogEntryMsg]) {
     w.u32(log.len() as u32);
     for e in log {
@@ -408,7 +413,54 @@ impl Msg {
         }
     }
 
+    /// The bulk bytes of the message (object data), empty for messages without any. They
+    /// travel in the body's bulk section so that receivers take them without copying.
+    pub fn bulk(&self) -> &[u8] {
+        match self {
+            Msg::ObjRequest {
+                op: ObjOp::Mutate(Mutation::WriteFull(d) | Mutation::Write { data: d, .. }),
+                ..
+            }
+            | Msg::RepWrite {
+                mutation: Mutation::WriteFull(d) | Mutation::Write { data: d, .. },
+                ..
+            }
+            | Msg::ObjReply { data: d, .. }
+            | Msg::ObjState { data: d, .. } => d,
+            _ => &[],
+        }
+    }
+
+    /// Moves the bulk bytes out (leaving an empty vector).
+    pub fn take_bulk(&mut self) -> Vec<u8> {
+        match self {
+            Msg::ObjRequest {
+                op: ObjOp::Mutate(Mutation::WriteFull(d) | Mutation::Write { data: d, .. }),
+                ..
+            }
+            | Msg::RepWrite {
+                mutation: Mutation::WriteFull(d) | Mutation::Write { data: d, .. },
+                ..
+            }
+            | Msg::ObjReply { data: d, .. }
+            | Msg::ObjState { data: d, .. } => std::mem::take(d),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The whole body: `u32 bulk length | bulk | fields`.
     pub fn encode(&self) -> Vec<u8> {
+        let bulk = self.bulk();
+        let fields = self.encode_fields();
+        let mut out = Vec::with_capacity(4 + bulk.len() + fields.len());
+        out.extend_from_slice(&(bulk.len() as u32).to_le_bytes());
+        out.extend_from_slice(bulk);
+        out.extend_from_slice(&fields);
+        out
+    }
+
+    /// The fields section of the body (everything but the bulk bytes).
+    pub fn encode_fields(&self) -> Vec<u8> {
         let mut w = Writer::new();
         match self {
             Msg::OsdBoot { osd_id, addr, pid } => {
@@ -473,8 +525,9 @@ impl Msg {
                 data,
                 listing,
             } => {
+                let _ = data; // bulk
                 put_ver(&mut w, *version);
-                w.u64(*size_bytes).bytes(data).u32(listing.len() as u32);
+                w.u64(*size_bytes).u32(listing.len() as u32);
                 for l in listing {
                     w.str(&l.name).u64(l.size_bytes);
                     put_ver(&mut w, l.version);
@@ -514,6 +567,7 @@ impl Msg {
                 data,
             } => {
                 w.u32(*pool).u32(*pg).str(name);
+                let _ = data; // bulk
                 match version {
                     Some(v) => {
                         w.u8(1);
@@ -523,7 +577,6 @@ impl Msg {
                         w.u8(0);
                     }
                 }
-                w.bytes(data);
             }
             Msg::PgSetLog {
                 pool,
@@ -545,9 +598,34 @@ impl Msg {
         w.finish()
     }
 
+    /// Decodes a whole body (`u32 bulk length | bulk | fields`), copying the bulk bytes.
     pub fn decode(kind: u16, payload: &[u8]) -> Result<Msg, CodecError> {
-        use tag::*;
         let mut r = Reader::new(payload);
+        let bulk_len = r.u32("bulk length")? as usize;
+        let rest = &payload[4..];
+        if bulk_len > rest.len() {
+            return Err(CodecError::Truncated {
+                what: "bulk data",
+                needed: bulk_len - rest.len(),
+            });
+        }
+        Self::decode_parts(kind, rest[..bulk_len].to_vec(), &rest[bulk_len..])
+    }
+
+    /// Decodes a body already split into its bulk bytes (taken without copying) and its
+    /// fields.
+    pub fn decode_parts(kind: u16, bulk: Vec<u8>, fields: &[u8]) -> Result<Msg, CodecError> {
+        use tag::*;
+        if bulk.len() > DATA_MAX {
+            return Err(CodecError::TooLong {
+                what: "bulk data",
+                len: bulk.len() as u64,
+                max: DATA_MAX as u64,
+            });
+        }
+        let mut bulk = Some(bulk);
+        let bulk = &mut bulk;
+        let mut r = Reader::new(fields);
         let r = &mut r;
         let msg = match kind {
             OSD_BOOT => Msg::OsdBoot {
@@ -612,7 +690,7 @@ impl Msg {
                 let pg = r.u32("pg")?;
                 let name = name(r)?;
                 let op = match r.u8("op")? {
-                    0 => ObjOp::Mutate(get_mutation(r)?),
+                    0 => ObjOp::Mutate(get_mutation(r, bulk)?),
                     1 => ObjOp::Read {
                         offset: r.u64("offset")?,
                         len: r.u64("len")?,
@@ -631,7 +709,7 @@ impl Msg {
             OBJ_REPLY => {
                 let version = get_ver(r)?;
                 let size_bytes = r.u64("size")?;
-                let data = r.bytes("data", DATA_MAX)?.to_vec();
+                let data = take_bulk(bulk);
                 let n = count(r, "listing length")?;
                 let mut listing = Vec::with_capacity((n as usize).min(4096));
                 for _ in 0..n {
@@ -653,7 +731,7 @@ impl Msg {
                 pg: r.u32("pg")?,
                 name: name(r)?,
                 version: get_ver(r)?,
-                mutation: get_mutation(r)?,
+                mutation: get_mutation(r, bulk)?,
             },
             PG_QUERY => Msg::PgQuery {
                 pool: r.u32("pool")?,
@@ -686,7 +764,7 @@ impl Msg {
                     pg,
                     name,
                     version,
-                    data: r.bytes("data", DATA_MAX)?.to_vec(),
+                    data: take_bulk(bulk),
                 }
             }
             PG_SET_LOG => Msg::PgSetLog {
@@ -712,6 +790,12 @@ impl Msg {
         let rest = r.remaining();
         if rest != 0 {
             return Err(CodecError::Trailing(rest));
+        }
+        if bulk.as_ref().is_some_and(|b| !b.is_empty()) {
+            return Err(CodecError::Invalid {
+                what: "bulk data on a message without data",
+                value: bulk.as_ref().map_or(0, |b| b.len() as u64),
+            });
         }
         Ok(msg)
     }

@@ -53,23 +53,74 @@ pub struct Incoming {
 }
 
 /// Reads one frame and decodes its message. `Ok(None)` on a clean end of stream between
-/// frames. A frame whose message body does not decode is returned as `Err(Codec)` but the
-/// stream stays in sync (the frame itself was whole and verified): see [`read_frame_raw`].
+/// frames.
 pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Incoming>, NetError> {
     match read_frame_raw(r).await? {
         None => Ok(None),
-        Some((kind, request_id, epoch, payload)) => Ok(Some(Incoming {
-            request_id,
-            epoch,
-            msg: Msg::decode(kind, &payload)?,
-        })),
+        Some(f) => {
+            let (request_id, epoch) = (f.request_id, f.epoch);
+            Ok(Some(Incoming {
+                request_id,
+                epoch,
+                msg: f.decode()?,
+            }))
+        }
     }
 }
 
-/// Reads and verifies one frame: `(kind, request_id, epoch, payload)`.
-pub async fn read_frame_raw<R: AsyncRead + Unpin>(
+/// A verified frame, its body split into the bulk bytes and the fields.
+#[derive(Debug)]
+pub struct RawFrame {
+    pub kind: u16,
+    pub request_id: u64,
+    pub epoch: u64,
+    /// Bulk length the body claims; it differs from `bulk.len()` only for a bad body.
+    bulk_claim: u32,
+    pub bulk: Vec<u8>,
+    pub fields: Vec<u8>,
+}
+
+impl RawFrame {
+    /// Decodes the message (taking the bulk bytes without copying them).
+    pub fn decode(self) -> Result<Msg, CodecError> {
+        if self.bulk_claim as usize != self.bulk.len() {
+            return Err(CodecError::TooLong {
+                what: "bulk length",
+                len: self.bulk_claim as u64,
+                max: self.bulk.len() as u64,
+            });
+        }
+        Msg::decode_parts(self.kind, self.bulk, &self.fields)
+    }
+}
+
+/// Reads exactly `len` bytes into a fresh vector (spare capacity, no zeroing).
+async fn read_vec<R: AsyncRead + Unpin>(
     r: &mut R,
-) -> Result<Option<(u16, u64, u64, Vec<u8>)>, NetError> {
+    len: usize,
+    what: &str,
+) -> Result<Vec<u8>, NetError> {
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        let n = (&mut *r)
+            .take((len - v.len()) as u64)
+            .read_buf(&mut v)
+            .await?;
+        if n == 0 {
+            return Err(NetError::Closed(format!(
+                "stream ended inside a frame {what} ({} of {len} bytes)",
+                v.len()
+            )));
+        }
+    }
+    Ok(v)
+}
+
+/// Reads and verifies one frame. The body (`u32 bulk length | bulk | fields`) is read in
+/// pieces so the bulk bytes land in a buffer of their own, which the decoded message then
+/// owns. A body whose bulk length is impossible is still read whole (the stream stays in
+/// sync) and reported by [`RawFrame::decode`].
+pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<RawFrame>, NetError> {
     let mut header = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -85,30 +136,41 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(
         got += n;
     }
     let h = parse_header(&header, PAYLOAD_LEN_MAX_DEFAULT)?;
-    // Read into spare capacity (no zeroing of what the socket overwrites anyway).
     let len = h.payload_len as usize;
-    let mut payload = Vec::with_capacity(len);
-    while payload.len() < len {
-        let n = (&mut *r)
-            .take((len - payload.len()) as u64)
-            .read_buf(&mut payload)
-            .await?;
-        if n == 0 {
-            return Err(NetError::Closed(format!(
-                "stream ended inside a frame payload ({} of {len} bytes)",
-                payload.len()
-            )));
-        }
-    }
-    let computed = spindle_ec::crc32c::crc32c(&payload);
-    if computed != h.payload_crc {
+    let (bulk_claim, bulk, fields, crc) = if len < 4 {
+        let fields = read_vec(r, len, "payload").await?;
+        let crc = spindle_ec::crc32c::crc32c(&fields);
+        (u32::MAX, Vec::new(), fields, crc)
+    } else {
+        let prefix = read_vec(r, 4, "payload").await?;
+        let claim = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
+        let bulk_len = if claim as usize <= len - 4 {
+            claim as usize
+        } else {
+            0
+        };
+        let bulk = read_vec(r, bulk_len, "payload").await?;
+        let fields = read_vec(r, len - 4 - bulk_len, "payload").await?;
+        let crc = spindle_ec::crc32c::crc32c(&prefix);
+        let crc = spindle_ec::crc32c::crc32c_append(crc, &bulk);
+        let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
+        (claim, bulk, fields, crc)
+    };
+    if crc != h.payload_crc {
         return Err(FrameError::PayloadChecksum {
             stored: h.payload_crc,
-            computed,
+            computed: crc,
         }
         .into());
     }
-    Ok(Some((h.kind, h.request_id, h.epoch, payload)))
+    Ok(Some(RawFrame {
+        kind: h.kind,
+        request_id: h.request_id,
+        epoch: h.epoch,
+        bulk_claim,
+        bulk,
+        fields,
+    }))
 }
 
 /// Encodes `msg` as one frame.
@@ -135,17 +197,36 @@ pub async fn write_msg<W: AsyncWrite + Unpin>(
 #[derive(Clone)]
 pub struct Prepared {
     kind: u16,
-    body: Arc<Vec<u8>>,
+    /// `u32 bulk length | fields`: the bulk bytes go out between the two.
+    head: Arc<Vec<u8>>,
+    bulk: Arc<Vec<u8>>,
     crc: u32,
 }
 
 impl Prepared {
+    /// Encodes `msg` (copies its bulk bytes).
     pub fn new(msg: &Msg) -> Prepared {
-        let body = msg.encode();
-        let crc = spindle_ec::crc32c::crc32c(&body);
+        Self::build(msg, msg.bulk().to_vec())
+    }
+
+    /// Encodes `msg`, moving its bulk bytes instead of copying them.
+    pub fn from_msg(mut msg: Msg) -> Prepared {
+        let bulk = msg.take_bulk();
+        Self::build(&msg, bulk)
+    }
+
+    fn build(msg: &Msg, bulk: Vec<u8>) -> Prepared {
+        let fields = msg.encode_fields();
+        let mut head = Vec::with_capacity(4 + fields.len());
+        head.extend_from_slice(&(bulk.len() as u32).to_le_bytes());
+        let crc = spindle_ec::crc32c::crc32c(&head);
+        let crc = spindle_ec::crc32c::crc32c_append(crc, &bulk);
+        let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
+        head.extend_from_slice(&fields);
         Prepared {
             kind: msg.kind(),
-            body: Arc::new(body),
+            head: Arc::new(head),
+            bulk: Arc::new(bulk),
             crc,
         }
     }
@@ -156,10 +237,10 @@ impl Prepared {
                 self.kind,
                 request_id,
                 epoch,
-                self.body.len() as u32,
+                (self.head.len() + self.bulk.len()) as u32,
                 self.crc,
             ),
-            body: self.body.clone(),
+            body: self.clone(),
         }
     }
 }
@@ -167,11 +248,23 @@ impl Prepared {
 /// One frame queued for a connection's writer: header plus a (possibly shared) body.
 pub struct Outgoing {
     header: [u8; HEADER_LEN],
-    body: Arc<Vec<u8>>,
+    body: Prepared,
 }
 
 fn outgoing(request_id: u64, epoch: u64, msg: &Msg) -> Outgoing {
     Prepared::new(msg).frame(request_id, epoch)
+}
+
+async fn write_outgoing<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    frame: &Outgoing,
+) -> Result<(), NetError> {
+    let head = &frame.body.head;
+    w.write_all(&frame.header).await?;
+    w.write_all(&head[..4]).await?;
+    w.write_all(&frame.body.bulk).await?;
+    w.write_all(&head[4..]).await?;
+    Ok(())
 }
 
 /// Writes queued frames to `w`, coalescing whatever is queued into one flush (large
@@ -182,11 +275,9 @@ pub async fn writer_loop<W: AsyncWrite + Unpin>(
 ) -> Result<(), NetError> {
     let mut w = BufWriter::with_capacity(256 << 10, w);
     while let Some(frame) = rx.recv().await {
-        w.write_all(&frame.header).await?;
-        w.write_all(&frame.body).await?;
+        write_outgoing(&mut w, &frame).await?;
         while let Ok(more) = rx.try_recv() {
-            w.write_all(&more.header).await?;
-            w.write_all(&more.body).await?;
+            write_outgoing(&mut w, &more).await?;
         }
         w.flush().await?;
     }
@@ -393,6 +484,13 @@ impl Replier {
     pub fn send(&self, request_id: u64, epoch: u64, msg: &Msg) -> bool {
         self.tx.send(outgoing(request_id, epoch, msg)).is_ok()
     }
+
+    /// Queues a reply, moving its bulk bytes instead of copying them.
+    pub fn send_owned(&self, request_id: u64, epoch: u64, msg: Msg) -> bool {
+        self.tx
+            .send(Prepared::from_msg(msg).frame(request_id, epoch))
+            .is_ok()
+    }
 }
 
 /// Serves one accepted connection: verified frames are decoded and handed to `dispatch`
@@ -417,8 +515,9 @@ where
     loop {
         match read_frame_raw(&mut r).await {
             Ok(None) => break,
-            Ok(Some((kind, request_id, frame_epoch, payload))) => {
-                match Msg::decode(kind, &payload) {
+            Ok(Some(frame)) => {
+                let (kind, request_id, frame_epoch) = (frame.kind, frame.request_id, frame.epoch);
+                match frame.decode() {
                     Ok(msg) => dispatch(
                         Incoming {
                             request_id,

@@ -43,6 +43,25 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// The daemons' runtime: one thread runs the whole control and network path
+/// (run-to-completion; the store and the I/O engine have their own threads), so a request
+/// never hops between scheduler threads. `SPINDLE_DAEMON_THREADS=N` gives N workers.
+pub fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    match std::env::var("SPINDLE_DAEMON_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(n) if n > 1 => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    }
+    .context("cannot start the async runtime")
+}
+
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -84,7 +103,7 @@ pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "127.0.0.1:0".to_string()),
     };
-    let rt = runtime()?;
+    let rt = daemon_runtime()?;
     rt.block_on(async move {
         let mut config = spindle_mon::MonConfig::new(&args.dir);
         config.listen = listen;
@@ -102,7 +121,7 @@ pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     write_atomic(&args.dir.join("pid"), &std::process::id().to_string())?;
-    let rt = runtime()?;
+    let rt = daemon_runtime()?;
     rt.block_on(async move {
         let mut config = spindle_osd::OsdConfig::new(args.id, &args.dir, args.mon);
         config.listen = args.listen;
