@@ -29,6 +29,22 @@ pub enum CrushCommand {
     },
     /// Map inputs through rules like `crushtool --test`, with the same flags and output.
     Test(TestArgs),
+    /// Print the running cluster's CRUSH map (crushtool text format).
+    GetMap {
+        /// Output file (default: standard output).
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        target: crate::cluster_cmd::Target,
+    },
+    /// Load a CRUSH map (Ceph text or binary) into the running cluster: a new epoch, data
+    /// placed by the new map. Every daemon must be a device of the map and every pool's rule
+    /// must exist in it.
+    SetMap {
+        input: PathBuf,
+        #[command(flatten)]
+        target: crate::cluster_cmd::Target,
+    },
 }
 
 #[derive(Args)]
@@ -72,6 +88,27 @@ pub struct TestArgs {
 
 pub fn run(command: CrushCommand) -> anyhow::Result<()> {
     match command {
+        CrushCommand::GetMap { output, target } => crate::daemon::runtime()?.block_on(async {
+            let client = target.client().await?;
+            let v = client.command(&["crush", "get"]).await?;
+            let text = v.as_str().unwrap_or_default().to_string();
+            match output {
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?,
+                None => print!("{text}"),
+            }
+            Ok(())
+        }),
+        CrushCommand::SetMap { input, target } => {
+            let map = read_map(&input)?;
+            let text = text::print_text(&map);
+            crate::daemon::runtime()?.block_on(async {
+                let client = target.client().await?;
+                let v = client.command(&["crush", "set", &text]).await?;
+                println!("loaded {} (epoch {})", input.display(), v["epoch"]);
+                Ok(())
+            })
+        }
         CrushCommand::Compile { input, output } => {
             let map = read_map(&input)?;
             std::fs::write(&output, binary::encode(&map))

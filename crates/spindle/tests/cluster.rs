@@ -452,3 +452,89 @@ async fn a_monitor_restart_keeps_the_map_and_clients_carry_on() {
     }
     assert_eq!(client.list(POOL).await.unwrap().len(), 40);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ceph_crush_map_loaded_into_the_cluster_places_like_crushtool() {
+    let c = Cluster::start("crushmap", 3, 32);
+    let client = c.client().await;
+    let dir = &c.dir;
+    let text = common::run_ok(
+        common::spindle()
+            .args(["crush", "get-map", "--dir"])
+            .arg(dir),
+    );
+    assert!(text.contains("rule replicated_rule"), "{text}");
+    // Make host-0 three times heavier, compile with Ceph's own tool, load the binary map.
+    let changed = text.replacen("item host-0 weight 1.000", "item host-0 weight 3.000", 1);
+    assert_ne!(changed, text, "root bucket item not found:\n{text}");
+    std::fs::write(dir.join("m.txt"), &changed).unwrap();
+    let out = std::process::Command::new("/usr/bin/crushtool")
+        .arg("-c")
+        .arg(dir.join("m.txt"))
+        .arg("-o")
+        .arg(dir.join("m.bin"))
+        .output()
+        .expect("crushtool is installed by scripts/setup.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let epoch_before = c.status()["epoch"].as_u64().unwrap();
+    common::run_ok(
+        common::spindle()
+            .args(["crush", "set-map"])
+            .arg(dir.join("m.bin"))
+            .arg("--dir")
+            .arg(dir),
+    );
+    assert!(client.wait_for_epoch(epoch_before + 1, 10_000).await);
+    let map = client.map();
+    let placement = spindle_map::Placement::compute(&map);
+    // crushtool's --min-x/--max-x parser takes no negative numbers: check the PGs whose
+    // CRUSH input is non-negative (about half of them).
+    let mut checked = 0;
+    for pg in 0..32 {
+        let x = spindle_map::pg_crush_input(1, pg);
+        if x < 0 {
+            continue;
+        }
+        checked += 1;
+        let out = std::process::Command::new("/usr/bin/crushtool")
+            .arg("-i")
+            .arg(dir.join("m.bin"))
+            .args(["--test", "--rule", "0", "--num-rep", "3", "--show-mappings"])
+            .args(["--min-x", &x.to_string(), "--max-x", &x.to_string()])
+            .output()
+            .unwrap();
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let ours = placement.pg(1, pg).unwrap().raw.clone();
+        let want = format!(
+            "CRUSH rule 0 x {x} [{}]",
+            ours.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(line, want, "pg {pg}");
+    }
+    assert!(checked >= 8, "only {checked} PGs checked");
+    c.wait_clean();
+    client
+        .write_full(POOL, "after-map", b"ok".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(client.read_full(POOL, "after-map").await.unwrap(), b"ok");
+    // A map that lacks a daemon is refused, and the epoch does not move.
+    let without = changed.replace("device 2 osd.2\n", "");
+    std::fs::write(dir.join("bad.txt"), without).unwrap();
+    let out = common::spindle()
+        .args(["crush", "set-map"])
+        .arg(dir.join("bad.txt"))
+        .arg("--dir")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert_eq!(c.status()["epoch"].as_u64().unwrap(), epoch_before + 1);
+}
