@@ -57,6 +57,42 @@ impl IoBuf {
         }
     }
 
+    /// An aligned buffer of `len` bytes (`len >= data.len()`) holding `data` followed by
+    /// zeros: like [`IoBuf::aligned`] plus a copy, but the memory is written once (no
+    /// zeroing pass over what the copy overwrites). For O_DIRECT writes of caller data.
+    ///
+    /// # Panics
+    /// If `len < data.len()`, `align` is not a power of two or the size overflows.
+    pub fn aligned_copy(data: &[u8], len: usize, align: usize) -> IoBuf {
+        assert!(len >= data.len(), "IoBuf::aligned_copy: len below the data");
+        assert!(
+            align.is_power_of_two(),
+            "IoBuf alignment must be a power of two"
+        );
+        let capacity = len.div_ceil(align).max(1) * align;
+        let layout = match Layout::from_size_align(capacity, align) {
+            Ok(layout) => layout,
+            Err(_) => panic!("IoBuf layout overflow: {capacity} bytes, align {align}"),
+        };
+        // SAFETY: the layout has non-zero size (capacity >= align >= 1).
+        let raw = unsafe { alloc::alloc(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            alloc::handle_alloc_error(layout)
+        };
+        // SAFETY: `raw` is valid for `capacity >= len >= data.len()` bytes and does not
+        // overlap `data`; every byte up to `capacity` is initialized below.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), raw, data.len());
+            std::ptr::write_bytes(raw.add(data.len()), 0, capacity - data.len());
+        }
+        IoBuf {
+            ptr,
+            len,
+            capacity,
+            layout: Some(layout),
+        }
+    }
+
     /// A zeroed, unaligned buffer of `len` bytes.
     pub fn zeroed(len: usize) -> IoBuf {
         IoBuf::from(vec![0u8; len])

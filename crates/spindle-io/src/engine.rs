@@ -1,14 +1,16 @@
 //! `Engine`: configuration, backend selection, submission and shutdown.
 
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, SubmitError};
-use crate::exec::validate;
-use crate::op::Op;
+use crate::exec::{iopoll_allows, validate};
+use crate::fixed::{FileTable, FixedBufPool, FixedFile};
+use crate::op::{InternalKind, InternalOp, Op};
 use crate::queue::StagingQueue;
 use crate::slab::{lock, SlabOwner, State};
 use crate::stats::{Counters, RingStats, Stats};
@@ -65,6 +67,15 @@ pub struct Config {
     /// Single-thread rings: after a busy round, poll (yielding the CPU) this long for new
     /// work before sleeping in the kernel. Zero (the default) sleeps at once.
     pub idle_spin: Duration,
+    /// Polled completions (`IORING_SETUP_IOPOLL`): for O_DIRECT reads and writes on a
+    /// block device that supports polling (e.g. NVMe with poll queues). Needs
+    /// `RingThreads::One` and no SQPOLL. Ring threads spin in the kernel while requests are in
+    /// flight. Only read/write ops are accepted (others: `SubmitError::Invalid`); a file that
+    /// cannot be polled completes with `io::ErrorKind::Unsupported`. Ignored by the thread pool.
+    pub iopoll: bool,
+    /// Size of the registered file table (`Engine::register_files`); every ring registers a
+    /// sparse table of this size at start-up. 0 disables registered files.
+    pub fixed_files: usize,
     /// Creates the rings; replace it to inject failures in tests.
     pub ring_factory: RingFactory,
 }
@@ -82,6 +93,8 @@ impl Default for Config {
             sqpoll_idle: None,
             shutdown_grace: Duration::from_secs(1),
             idle_spin: Duration::ZERO,
+            iopoll: false,
+            fixed_files: 64,
             ring_factory: default_ring_factory(),
         }
     }
@@ -100,6 +113,8 @@ impl std::fmt::Debug for Config {
             .field("sqpoll_idle", &self.sqpoll_idle)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("idle_spin", &self.idle_spin)
+            .field("iopoll", &self.iopoll)
+            .field("fixed_files", &self.fixed_files)
             .finish_non_exhaustive()
     }
 }
@@ -123,6 +138,12 @@ impl Config {
         {
             return bad("pool_threads_per_ring must be in 1..=POOL_THREADS_MAX");
         }
+        if self.iopoll && (self.ring_threads != RingThreads::One || self.sqpoll_idle.is_some()) {
+            return bad("iopoll needs RingThreads::One and no sqpoll");
+        }
+        if self.fixed_files > limits::FIXED_FILES_MAX {
+            return bad("fixed_files must be at most FIXED_FILES_MAX");
+        }
         Ok(())
     }
 }
@@ -135,6 +156,9 @@ pub struct Engine {
     threads: Vec<JoinHandle<()>>,
     next_ring: AtomicUsize,
     kind: BackendKind,
+    iopoll: bool,
+    /// The registered buffer set, kept until the rings are closed (see `fixed.rs`).
+    buffers: Mutex<Option<FixedBufPool>>,
 }
 
 fn new_eventfd() -> std::io::Result<OwnedFd> {
@@ -162,6 +186,7 @@ impl Engine {
         let owner = Arc::new(SlabOwner {
             slab: crate::slab::Slab::new(config.slab_capacity),
             counters: Counters::new(),
+            files: FileTable::new(config.fixed_files),
         });
         if config.backend != BackendChoice::ThreadPool {
             match Self::create_rings(&config) {
@@ -187,9 +212,16 @@ impl Engine {
                 cq_entries: 2 * sq_entries as u32,
                 sqpoll_idle: config.sqpoll_idle,
                 single_issuer: config.ring_threads == RingThreads::One,
+                iopoll: config.iopoll,
             };
             let ring = (config.ring_factory)(&setup)
                 .map_err(|source| EngineError::RingSetup { index, source })?;
+            if config.fixed_files > 0 {
+                // Before the ring thread enables the ring: no issuer is bound yet.
+                ring.submitter()
+                    .register_files_sparse(config.fixed_files as u32)
+                    .map_err(|source| EngineError::RingSetup { index, source })?;
+            }
             // The CQ must hold everything that can be in flight (no overflow).
             if (ring.params().cq_entries() as usize) < config.in_flight_max + CONTROL_SQES
                 || (ring.params().sq_entries() as usize) < config.in_flight_max + CONTROL_SQES
@@ -215,6 +247,8 @@ impl Engine {
             threads: Vec::new(),
             next_ring: AtomicUsize::new(0),
             kind: BackendKind::IoUring,
+            iopoll: config.iopoll,
+            buffers: Mutex::new(None),
         };
         for (index, ring) in rings.into_iter().enumerate() {
             let wake_fd = match config.ring_threads {
@@ -233,8 +267,15 @@ impl Engine {
                 in_flight_max: config.in_flight_max,
                 shutdown_grace: config.shutdown_grace,
                 idle_spin: config.idle_spin,
+                iopoll: config.iopoll,
             };
             match config.ring_threads {
+                RingThreads::One if config.iopoll => {
+                    let h = spawn(format!("spindle-io-{index}"), move || {
+                        crate::uring::run_single_iopoll(ring, ctx)
+                    });
+                    engine.threads.push(h?);
+                }
                 RingThreads::One => {
                     let h = spawn(format!("spindle-io-{index}"), move || {
                         crate::uring::run_single(ring, ctx)
@@ -266,6 +307,8 @@ impl Engine {
             threads: Vec::new(),
             next_ring: AtomicUsize::new(0),
             kind: BackendKind::ThreadPool,
+            iopoll: false,
+            buffers: Mutex::new(None),
         };
         for index in 0..config.rings {
             let queue = Arc::new(StagingQueue::new(config.staging_capacity, 0, None));
@@ -290,11 +333,116 @@ impl Engine {
     /// full (then it blocks until there is room: backpressure, nothing is dropped).
     /// Thread-safe. Errors hand the op (and its buffers) back.
     pub fn submit(&self, op: Op) -> Result<Request, SubmitError> {
+        self.submit_inner(op, None)
+    }
+
+    /// Submits `op` with a deadline `timeout` from now covering the whole request (every
+    /// resubmission of a short transfer included). If it has not completed by then it is
+    /// cancelled (io_uring: a linked `IORING_OP_LINK_TIMEOUT`) and completes with
+    /// `ETIMEDOUT` (`io::ErrorKind::TimedOut`), `Completion::transferred` saying how much was
+    /// done. The thread pool honours it on a best-effort basis: before each blocking call,
+    /// and by waiting for readiness (at most the time left) on streams; a call already
+    /// running is not interrupted (its buffers stay in use until it returns). Not available
+    /// on IOPOLL engines.
+    pub fn submit_with_timeout(&self, op: Op, timeout: Duration) -> Result<Request, SubmitError> {
+        if self.iopoll {
+            return Err(SubmitError::Invalid {
+                reason: "linked timeouts are not available on IOPOLL rings",
+                op,
+            });
+        }
+        let deadline = Instant::now().checked_add(timeout);
+        self.submit_inner(op, deadline)
+    }
+
+    fn submit_inner(&self, op: Op, deadline: Option<Instant>) -> Result<Request, SubmitError> {
         if let Err(reason) = validate(&op) {
             return Err(SubmitError::Invalid { reason, op });
         }
+        if self.iopoll && self.kind == BackendKind::IoUring && !iopoll_allows(&op) {
+            return Err(SubmitError::Invalid {
+                reason: "IOPOLL rings accept only reads and writes (O_DIRECT files)",
+                op,
+            });
+        }
         let ring = self.next_ring.fetch_add(1, Relaxed) % self.queues.len();
-        self.enqueue(op, ring)
+        self.enqueue(op, ring, deadline)
+    }
+
+    /// Allocates `count` buffers of `size` bytes (rounded up to 4096, 4096-aligned) and
+    /// registers them with every ring (`IORING_REGISTER_BUFFERS`, run by each ring's issuing
+    /// thread). Use them with `Op::ReadFixed`/`Op::WriteFixed`. One set per engine (a second
+    /// call fails with `EBUSY`). The thread pool accepts the same ops on the same memory.
+    /// The memory is freed when the engine and every `FixedBuf` taken from the set are gone.
+    pub fn register_buffers(&self, count: usize, size: usize) -> io::Result<FixedBufPool> {
+        let mut slot = lock(&self.buffers);
+        if slot.is_some() {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        let pool = FixedBufPool::new(count, size)?;
+        // Kept even if a ring fails: rings that did register must not see the memory freed.
+        *slot = Some(pool.clone());
+        drop(slot);
+        self.on_every_ring(|| InternalKind::RegisterBuffers(pool.clone()))?;
+        Ok(pool)
+    }
+
+    /// Registers `fds` in the engine's file table (every ring, `IORING_REGISTER_FILES_UPDATE`)
+    /// and returns their handles, usable as `FileRef::Fixed` in `ReadFixed`/`WriteFixed`.
+    /// The caller keeps owning the descriptors: unregister them before closing them. The
+    /// thread pool maps the handles back to the descriptors.
+    pub fn register_files(&self, fds: &[RawFd]) -> io::Result<Vec<FixedFile>> {
+        let start = self.owner.files.reserve(fds)?;
+        let update = self.on_every_ring(|| InternalKind::UpdateFiles {
+            offset: start,
+            fds: fds.to_vec(),
+        });
+        if let Err(e) = update {
+            let cleared = vec![-1; fds.len()];
+            let _ = self.on_every_ring(|| InternalKind::UpdateFiles {
+                offset: start,
+                fds: cleared.clone(),
+            });
+            self.owner.files.release(start, fds.len());
+            return Err(e);
+        }
+        Ok((0..fds.len() as u32)
+            .map(|i| FixedFile(start + i))
+            .collect())
+    }
+
+    /// Removes registered files from every ring's table (their indexes can be reused).
+    pub fn unregister_files(&self, files: &[FixedFile]) -> io::Result<()> {
+        for file in files {
+            self.on_every_ring(|| InternalKind::UpdateFiles {
+                offset: file.0,
+                fds: vec![-1],
+            })?;
+            self.owner.files.release(file.0, 1);
+        }
+        Ok(())
+    }
+
+    /// Runs an internal op on every ring and waits for all; the first error is returned.
+    fn on_every_ring(&self, make: impl Fn() -> InternalKind) -> io::Result<()> {
+        let mut requests = Vec::with_capacity(self.queues.len());
+        for ring in 0..self.queues.len() {
+            let op = Op::Internal(InternalOp(make()));
+            let request = self
+                .enqueue(op, ring, None)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+            requests.push(request);
+        }
+        let mut first_error = None;
+        for request in requests {
+            if let Err(e) = request.wait().result {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Asks the engine to cancel `target`. The returned request completes with 0 if the
@@ -305,10 +453,21 @@ impl Engine {
         let op = Op::Cancel {
             target: target.user_data(),
         };
-        self.enqueue(op, ring)
+        if self.iopoll && self.kind == BackendKind::IoUring {
+            return Err(SubmitError::Invalid {
+                reason: "IOPOLL rings cannot cancel (polled I/O always completes)",
+                op,
+            });
+        }
+        self.enqueue(op, ring, None)
     }
 
-    fn enqueue(&self, op: Op, ring: usize) -> Result<Request, SubmitError> {
+    fn enqueue(
+        &self,
+        op: Op,
+        ring: usize,
+        deadline: Option<Instant>,
+    ) -> Result<Request, SubmitError> {
         let slab = &self.owner.slab;
         let index = slab.alloc();
         let slot = slab.slot(index);
@@ -321,6 +480,7 @@ impl Engine {
             inner.op = Some(op);
             inner.progress = 0;
             inner.submitted_at = Instant::now();
+            inner.deadline = deadline;
             inner.generation
         };
         let request = Request {

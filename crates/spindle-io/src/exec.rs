@@ -5,10 +5,12 @@
 //! so the resubmission loop is bounded by the op's length.
 
 use std::io;
+use std::time::Instant;
 
 use io_uring::{opcode, squeue, types};
 
 use crate::buf::IoBuf;
+use crate::fixed::{FileRef, FileTable};
 use crate::op::Op;
 use crate::slab::{SlotInner, SlotScratch};
 
@@ -67,6 +69,7 @@ pub(crate) fn validate(op: &Op) -> Result<(), &'static str> {
             Err("more than IOV_MAX (1024) buffers")
         }
         Op::Cancel { .. } => Err("cancel ops are made with Engine::cancel"),
+        Op::Internal(_) => Err("internal op"),
         _ => Ok(()),
     }
 }
@@ -207,8 +210,91 @@ pub(crate) fn build_sqe(inner: &mut SlotInner, user_data: u64) -> squeue::Entry 
         }
         Op::Nop => opcode::Nop::new().build(),
         Op::Cancel { target } => opcode::AsyncCancel::new(*target).build(),
+        Op::ReadFixed { file, offset, buf } => {
+            // SAFETY: progress < len(buf) <= capacity: inside the registered region.
+            let ptr = unsafe { buf.as_ptr().add(progress) };
+            let index = buf.index();
+            let offset = offset.saturating_add(progress as u64);
+            match *file {
+                FileRef::Fd(fd) => opcode::ReadFixed::new(types::Fd(fd), ptr, len, index),
+                FileRef::Fixed(f) => opcode::ReadFixed::new(types::Fixed(f.0), ptr, len, index),
+            }
+            .offset(offset)
+            .build()
+        }
+        Op::WriteFixed { file, offset, buf } => {
+            // SAFETY: as above.
+            let ptr = unsafe { buf.as_ptr().add(progress) };
+            let index = buf.index();
+            let offset = offset.saturating_add(progress as u64);
+            match *file {
+                FileRef::Fd(fd) => opcode::WriteFixed::new(types::Fd(fd), ptr, len, index),
+                FileRef::Fixed(f) => opcode::WriteFixed::new(types::Fixed(f.0), ptr, len, index),
+            }
+            .offset(offset)
+            .build()
+        }
+        // Registration runs synchronously in the issuing thread, never as an SQE.
+        Op::Internal(_) => opcode::Nop::new().build(),
     };
     entry.user_data(user_data)
+}
+
+/// `user_data` bit marking the linked timeout of a request (slot indexes stay below 2^30;
+/// control tags, with index `u32::MAX`, are matched before this bit is looked at).
+pub(crate) const LINK_TIMEOUT_BIT: u64 = 1 << 30;
+
+/// What to hand the kernel for the (rest of the) slot's op.
+pub(crate) enum Next {
+    /// The op's entry, and its linked timeout when the request has a deadline (the two must
+    /// be pushed together, see `push_multiple`).
+    Submit(squeue::Entry, Option<squeue::Entry>),
+    /// The deadline passed before the (re)submission: complete with `ETIMEDOUT`.
+    Expired,
+}
+
+/// Builds the submission(s) for the slot: the op, linked to an `IORING_OP_LINK_TIMEOUT` for
+/// the time left until the request's deadline (the deadline covers every resubmission).
+pub(crate) fn prepare(inner: &mut SlotInner, user_data: u64) -> Next {
+    let Some(deadline) = inner.deadline else {
+        return Next::Submit(build_sqe(inner, user_data), None);
+    };
+    let now = Instant::now();
+    if now >= deadline {
+        return Next::Expired;
+    }
+    inner.scratch.link_timespec = types::Timespec::from(deadline - now);
+    let entry = build_sqe(inner, user_data).flags(squeue::Flags::IO_LINK);
+    // The kernel copies the timespec when it prepares the entry (at submission).
+    let timeout = opcode::LinkTimeout::new(&inner.scratch.link_timespec)
+        .build()
+        .user_data(user_data | LINK_TIMEOUT_BIT);
+    Next::Submit(entry, Some(timeout))
+}
+
+/// The error of a request whose deadline passed.
+pub(crate) fn timed_out() -> io::Error {
+    io::Error::from_raw_os_error(libc::ETIMEDOUT)
+}
+
+/// `on_result` for a request that may have a deadline: a cancellation (`ECANCELED`,
+/// `EINTR`, `ETIME`) once the deadline has passed is the linked timeout firing, reported as
+/// `ETIMEDOUT` (`io::ErrorKind::TimedOut`).
+pub(crate) fn on_result_deadline(
+    op: &Op,
+    progress: &mut usize,
+    res: i64,
+    deadline: Option<Instant>,
+) -> Outcome {
+    if let Some(deadline) = deadline {
+        let cancelled = res == -i64::from(libc::ECANCELED)
+            || res == -i64::from(libc::EINTR)
+            || res == -i64::from(libc::ETIME);
+        if cancelled && Instant::now() >= deadline {
+            return Outcome::Done(Err(timed_out()));
+        }
+    }
+    on_result(op, progress, res)
 }
 
 /// Encodes a socket address for `connect`; returns its length.
@@ -267,9 +353,10 @@ pub(crate) fn run_sync(
     progress: usize,
     iovecs: &mut Vec<libc::iovec>,
     scratch: &mut SlotScratch,
+    files: &FileTable,
 ) -> i64 {
     loop {
-        let res = run_sync_once(op, progress, iovecs, scratch);
+        let res = run_sync_once(op, progress, iovecs, scratch, files);
         if res != -i64::from(libc::EINTR) {
             return res;
         }
@@ -285,6 +372,7 @@ fn run_sync_once(
     progress: usize,
     iovecs: &mut Vec<libc::iovec>,
     scratch: &mut SlotScratch,
+    files: &FileTable,
 ) -> i64 {
     let len = remaining(op, progress) as usize;
     // SAFETY (for every call below): pointers come from buffers owned by `op`, valid for
@@ -378,6 +466,107 @@ fn run_sync_once(
             Op::Nop => 0,
             // Handled by the thread backend before it gets here.
             Op::Cancel { .. } => -i64::from(libc::EINVAL),
+            Op::ReadFixed { file, offset, buf } => {
+                let ptr = buf.as_ptr().add(progress).cast();
+                let fd = files.resolve(*file);
+                raw(libc::pread(
+                    fd,
+                    ptr,
+                    len,
+                    pos(Some(*offset), progress).unwrap_or(0),
+                ))
+            }
+            Op::WriteFixed { file, offset, buf } => {
+                let ptr = buf.as_ptr().add(progress).cast();
+                let fd = files.resolve(*file);
+                raw(libc::pwrite(
+                    fd,
+                    ptr,
+                    len,
+                    pos(Some(*offset), progress).unwrap_or(0),
+                ))
+            }
+            // Registration has nothing to do without a kernel ring.
+            Op::Internal(_) => 0,
         }
     }
+}
+
+/// On an IOPOLL ring, `EOPNOTSUPP` means the file or its device cannot do polled I/O: say so.
+pub(crate) fn iopoll_error(result: io::Result<usize>) -> io::Result<usize> {
+    match result {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "IOPOLL ring: polled I/O is not supported for this file (it must be opened with \
+             O_DIRECT on a block device with poll queues, e.g. NVMe with nvme.poll_queues > 0) \
+             (EOPNOTSUPP)",
+        )),
+        other => other,
+    }
+}
+
+/// Ops an IOPOLL ring accepts (polled reads and writes).
+pub(crate) fn iopoll_allows(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Read { .. }
+            | Op::Write { .. }
+            | Op::Readv { .. }
+            | Op::Writev { .. }
+            | Op::ReadFixed { .. }
+            | Op::WriteFixed { .. }
+    )
+}
+
+fn iopoll_unsupported(why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!("IOPOLL: polled I/O is not possible for this descriptor: {why}"),
+    )
+}
+
+/// Checks up front whether `fd` can do polled I/O on an IOPOLL ring: it must be opened with
+/// `O_DIRECT` and be (or live on) a block device whose queue polls
+/// (`/sys/dev/block/MAJ:MIN/queue/io_poll` = 1, e.g. NVMe with `poll_queues`). Returns a
+/// clear `io::ErrorKind::Unsupported` error naming the reason otherwise. (On a device that
+/// does not poll, the kernel either refuses polled I/O with `EOPNOTSUPP`, reported with the
+/// same kind of error, or completes it by interrupt while the ring spins.)
+pub fn check_iopoll(fd: std::os::fd::RawFd) -> io::Result<()> {
+    // SAFETY: plain fcntl on a caller-provided descriptor.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if flags & libc::O_DIRECT == 0 {
+        return Err(iopoll_unsupported("not opened with O_DIRECT"));
+    }
+    // SAFETY: all-zero is a valid `stat`; fstat fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a local.
+    if unsafe { libc::fstat(fd, &mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let dev = match st.st_mode & libc::S_IFMT {
+        libc::S_IFBLK => st.st_rdev,
+        libc::S_IFREG => st.st_dev,
+        _ => return Err(iopoll_unsupported("not a regular file or block device")),
+    };
+    let base = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
+    for path in [
+        format!("{base}/queue/io_poll"),
+        format!("{base}/../queue/io_poll"),
+    ] {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            if text.trim() == "1" {
+                return Ok(());
+            }
+            return Err(iopoll_unsupported(&format!(
+                "the device does not poll ({path} = {})",
+                text.trim()
+            )));
+        }
+    }
+    Err(iopoll_unsupported(&format!(
+        "no block queue found for device {base}"
+    )))
 }

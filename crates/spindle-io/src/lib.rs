@@ -20,6 +20,11 @@
 //! Ownership: an [`Op`] owns its buffers; they come back in the [`Completion`]. A dropped
 //! [`Request`] leaves them inside the engine until the kernel is done with them.
 //!
+//! Also: registered buffers and files ([`Engine::register_buffers`],
+//! [`Engine::register_files`], [`Op::ReadFixed`]/[`Op::WriteFixed`], [`FixedBufPool`]),
+//! per-request deadlines with linked timeouts ([`Engine::submit_with_timeout`]), IOPOLL rings
+//! (`Config::iopoll`, [`LocalRing::builder`]), and [`LocalRing`], the caller-driven ring.
+//!
 //! Invariants: no allocation per request in steady state (slab, queues and scratch are
 //! preallocated; checked by the `no_alloc` test); every request completes exactly once;
 //! nothing is dropped when queues are full (submitters block).
@@ -28,6 +33,7 @@ mod buf;
 mod engine;
 mod error;
 mod exec;
+mod fixed;
 pub mod limits;
 mod local;
 mod op;
@@ -40,8 +46,11 @@ mod uring;
 pub use buf::IoBuf;
 pub use engine::{BackendChoice, BackendKind, Config, Engine, RingThreads};
 pub use error::{EngineError, SubmitError};
+pub use exec::check_iopoll;
+pub use fixed::{FileRef, FixedBuf, FixedBufPool, FixedFile};
+pub use local::LocalRingBuilder;
 pub use local::{LocalRing, Token};
-pub use op::{Completion, Op};
+pub use op::{Completion, InternalOp, Op};
 pub use slab::Request;
 pub use stats::{LatencySnapshot, RingStats, Stats};
 pub use uring::{default_ring_factory, RingFactory, RingSetup};

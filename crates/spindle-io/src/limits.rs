@@ -12,6 +12,12 @@ pub const SLAB_MAX: usize = 1 << 20;
 pub const POOL_THREADS_MAX: usize = 256;
 /// Largest single transfer submitted at once (longer ones continue as resubmissions).
 pub const TRANSFER_MAX_BYTES: usize = crate::exec::TRANSFER_MAX_BYTES;
+/// Most buffers in one registered set.
+pub const FIXED_BUFS_MAX: usize = crate::fixed::FIXED_BUFS_MAX;
+/// Largest registered buffer.
+pub const FIXED_BUF_MAX_BYTES: usize = crate::fixed::FIXED_BUF_MAX_BYTES;
+/// Largest registered file table (`Config::fixed_files`).
+pub const FIXED_FILES_MAX: usize = crate::fixed::FIXED_FILES_MAX;
 /// Most buffers in one readv/writev.
 pub const IOV_MAX: usize = crate::exec::IOV_MAX;
 

@@ -19,18 +19,117 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::time::Instant;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
 
-use io_uring::IoUring;
+use io_uring::{squeue, IoUring};
 
 use crate::error::SubmitError;
-use crate::exec::{build_sqe, on_result, validate, Outcome};
+use crate::exec::{
+    iopoll_allows, iopoll_error, on_result_deadline, prepare, timed_out, validate, Next, Outcome,
+    LINK_TIMEOUT_BIT,
+};
+use crate::fixed::{FileTable, FixedBufPool, FixedFile};
 use crate::op::{Completion, Op};
 use crate::slab::{SlotInner, State};
+
+/// Size of a `LocalRing`'s registered file table (created at the first `register_files`).
+pub const LOCAL_FIXED_FILES: usize = 1024;
+
+/// Options of a [`LocalRing`] (see [`LocalRing::builder`]).
+#[derive(Debug, Clone)]
+pub struct LocalRingBuilder {
+    capacity: u32,
+    iopoll: bool,
+    defer_taskrun: bool,
+}
+
+impl LocalRingBuilder {
+    /// Polled completions (`IORING_SETUP_IOPOLL`): only O_DIRECT reads and writes on a
+    /// block device that supports polling; `wait` spins in the kernel instead of sleeping.
+    /// Other ops are rejected at `push`; a file that cannot be polled completes with
+    /// `io::ErrorKind::Unsupported` (the kernel's `EOPNOTSUPP`), never hangs. Linked
+    /// timeouts are not available on IOPOLL rings.
+    pub fn iopoll(mut self, on: bool) -> Self {
+        self.iopoll = on;
+        self
+    }
+
+    /// `IORING_SETUP_DEFER_TASKRUN` (what fio uses): the kernel finishes completions only
+    /// when this thread waits (`LocalRing::wait`), never interrupting it. With it, `pop`
+    /// alone does not see new completions: call `wait` (as a run-to-completion loop does).
+    /// Falls back to a ring without it on kernels that lack it.
+    pub fn defer_taskrun(mut self, on: bool) -> Self {
+        self.defer_taskrun = on;
+        self
+    }
+
+    /// Creates the ring.
+    pub fn build(self) -> io::Result<LocalRing> {
+        let capacity = self.capacity;
+        if !(1..=4096).contains(&capacity) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "LocalRing capacity must be 1..=4096",
+            ));
+        }
+        // One thread submits and reaps: tell the kernel (no inter-processor interrupts for
+        // completions, single-issuer fast paths). Older kernels lack these flags: retry
+        // without them.
+        let mut builder = IoUring::builder();
+        builder
+            .setup_cqsize(2 * capacity)
+            .setup_coop_taskrun()
+            .setup_single_issuer();
+        if self.iopoll {
+            builder.setup_iopoll();
+        }
+        if self.defer_taskrun {
+            builder.setup_defer_taskrun();
+        }
+        let mut defer_taskrun = self.defer_taskrun;
+        let ring = match builder.build(capacity) {
+            Ok(ring) => ring,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                defer_taskrun = false;
+                let mut builder = IoUring::builder();
+                builder.setup_cqsize(2 * capacity);
+                if self.iopoll {
+                    builder.setup_iopoll();
+                }
+                builder.build(capacity)?
+            }
+            Err(e) => return Err(e),
+        };
+        let now = Instant::now();
+        Ok(LocalRing {
+            ring,
+            slots: (0..capacity).map(|_| SlotInner::empty(now)).collect(),
+            free: (0..capacity).rev().collect(),
+            in_flight: 0,
+            unsubmitted: 0,
+            ready: VecDeque::with_capacity(capacity as usize),
+            resubmit: Vec::with_capacity(capacity as usize),
+            iopoll: self.iopoll,
+            defer_taskrun,
+            buffers: None,
+            files: None,
+        })
+    }
+}
 
 /// Identifies an op submitted to a [`LocalRing`]; returned with its completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Token(u64);
+
+impl Token {
+    /// The ring slot the op occupies (`0..capacity`), unique among the ops pushed and not
+    /// yet returned by `pop` (a slot is reused only after its completion was popped): lets a
+    /// caller keep per-op data in a plain array instead of a map.
+    pub fn slot(self) -> usize {
+        (self.0 & 0xffff_ffff) as usize
+    }
+}
 
 /// A caller-driven io_uring (see the module documentation).
 pub struct LocalRing {
@@ -43,6 +142,12 @@ pub struct LocalRing {
     ready: VecDeque<(Token, Completion)>,
     /// Slots whose short transfer must be resubmitted (capacity preallocated).
     resubmit: Vec<u32>,
+    iopoll: bool,
+    defer_taskrun: bool,
+    /// The registered buffer set, kept while the ring lives (see `fixed.rs`).
+    buffers: Option<FixedBufPool>,
+    /// Registered file table (sparse, created by the first `register_files`).
+    files: Option<FileTable>,
 }
 
 fn token(index: u32, generation: u32) -> u64 {
@@ -50,39 +155,80 @@ fn token(index: u32, generation: u32) -> u64 {
 }
 
 impl LocalRing {
-    /// A ring for at most `capacity` ops in flight (1..=4096).
+    /// A ring for at most `capacity` ops in flight (1..=4096), default options.
     pub fn new(capacity: u32) -> io::Result<LocalRing> {
-        if !(1..=4096).contains(&capacity) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "LocalRing capacity must be 1..=4096",
-            ));
+        LocalRing::builder(capacity).build()
+    }
+
+    /// Options: IOPOLL, DEFER_TASKRUN.
+    pub fn builder(capacity: u32) -> LocalRingBuilder {
+        LocalRingBuilder {
+            capacity,
+            iopoll: false,
+            defer_taskrun: false,
         }
-        // One thread submits and reaps: tell the kernel (no inter-processor interrupts for
-        // completions, single-issuer fast paths). Older kernels lack these flags: retry
-        // without them.
-        let ring = match IoUring::builder()
-            .setup_cqsize(2 * capacity)
-            .setup_coop_taskrun()
-            .setup_single_issuer()
-            .build(capacity)
-        {
-            Ok(ring) => ring,
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => IoUring::builder()
-                .setup_cqsize(2 * capacity)
-                .build(capacity)?,
-            Err(e) => return Err(e),
+    }
+
+    /// True if the ring was created with `IORING_SETUP_IOPOLL`.
+    pub fn is_iopoll(&self) -> bool {
+        self.iopoll
+    }
+
+    /// True if the ring runs with `IORING_SETUP_DEFER_TASKRUN`.
+    pub fn is_defer_taskrun(&self) -> bool {
+        self.defer_taskrun
+    }
+
+    /// Allocates `count` buffers of `size` bytes (rounded up to 4096, 4096-aligned) and
+    /// registers them with this ring, for `Op::ReadFixed`/`Op::WriteFixed`. One set per
+    /// ring (a second call fails with `EBUSY`). The memory lives until the ring and every
+    /// `FixedBuf` taken from the set are gone.
+    pub fn register_buffers(&mut self, count: usize, size: usize) -> io::Result<FixedBufPool> {
+        if self.buffers.is_some() {
+            return Err(io::Error::from_raw_os_error(libc::EBUSY));
+        }
+        let pool = FixedBufPool::new(count, size)?;
+        let iovecs = pool.iovecs();
+        // SAFETY: the iovecs describe the pool's allocation, kept alive by `self.buffers`
+        // for the life of the ring (and by every handle).
+        unsafe { self.ring.submitter().register_buffers(&iovecs) }?;
+        self.buffers = Some(pool.clone());
+        Ok(pool)
+    }
+
+    /// Registers `fds` with this ring (a sparse table of `LOCAL_FIXED_FILES` entries is
+    /// created on first use) and returns their handles for `FileRef::Fixed`. The caller
+    /// keeps owning the descriptors (unregister before closing them).
+    pub fn register_files(&mut self, fds: &[RawFd]) -> io::Result<Vec<FixedFile>> {
+        if self.files.is_none() {
+            self.ring
+                .submitter()
+                .register_files_sparse(LOCAL_FIXED_FILES as u32)?;
+            self.files = Some(FileTable::new(LOCAL_FIXED_FILES));
+        }
+        let Some(table) = self.files.as_ref() else {
+            return Err(io::Error::other("file table missing"));
         };
-        let now = Instant::now();
-        Ok(LocalRing {
-            ring,
-            slots: (0..capacity).map(|_| SlotInner::empty(now)).collect(),
-            free: (0..capacity).rev().collect(),
-            in_flight: 0,
-            unsubmitted: 0,
-            ready: VecDeque::with_capacity(capacity as usize),
-            resubmit: Vec::with_capacity(capacity as usize),
-        })
+        let start = table.reserve(fds)?;
+        if let Err(e) = self.ring.submitter().register_files_update(start, fds) {
+            table.release(start, fds.len());
+            return Err(e);
+        }
+        Ok((0..fds.len() as u32)
+            .map(|i| FixedFile(start + i))
+            .collect())
+    }
+
+    /// Removes registered files (their indexes can be reused).
+    pub fn unregister_files(&mut self, files: &[FixedFile]) -> io::Result<()> {
+        let Some(table) = self.files.as_ref() else {
+            return Ok(());
+        };
+        for file in files {
+            self.ring.submitter().register_files_update(file.0, &[-1])?;
+            table.release(file.0, 1);
+        }
+        Ok(())
     }
 
     /// Most ops in flight at once.
@@ -99,8 +245,32 @@ impl LocalRing {
     /// [`LocalRing::wait`]). Fails, handing the op back, when the op is invalid or all
     /// `capacity` slots are in use (pop completions first).
     pub fn push(&mut self, op: Op) -> Result<Token, SubmitError> {
+        self.push_inner(op, None)
+    }
+
+    /// Like [`LocalRing::push`], with a deadline `timeout` from now that covers the whole
+    /// op (every resubmission of a short transfer included): if it has not completed by
+    /// then, a linked `IORING_OP_LINK_TIMEOUT` cancels it and it completes with `ETIMEDOUT`
+    /// (`io::ErrorKind::TimedOut`); `Completion::transferred` says how much was done.
+    pub fn push_with_timeout(&mut self, op: Op, timeout: Duration) -> Result<Token, SubmitError> {
+        if self.iopoll {
+            return Err(SubmitError::Invalid {
+                reason: "linked timeouts are not available on IOPOLL rings",
+                op,
+            });
+        }
+        self.push_inner(op, Instant::now().checked_add(timeout))
+    }
+
+    fn push_inner(&mut self, op: Op, deadline: Option<Instant>) -> Result<Token, SubmitError> {
         if let Err(reason) = validate(&op) {
             return Err(SubmitError::Invalid { reason, op });
+        }
+        if self.iopoll && !iopoll_allows(&op) {
+            return Err(SubmitError::Invalid {
+                reason: "IOPOLL rings accept only reads and writes (O_DIRECT files)",
+                op,
+            });
         }
         let Some(index) = self.free.pop() else {
             return Err(SubmitError::Invalid {
@@ -116,24 +286,52 @@ impl LocalRing {
         slot.progress = 0;
         slot.result = None;
         slot.statx_valid = false;
+        slot.deadline = deadline;
         let user_data = token(index, slot.generation);
-        let entry = build_sqe(slot, user_data);
-        self.push_entry(&entry);
         self.in_flight += 1;
+        match prepare(slot, user_data) {
+            Next::Submit(entry, timeout) => self.push_entries(&entry, timeout.as_ref()),
+            Next::Expired => self.finish(index, Err(timed_out())),
+        }
         Ok(Token(user_data))
     }
 
-    fn push_entry(&mut self, entry: &io_uring::squeue::Entry) {
+    /// Pushes an op's entry (and its linked timeout: both in the same submission).
+    fn push_entries(&mut self, entry: &squeue::Entry, timeout: Option<&squeue::Entry>) {
         loop {
-            // SAFETY: the entry points into the slot's op buffers and scratch, which stay in
+            // SAFETY: the entries point into the slot's op buffers and scratch, which stay in
             // place until the op's final completion is reaped (module invariants).
-            if unsafe { self.ring.submission().push(entry) }.is_ok() {
-                self.unsubmitted += 1;
+            let pushed = unsafe {
+                let mut sq = self.ring.submission();
+                match timeout {
+                    None => sq.push(entry).is_ok(),
+                    Some(t) => sq.push_multiple(&[entry.clone(), t.clone()]).is_ok(),
+                }
+            };
+            if pushed {
+                self.unsubmitted += 1 + usize::from(timeout.is_some());
                 return;
             }
             // The submission queue is full: hand what is there to the kernel.
             let _ = self.submit();
         }
+    }
+
+    /// Completes slot `index` with `result` (moves it to the ready list; `pop` frees the slot).
+    fn finish(&mut self, index: u32, result: io::Result<usize>) {
+        let slot = &mut self.slots[index as usize];
+        let result = if self.iopoll {
+            iopoll_error(result)
+        } else {
+            result
+        };
+        slot.statx_valid = result.is_ok() && matches!(slot.op, Some(Op::Statx { .. }));
+        let user_data = token(index, slot.generation);
+        let completion = take_completion(slot, result);
+        // The slot is reused only after `pop` hands this completion out (so a `Token`'s
+        // slot is unique among the ops pushed and not yet popped).
+        self.ready.push_back((Token(user_data), completion));
+        self.in_flight -= 1;
     }
 
     /// Hands queued entries to the kernel without waiting.
@@ -167,15 +365,26 @@ impl LocalRing {
         if self.ready.is_empty() {
             self.reap();
         }
-        self.ready.pop_front()
+        let (token, completion) = self.ready.pop_front()?;
+        self.free.push(token.slot() as u32);
+        Some((token, completion))
     }
 
     /// Moves every available kernel completion into the ready list (or resubmits).
     fn reap(&mut self) {
         loop {
             self.resubmit.clear();
-            for cqe in self.ring.completion() {
+            let mut finished: Option<(u32, io::Result<usize>)>;
+            loop {
+                finished = None;
+                let Some(cqe) = self.ring.completion().next() else {
+                    break;
+                };
                 let user_data = cqe.user_data();
+                if user_data == u64::MAX || user_data & LINK_TIMEOUT_BIT != 0 {
+                    // Drop-time cancels and linked timeouts: the op's own CQE decides.
+                    continue;
+                }
                 let index = (user_data & 0xffff_ffff) as u32;
                 let generation = (user_data >> 32) as u32;
                 let Some(slot) = self.slots.get_mut(index as usize) else {
@@ -186,15 +395,13 @@ impl LocalRing {
                     continue;
                 }
                 let Some(op) = slot.op.as_ref() else { continue };
-                match on_result(op, &mut slot.progress, i64::from(cqe.result())) {
+                let res = i64::from(cqe.result());
+                match on_result_deadline(op, &mut slot.progress, res, slot.deadline) {
                     Outcome::Resubmit => self.resubmit.push(index),
-                    Outcome::Done(result) => {
-                        slot.statx_valid = result.is_ok() && matches!(op, Op::Statx { .. });
-                        let completion = take_completion(slot, result);
-                        self.ready.push_back((Token(user_data), completion));
-                        self.free.push(index);
-                        self.in_flight -= 1;
-                    }
+                    Outcome::Done(result) => finished = Some((index, result)),
+                }
+                if let Some((index, result)) = finished.take() {
+                    self.finish(index, result);
                 }
             }
             if self.resubmit.is_empty() {
@@ -203,8 +410,10 @@ impl LocalRing {
             for i in 0..self.resubmit.len() {
                 let index = self.resubmit[i];
                 let slot = &mut self.slots[index as usize];
-                let entry = build_sqe(slot, token(index, slot.generation));
-                self.push_entry(&entry);
+                match prepare(slot, token(index, slot.generation)) {
+                    Next::Submit(entry, timeout) => self.push_entries(&entry, timeout.as_ref()),
+                    Next::Expired => self.finish(index, Err(timed_out())),
+                }
             }
             let _ = self.submit();
         }
@@ -240,7 +449,7 @@ impl Drop for LocalRing {
             let args = io_uring::types::SubmitArgs::new().timespec(&timeout);
             let _ = self.ring.submitter().submit_with_args(1, &args);
             for cqe in self.ring.completion() {
-                if cqe.user_data() != u64::MAX {
+                if cqe.user_data() != u64::MAX && cqe.user_data() & LINK_TIMEOUT_BIT == 0 {
                     self.in_flight = self.in_flight.saturating_sub(1);
                 }
             }

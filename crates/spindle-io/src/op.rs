@@ -12,6 +12,7 @@ use std::os::fd::RawFd;
 use std::time::Duration;
 
 use crate::buf::IoBuf;
+use crate::fixed::{FileRef, FixedBuf, FixedBufPool};
 
 /// One I/O operation. Build it with the constructors (`Op::read`, ...).
 #[derive(Debug)]
@@ -85,6 +86,37 @@ pub enum Op {
     /// Cancels another request; made only by `Engine::cancel` (`submit` rejects it).
     /// Completes with 0 if the target was cancelled, `ENOENT`/`EALREADY` otherwise.
     Cancel { target: u64 },
+    /// Fill the registered buffer `buf` (its `len`) from `file` at `offset`
+    /// (`IORING_OP_READ_FIXED`; the thread pool runs `pread` on the same memory). Same
+    /// short-read rule as `Read`. `buf` must come from the pool registered with the engine or
+    /// ring the op is submitted to (otherwise the kernel answers `EFAULT`).
+    ReadFixed {
+        file: FileRef,
+        offset: u64,
+        buf: FixedBuf,
+    },
+    /// Write all of the registered buffer `buf` to `file` at `offset`
+    /// (`IORING_OP_WRITE_FIXED`); short writes are resubmitted.
+    WriteFixed {
+        file: FileRef,
+        offset: u64,
+        buf: FixedBuf,
+    },
+    /// Engine-internal control operation (registration); cannot be built outside the crate.
+    #[doc(hidden)]
+    Internal(InternalOp),
+}
+
+/// Engine-internal operations (not constructible outside the crate).
+#[derive(Debug)]
+pub struct InternalOp(pub(crate) InternalKind);
+
+#[derive(Debug)]
+pub(crate) enum InternalKind {
+    /// Register this buffer set with the ring (run by the ring's issuing thread).
+    RegisterBuffers(FixedBufPool),
+    /// Set registered file table entries `offset..` to `fds` (-1 clears).
+    UpdateFiles { offset: u32, fds: Vec<i32> },
 }
 
 impl Op {
@@ -137,11 +169,29 @@ impl Op {
         }
     }
 
+    /// Read into a registered buffer (see [`Op::ReadFixed`]).
+    pub fn read_fixed(file: impl Into<FileRef>, offset: u64, buf: FixedBuf) -> Op {
+        Op::ReadFixed {
+            file: file.into(),
+            offset,
+            buf,
+        }
+    }
+    /// Write from a registered buffer (see [`Op::WriteFixed`]).
+    pub fn write_fixed(file: impl Into<FileRef>, offset: u64, buf: FixedBuf) -> Op {
+        Op::WriteFixed {
+            file: file.into(),
+            offset,
+            buf,
+        }
+    }
+
     /// Total bytes a data-transfer op wants to move (0 for others).
     pub(crate) fn transfer_len(&self) -> usize {
         match self {
             Op::Read { buf, .. } | Op::Write { buf, .. } | Op::Send { buf, .. } => buf.len(),
             Op::Recv { buf, .. } => buf.len(),
+            Op::ReadFixed { buf, .. } | Op::WriteFixed { buf, .. } => buf.len(),
             Op::Readv { bufs, .. } | Op::Writev { bufs, .. } => bufs.iter().map(|b| b.len()).sum(),
             _ => 0,
         }
@@ -156,12 +206,17 @@ impl Op {
                 | Op::Readv { .. }
                 | Op::Writev { .. }
                 | Op::Send { .. }
+                | Op::ReadFixed { .. }
+                | Op::WriteFixed { .. }
         )
     }
 
     /// True for ops where a result of 0 before the end means end of file / stream.
     pub(crate) fn zero_is_eof(&self) -> bool {
-        matches!(self, Op::Read { .. } | Op::Readv { .. } | Op::Recv { .. })
+        matches!(
+            self,
+            Op::Read { .. } | Op::Readv { .. } | Op::Recv { .. } | Op::ReadFixed { .. }
+        )
     }
 }
 
@@ -179,6 +234,8 @@ pub struct Completion {
     pub bufs: Vec<IoBuf>,
     /// The `statx` result of a successful `Op::Statx`.
     pub statx: Option<libc::statx>,
+    /// The registered buffer of a `ReadFixed`/`WriteFixed`, handed back.
+    pub fixed_buf: Option<FixedBuf>,
 }
 
 impl Completion {
@@ -195,6 +252,7 @@ impl Completion {
             buf: None,
             bufs: Vec::new(),
             statx,
+            fixed_buf: None,
         };
         match op {
             Some(
@@ -204,6 +262,9 @@ impl Completion {
                 | Op::Recv { buf, .. },
             ) => completion.buf = Some(buf),
             Some(Op::Readv { bufs, .. } | Op::Writev { bufs, .. }) => completion.bufs = bufs,
+            Some(Op::ReadFixed { buf, .. } | Op::WriteFixed { buf, .. }) => {
+                completion.fixed_buf = Some(buf)
+            }
             _ => {}
         }
         completion

@@ -39,6 +39,8 @@ pub(crate) struct SlotScratch {
     pub(crate) sockaddr: libc::sockaddr_storage,
     pub(crate) sockaddr_len: libc::socklen_t,
     pub(crate) timespec: io_uring::types::Timespec,
+    /// Relative timeout of the linked `IORING_OP_LINK_TIMEOUT` (per-request deadline).
+    pub(crate) link_timespec: io_uring::types::Timespec,
 }
 
 pub(crate) struct SlotInner {
@@ -58,6 +60,8 @@ pub(crate) struct SlotInner {
     /// Set by a cancellation that reached the request before a worker started it.
     pub(crate) cancelled: bool,
     pub(crate) submitted_at: Instant,
+    /// Per-request deadline (`submit_with_timeout`), covering every resubmission.
+    pub(crate) deadline: Option<Instant>,
     /// iovecs for readv/writev (rebuilt at each submission from `progress`).
     pub(crate) iovecs: Vec<libc::iovec>,
     pub(crate) scratch: Box<SlotScratch>,
@@ -78,6 +82,7 @@ impl SlotInner {
             detached: false,
             cancelled: false,
             submitted_at: now,
+            deadline: None,
             iovecs: Vec::new(),
             scratch: Box::new(SlotScratch {
                 // SAFETY: statx and sockaddr_storage are plain C structs for which all-zero
@@ -87,6 +92,7 @@ impl SlotInner {
                 sockaddr: unsafe { std::mem::zeroed() },
                 sockaddr_len: 0,
                 timespec: io_uring::types::Timespec::new(),
+                link_timespec: io_uring::types::Timespec::new(),
             }),
         }
     }
@@ -211,6 +217,7 @@ fn reset(inner: &mut SlotInner) {
     inner.detached = false;
     inner.cancelled = false;
     inner.statx_valid = false;
+    inner.deadline = None;
     inner.iovecs.clear();
 }
 
@@ -218,6 +225,8 @@ fn reset(inner: &mut SlotInner) {
 pub(crate) struct SlabOwner {
     pub(crate) slab: Slab,
     pub(crate) counters: Counters,
+    /// Registered file table (the thread pool resolves fixed files through it).
+    pub(crate) files: crate::fixed::FileTable,
 }
 
 /// A submitted operation. Poll it, wait on it, or `.await` it; its `Completion` hands back

@@ -8,8 +8,9 @@
 use std::io;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::Instant;
 
-use crate::exec::{on_result, run_sync, Outcome};
+use crate::exec::{on_result, run_sync, timed_out, Outcome};
 use crate::op::Op;
 use crate::queue::StagingQueue;
 use crate::slab::{lock, split_user_data, SlabOwner, SlotScratch, State};
@@ -60,14 +61,21 @@ fn execute(owner: &SlabOwner, index: u32) {
         return;
     }
     let mut progress = inner.progress;
+    let deadline = inner.deadline;
     let mut iovecs = std::mem::take(&mut inner.iovecs);
     let scratch: *mut SlotScratch = &mut *inner.scratch;
     drop(inner);
 
     let result = loop {
+        if let Some(deadline) = deadline {
+            if let Err(e) = before_deadline(&op, deadline) {
+                break Err(e);
+            }
+        }
         // SAFETY: the scratch box belongs to this slot and nobody else touches it while the
         // request is running (it is read only after completion, under the slot lock).
-        let res = run_sync(&mut op, progress, &mut iovecs, unsafe { &mut *scratch });
+        let scratch = unsafe { &mut *scratch };
+        let res = run_sync(&mut op, progress, &mut iovecs, scratch, &owner.files);
         match on_result(&op, &mut progress, res) {
             Outcome::Resubmit => {
                 owner.counters.resubmitted.fetch_add(1, Relaxed);
@@ -105,4 +113,55 @@ fn cancel(owner: &SlabOwner, target: u64) -> io::Result<usize> {
         State::Running => Err(io::Error::from_raw_os_error(libc::EALREADY)),
         _ => Err(io::Error::from_raw_os_error(libc::ENOENT)),
     }
+}
+
+/// Best-effort deadline for a blocking call: fails with `ETIMEDOUT` once the deadline has
+/// passed; for calls that can block indefinitely (streams: reads/writes without offset,
+/// send, recv, accept) first waits for readiness with `poll(2)` for at most the time left;
+/// a `Timeout` op longer than the time left sleeps until the deadline and times out. A call
+/// already running is never interrupted, so its buffers stay in use until it returns.
+fn before_deadline(op: &Op, deadline: Instant) -> io::Result<()> {
+    let now = Instant::now();
+    if now >= deadline {
+        return Err(timed_out());
+    }
+    let left = deadline - now;
+    let (fd, events) = match op {
+        Op::Timeout { duration } => {
+            if *duration > left {
+                std::thread::sleep(left);
+                return Err(timed_out());
+            }
+            return Ok(());
+        }
+        Op::Read {
+            fd, offset: None, ..
+        }
+        | Op::Readv {
+            fd, offset: None, ..
+        }
+        | Op::Recv { fd, .. }
+        | Op::Accept { fd } => (*fd, libc::POLLIN),
+        Op::Write {
+            fd, offset: None, ..
+        }
+        | Op::Writev {
+            fd, offset: None, ..
+        }
+        | Op::Send { fd, .. } => (*fd, libc::POLLOUT),
+        _ => return Ok(()),
+    };
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd on the stack.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if n == 0 {
+        return Err(timed_out());
+    }
+    // Ready, or poll failed (EINTR, EBADF...): let the call itself report.
+    Ok(())
 }

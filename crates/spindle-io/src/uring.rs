@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use crate::exec::{build_sqe, on_result, Outcome};
+use crate::exec::{on_result_deadline, prepare, timed_out, Next, Outcome, LINK_TIMEOUT_BIT};
+use crate::op::{InternalKind, InternalOp, Op};
 use crate::queue::StagingQueue;
 use crate::slab::{lock, split_user_data, user_data, SlabOwner, State};
 
@@ -51,6 +52,8 @@ pub struct RingSetup {
     /// One thread submits and reaps: the ring may use `SINGLE_ISSUER` (created disabled;
     /// the ring thread enables it and becomes its only issuer).
     pub single_issuer: bool,
+    /// Polled completions (`IORING_SETUP_IOPOLL`, `Config::iopoll`).
+    pub iopoll: bool,
 }
 
 /// Creates io_uring instances; injectable so tests can force failures.
@@ -61,6 +64,9 @@ pub fn default_ring_factory() -> RingFactory {
     Arc::new(|setup: &RingSetup| {
         let mut builder = IoUring::builder();
         builder.setup_cqsize(setup.cq_entries);
+        if setup.iopoll {
+            builder.setup_iopoll();
+        }
         if let Some(idle) = setup.sqpoll_idle {
             builder.setup_sqpoll(u32::try_from(idle.as_millis()).unwrap_or(u32::MAX));
         } else {
@@ -81,13 +87,23 @@ pub(crate) struct RingCtx {
     pub(crate) shutdown_grace: Duration,
     /// Single-thread rings: how long to poll for work before sleeping after a busy round.
     pub(crate) idle_spin: Duration,
+    /// The ring was created with `IORING_SETUP_IOPOLL` (see `run_single_iopoll`).
+    pub(crate) iopoll: bool,
+}
+
+/// The submission(s) of one request: the op and, with a deadline, its linked timeout.
+type Sqes = (squeue::Entry, Option<squeue::Entry>);
+
+/// True for the CQE of a request's linked timeout (ignored: the op's own CQE decides).
+fn is_link_timeout(ud: u64) -> bool {
+    (ud as u32) != u32::MAX && ud & LINK_TIMEOUT_BIT != 0
 }
 
 /// What happened to a request after one completion.
 enum After {
     Finished,
-    /// Short transfer; the entry for the remainder (single-thread mode builds it at once).
-    Resubmit(Option<squeue::Entry>),
+    /// Short transfer; the entries for the remainder (single-thread mode builds them at once).
+    Resubmit(Option<Sqes>),
 }
 
 /// Applies one completion to its slot.
@@ -106,18 +122,30 @@ fn on_cqe(ctx: &RingCtx, ud: u64, res: i32, build_now: bool) -> After {
         "completion for a request not running"
     );
     let mut progress = inner.progress;
-    let outcome = match inner.op.as_ref() {
-        Some(op) => on_result(op, &mut progress, i64::from(res)),
+    let deadline = inner.deadline;
+    let mut outcome = match inner.op.as_ref() {
+        Some(op) => on_result_deadline(op, &mut progress, i64::from(res), deadline),
         None => Outcome::Done(Err(io::Error::other("spindle-io: slot without op (bug)"))),
     };
     inner.progress = progress;
-    match outcome {
-        Outcome::Resubmit => {
-            owner.counters.resubmitted.fetch_add(1, Relaxed);
-            let entry = build_now.then(|| build_sqe(&mut inner, ud));
-            After::Resubmit(entry)
+    if matches!(outcome, Outcome::Resubmit) {
+        owner.counters.resubmitted.fetch_add(1, Relaxed);
+        if !build_now {
+            return After::Resubmit(None);
         }
+        match prepare(&mut inner, ud) {
+            Next::Submit(a, b) => return After::Resubmit(Some((a, b))),
+            Next::Expired => outcome = Outcome::Done(Err(timed_out())),
+        }
+    }
+    match outcome {
+        Outcome::Resubmit => After::Resubmit(None),
         Outcome::Done(result) => {
+            let result = if ctx.iopoll {
+                crate::exec::iopoll_error(result)
+            } else {
+                result
+            };
             let statx_valid =
                 result.is_ok() && matches!(inner.op, Some(crate::op::Op::Statx { .. }));
             drop(inner);
@@ -129,15 +157,45 @@ fn on_cqe(ctx: &RingCtx, ud: u64, res: i32, build_now: bool) -> After {
     }
 }
 
-/// Marks a staged request running and builds its first submission.
-fn start(ctx: &RingCtx, index: u32) -> squeue::Entry {
-    let slot = ctx.owner.slab.slot(index);
+/// Marks a staged (or short-transferred) request running and builds its submission(s).
+/// Returns `None` when the request completed right here: registration ops (run by this,
+/// the ring's issuing thread) and requests whose deadline has already passed.
+fn start(ctx: &RingCtx, ring: &IoUring, index: u32) -> Option<Sqes> {
+    let owner = &ctx.owner;
+    let slot = owner.slab.slot(index);
     let mut inner = lock(&slot.inner);
     if inner.state == State::Queued {
         inner.state = State::Running;
     }
-    let ud = user_data(index, inner.generation);
-    build_sqe(&mut inner, ud)
+    let result = if let Some(Op::Internal(InternalOp(kind))) = inner.op.as_ref() {
+        register(ring, kind)
+    } else {
+        let ud = user_data(index, inner.generation);
+        match prepare(&mut inner, ud) {
+            Next::Submit(a, b) => return Some((a, b)),
+            Next::Expired => Err(timed_out()),
+        }
+    };
+    drop(inner);
+    owner.slab.complete(&owner.counters, index, result, false);
+    None
+}
+
+/// Runs a registration on this ring (`io_uring_register`; the caller is the ring's issuer).
+pub(crate) fn register(ring: &IoUring, kind: &InternalKind) -> io::Result<usize> {
+    match kind {
+        InternalKind::RegisterBuffers(pool) => {
+            let iovecs = pool.iovecs();
+            // SAFETY: the iovecs describe the pool's allocation, which outlives the ring's
+            // use of it (the engine keeps the pool until its rings are closed, and every
+            // op using a buffer owns a handle that keeps the memory alive).
+            unsafe { ring.submitter().register_buffers(&iovecs) }?;
+            Ok(0)
+        }
+        InternalKind::UpdateFiles { offset, fds } => {
+            ring.submitter().register_files_update(*offset, fds)
+        }
+    }
 }
 
 /// Pushes one entry, submitting first if the SQ is full (it cannot be, by the sizing
@@ -147,6 +205,25 @@ fn push(ring: &IoUring, entry: &squeue::Entry) {
         // SAFETY: this thread is the only SQ user (module invariant); the entry's pointers
         // stay valid until its completion (slab invariants).
         let pushed = unsafe { ring.submission_shared().push(entry).is_ok() };
+        if pushed {
+            return;
+        }
+        submit_retrying(ring, 0, None);
+    }
+}
+
+/// Pushes a request's entries: an op and its linked timeout go in together (a link chain
+/// must not be split across two submissions).
+fn push_sqes(ring: &IoUring, sqes: &Sqes) {
+    let (entry, timeout) = sqes;
+    let Some(timeout) = timeout else {
+        push(ring, entry);
+        return;
+    };
+    let pair = [entry.clone(), timeout.clone()];
+    loop {
+        // SAFETY: as in `push`.
+        let pushed = unsafe { ring.submission_shared().push_multiple(&pair).is_ok() };
         if pushed {
             return;
         }
@@ -230,9 +307,10 @@ pub(crate) fn run_single(ring: IoUring, ctx: RingCtx) {
         }
         let worked = !batch.is_empty() || reaped > 0;
         for index in batch.drain(..) {
-            let entry = start(&ctx, index);
-            push(&ring, &entry);
-            in_flight += 1;
+            if let Some(sqes) = start(&ctx, &ring, index) {
+                push_sqes(&ring, &sqes);
+                in_flight += 1;
+            }
         }
         queue.in_flight.store(in_flight, Relaxed);
         if let Some(at) = closed_at {
@@ -277,9 +355,10 @@ pub(crate) fn run_single(ring: IoUring, ctx: RingCtx) {
             match cqe.user_data() {
                 WAKE_TAG => wake_armed = false,
                 CANCEL_TAG | EXIT_TAG => {}
+                ud if is_link_timeout(ud) => {}
                 ud => match on_cqe(&ctx, ud, cqe.result(), true) {
                     After::Finished => in_flight -= 1,
-                    After::Resubmit(Some(entry)) => push(&ring, &entry),
+                    After::Resubmit(Some(sqes)) => push_sqes(&ring, &sqes),
                     After::Resubmit(None) => {
                         unreachable!("single-thread resubmit builds the entry")
                     }
@@ -352,8 +431,12 @@ pub(crate) fn run_submitter(ring: Arc<IoUring>, ctx: Arc<RingCtx>) {
             }
         }
         for index in batch.drain(..) {
-            let entry = start(&ctx, index);
-            push(&ring, &entry);
+            match start(&ctx, &ring, index) {
+                Some(sqes) => push_sqes(&ring, &sqes),
+                None => {
+                    queue.in_flight.fetch_sub(1, Relaxed);
+                }
+            }
         }
         submit_retrying(&ring, 0, None);
     }
@@ -385,6 +468,7 @@ pub(crate) fn run_completer(ring: Arc<IoUring>, ctx: Arc<RingCtx>) {
             match cqe.user_data() {
                 EXIT_TAG => exit = true,
                 CANCEL_TAG | WAKE_TAG => {}
+                ud if is_link_timeout(ud) => {}
                 ud => match on_cqe(&ctx, ud, cqe.result(), false) {
                     After::Finished => finished += 1,
                     After::Resubmit(_) => queue.push_resubmit(split_user_data(ud).0),
@@ -401,5 +485,94 @@ pub(crate) fn run_completer(ring: Arc<IoUring>, ctx: Arc<RingCtx>) {
         if exit {
             return;
         }
+    }
+}
+
+/// Single-thread IOPOLL mode. Completions of polled I/O are found by polling
+/// (`io_uring_enter(GETEVENTS)` spins in the kernel until one is there), and an eventfd read
+/// cannot be armed on such a ring (an eventfd is not a polled file), so: while requests are
+/// in flight the thread polls for completions; with nothing in flight it sleeps on the
+/// staging queue's eventfd with `poll(2)`. Polled I/O always completes (it cannot be left
+/// waiting like a socket read), so shutdown simply lets in-flight requests finish.
+pub(crate) fn run_single_iopoll(ring: IoUring, ctx: RingCtx) {
+    let wake_fd: RawFd = match &ctx.queue.wake_fd {
+        Some(fd) => fd.as_raw_fd(),
+        None => -1,
+    };
+    let _ = ring.submitter().register_enable_rings();
+    let mut in_flight = 0usize;
+    let mut batch: Vec<u32> = Vec::with_capacity(ctx.in_flight_max);
+    let queue = &ctx.queue;
+    loop {
+        let room = ctx.in_flight_max - in_flight;
+        let closed = {
+            let mut q = queue.lock();
+            let take = room.min(q.fresh.len());
+            batch.extend(q.fresh.drain(..take));
+            queue.depth.store(q.fresh.len(), Relaxed);
+            if take > 0 {
+                queue.not_full.notify_all();
+            }
+            q.closed
+        };
+        for index in batch.drain(..) {
+            if let Some(sqes) = start(&ctx, &ring, index) {
+                push_sqes(&ring, &sqes);
+                in_flight += 1;
+            }
+        }
+        queue.in_flight.store(in_flight, Relaxed);
+        if in_flight == 0 {
+            let mut q = queue.lock();
+            if !q.fresh.is_empty() {
+                continue;
+            }
+            if closed {
+                break;
+            }
+            q.sleeping = true;
+            drop(q);
+            wait_readable(wake_fd, Duration::from_millis(100));
+            queue.lock().sleeping = false;
+            continue;
+        }
+        // Submit what was pushed and poll until at least one completion is there.
+        submit_retrying(&ring, 1, None);
+        // SAFETY: this thread is the only CQ user.
+        let mut cq = unsafe { ring.completion_shared() };
+        for cqe in &mut cq {
+            match cqe.user_data() {
+                WAKE_TAG | CANCEL_TAG | EXIT_TAG => {}
+                ud if is_link_timeout(ud) => {}
+                ud => match on_cqe(&ctx, ud, cqe.result(), true) {
+                    After::Finished => in_flight -= 1,
+                    After::Resubmit(Some(sqes)) => push_sqes(&ring, &sqes),
+                    After::Resubmit(None) => {}
+                },
+            }
+        }
+        drop(cq);
+        queue.in_flight.store(in_flight, Relaxed);
+    }
+}
+
+/// Waits up to `timeout` for the eventfd to be written, then resets its counter.
+fn wait_readable(fd: RawFd, timeout: Duration) {
+    if fd < 0 {
+        std::thread::sleep(timeout);
+        return;
+    }
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd on the stack.
+    let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if n > 0 {
+        let mut counter = 0u64;
+        // SAFETY: reads 8 bytes into a local; the eventfd is readable, so this does not block.
+        let _ = unsafe { libc::read(fd, (&mut counter as *mut u64).cast(), 8) };
     }
 }

@@ -118,3 +118,32 @@ fn errors_are_os_errors_and_a_full_ring_hands_the_op_back() {
     // Dropping the ring with two reads pending on an idle pipe must not hang.
     drop(ring);
 }
+
+#[test]
+fn token_slots_are_unique_until_popped() {
+    let mut ring = LocalRing::new(4).unwrap();
+    let tokens: Vec<_> = (0..4).map(|_| ring.push(Op::Nop).unwrap()).collect();
+    ring.wait(4).unwrap();
+    // All four are done but not popped: their slots are still taken.
+    assert!(matches!(
+        ring.push(Op::Nop),
+        Err(SubmitError::Invalid { .. })
+    ));
+    let mut slots: Vec<usize> = tokens.iter().map(|t| t.slot()).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    assert_eq!(slots.len(), 4);
+    assert!(slots.iter().all(|&s| s < ring.capacity()));
+    let (first, done) = ring.pop().unwrap();
+    assert_eq!(done.result.unwrap(), 0);
+    // Only the popped slot is reused.
+    let next = ring.push(Op::Nop).unwrap();
+    assert_eq!(next.slot(), first.slot());
+    assert_ne!(next, first, "a reused slot gets a new token");
+    ring.wait(ring.in_flight()).unwrap();
+    let mut n = 0;
+    while ring.pop().is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 4);
+}

@@ -6,7 +6,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use spindle_io::{BackendChoice, Config, Engine, IoBuf, Op, RingThreads};
+use std::time::Duration;
+
+use spindle_io::{BackendChoice, Config, Engine, FixedBuf, IoBuf, LocalRing, Op, RingThreads};
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -61,6 +63,71 @@ fn steady_state(engine: &Engine, fd: i32) -> u64 {
     ALLOCS.load(Ordering::SeqCst) - before
 }
 
+/// Registered buffers through a registered file, each request with a (generous) deadline:
+/// linked timeouts and fixed ops allocate nothing either.
+fn steady_state_fixed(engine: &Engine, fd: i32) -> u64 {
+    let pool = engine.register_buffers(16, 4096).unwrap();
+    let file = engine.register_files(&[fd]).unwrap()[0];
+    let mut bufs: Vec<FixedBuf> = (0..16).map(|_| pool.take().unwrap()).collect();
+    let mut requests = Vec::with_capacity(16);
+    let mut round = |bufs: &mut Vec<FixedBuf>| {
+        for (i, buf) in bufs.drain(..).enumerate() {
+            let op = if i % 2 == 0 {
+                Op::write_fixed(file, (i * 4096) as u64, buf)
+            } else {
+                Op::read_fixed(file, (i * 4096) as u64, buf)
+            };
+            let deadline = Duration::from_secs(30);
+            requests.push(engine.submit_with_timeout(op, deadline).unwrap());
+        }
+        engine.block_on(&requests);
+        for mut r in requests.drain(..) {
+            let c = r.try_take().unwrap();
+            assert_eq!(c.result.unwrap(), 4096);
+            bufs.push(c.fixed_buf.unwrap());
+        }
+    };
+    for _ in 0..200 {
+        round(&mut bufs);
+    }
+    let before = ALLOCS.load(Ordering::SeqCst);
+    for _ in 0..1000 {
+        round(&mut bufs);
+    }
+    ALLOCS.load(Ordering::SeqCst) - before
+}
+
+/// The same on a `LocalRing`.
+fn steady_state_local(fd: i32) -> u64 {
+    let mut ring = LocalRing::builder(16).defer_taskrun(true).build().unwrap();
+    let pool = ring.register_buffers(16, 4096).unwrap();
+    let file = ring.register_files(&[fd]).unwrap()[0];
+    let mut bufs: Vec<FixedBuf> = (0..16).map(|_| pool.take().unwrap()).collect();
+    let round = |ring: &mut LocalRing, bufs: &mut Vec<FixedBuf>| {
+        for (i, buf) in bufs.drain(..).enumerate() {
+            let op = if i % 2 == 0 {
+                Op::write_fixed(file, (i * 4096) as u64, buf)
+            } else {
+                Op::read_fixed(file, (i * 4096) as u64, buf)
+            };
+            ring.push_with_timeout(op, Duration::from_secs(30)).unwrap();
+        }
+        ring.wait(16).unwrap();
+        while let Some((_, c)) = ring.pop() {
+            assert_eq!(c.result.unwrap(), 4096);
+            bufs.push(c.fixed_buf.unwrap());
+        }
+    };
+    for _ in 0..200 {
+        round(&mut ring, &mut bufs);
+    }
+    let before = ALLOCS.load(Ordering::SeqCst);
+    for _ in 0..1000 {
+        round(&mut ring, &mut bufs);
+    }
+    ALLOCS.load(Ordering::SeqCst) - before
+}
+
 #[test]
 fn no_allocation_per_request_in_steady_state() {
     let path = std::env::temp_dir().join(format!("spindle-io-noalloc-{}", std::process::id()));
@@ -103,8 +170,18 @@ fn no_allocation_per_request_in_steady_state() {
         let engine = Engine::new(config).unwrap();
         let allocs = steady_state(&engine, fd);
         assert_eq!(allocs, 0, "{name}: {allocs} allocations for 32000 requests");
+        let allocs = steady_state_fixed(&engine, fd);
+        assert_eq!(
+            allocs, 0,
+            "{name}: {allocs} allocations for 16000 fixed requests with deadlines"
+        );
         drop(engine);
     }
+    let allocs = steady_state_local(fd);
+    assert_eq!(
+        allocs, 0,
+        "LocalRing: {allocs} allocations for 16000 fixed requests with deadlines"
+    );
     drop(file);
     std::fs::remove_file(path).unwrap();
 }

@@ -4,9 +4,11 @@
 //! appended to a checksummed write-ahead journal, many transactions per flush (group
 //! commit: one O_DIRECT + O_DSYNC write per batch, through `spindle_io::Engine`), then applied
 //! to per-object data files (page cache) and to the in-memory metadata, and only then
-//! acknowledged. A periodic checkpoint syncs the dirty object files, stores metadata and PG
-//! logs in a redb database and restarts the journal. Every read checks the CRC32C of each
-//! 4 KiB block it touches. On-disk format and crash analysis: `docs/on-disk-format.md`.
+//! acknowledged. Small objects (`StoreConfig::inline_max_bytes`) have no data file: they
+//! are kept in memory after their journal write and stored in the redb database at the next
+//! checkpoint. A periodic checkpoint syncs the dirty object files, stores metadata, inline
+//! object bytes and PG logs in a redb database and restarts the journal. Every read checks
+//! the CRC32C of each 4 KiB block it touches. On-disk format and crash analysis: `docs/on-disk-format.md`.
 
 mod commit;
 mod error;

@@ -4,6 +4,8 @@
 //! - `super`:  &str -> u64 (`format`, `epoch`, `next_seq`, `next_file_id`)
 //! - `objects`: pool u32 | pg u32 | name bytes  ->  file_id u64 | size u64 | version 16 B |
 //!   crc_count u32 | crc u32 * crc_count   (little endian values)
+//!   (file_id 0 = inline object, format 2)
+//! - `inline`: pool u32 | pg u32 | name bytes  ->  the bytes of an inline object
 //! - `pgs`:    pool u32 | pg u32  ->  last_version 16 B | log_tail 16 B
 //! - `pglog`:  pool u32 | pg u32 | epoch u64 | seq u64  ->  op u8 | name bytes
 
@@ -20,8 +22,12 @@ const SUPER: TableDefinition<&str, u64> = TableDefinition::new("super");
 const OBJECTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("objects");
 const PGS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("pgs");
 const PGLOG: TableDefinition<&[u8], &[u8]> = TableDefinition::new("pglog");
+const INLINE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("inline");
 
-pub const FORMAT_VERSION: u64 = 1;
+/// Format 2 added inline objects (`file_id` 0 + the `inline` table). Format 1 databases
+/// (no inline objects) are read as they are and written as format 2 by the next checkpoint.
+pub const FORMAT_VERSION: u64 = 2;
+const FORMAT_MIN: u64 = 1;
 
 /// The superblock: where the journal continues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +109,7 @@ fn decode_obj(b: &[u8]) -> Option<ObjState> {
         size,
         version,
         crcs,
+        inline: None,
         writing: 0,
         gen: 0,
     })
@@ -138,9 +145,9 @@ pub fn load(db: &Database) -> Result<Option<Loaded>, StoreError> {
         }
     };
     let format = get("format")?;
-    if format != FORMAT_VERSION {
+    if !(FORMAT_MIN..=FORMAT_VERSION).contains(&format) {
         return Err(bad(format!(
-            "metadata format {format}, this build reads {FORMAT_VERSION}"
+            "metadata format {format}, this build reads {FORMAT_MIN}..={FORMAT_VERSION}"
         )));
     }
     let sup = Super {
@@ -158,7 +165,7 @@ pub fn load(db: &Database) -> Result<Option<Loaded>, StoreError> {
             .map_err(|_| bad("object name is not UTF-8".into()))?;
         let st = decode_obj(v.value())
             .ok_or_else(|| bad(format!("object {name:?} metadata is malformed")))?;
-        if st.file_id == 0 || st.file_id >= sup.next_file_id {
+        if (st.file_id == 0 && format < 2) || st.file_id >= sup.next_file_id {
             return Err(bad(format!("object {name:?} has invalid file id")));
         }
         pgs.entry(pg)
@@ -231,9 +238,13 @@ pub fn save(
         let mut objects = tx.open_table(OBJECTS).map_err(meta_err)?;
         let mut pgt = tx.open_table(PGS).map_err(meta_err)?;
         let mut logt = tx.open_table(PGLOG).map_err(meta_err)?;
+        let mut inline = tx.open_table(INLINE).map_err(meta_err)?;
         for pg in removed {
             let pfx = pg_key(*pg);
             objects
+                .retain_in(pfx.as_slice().., |k, _| !k.starts_with(&pfx))
+                .map_err(meta_err)?;
+            inline
                 .retain_in(pfx.as_slice().., |k, _| !k.starts_with(&pfx))
                 .map_err(meta_err)?;
             logt.retain_in(pfx.as_slice().., |k, _| !k.starts_with(&pfx))
@@ -245,13 +256,30 @@ pub fn save(
                 let key = obj_key(*pg, name);
                 match p.objects.get(name) {
                     Some(e) => {
-                        let v = encode_obj(&e.lock());
+                        let (v, is_inline, data) = {
+                            let st = e.lock();
+                            (encode_obj(&st), st.is_inline(), st.inline.clone())
+                        };
                         objects
                             .insert(key.as_slice(), v.as_slice())
                             .map_err(meta_err)?;
+                        match (is_inline, data) {
+                            // Inline and changed: the bytes go with the metadata.
+                            (true, Some(d)) => {
+                                inline
+                                    .insert(key.as_slice(), d.as_slice())
+                                    .map_err(meta_err)?;
+                            }
+                            // Inline, bytes unchanged since they were loaded: the row stays.
+                            (true, None) => {}
+                            (false, _) => {
+                                inline.remove(key.as_slice()).map_err(meta_err)?;
+                            }
+                        }
                     }
                     None => {
                         objects.remove(key.as_slice()).map_err(meta_err)?;
+                        inline.remove(key.as_slice()).map_err(meta_err)?;
                     }
                 }
             }
@@ -304,6 +332,33 @@ pub fn save(
                     .map_err(meta_err)?;
             }
         }
+    }
+    tx.commit().map_err(meta_err)?;
+    Ok(())
+}
+
+/// The stored bytes of inline object `name` of `pg` (`None` if there is no row).
+pub fn load_inline(db: &Database, pg: PgId, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    let tx = db.begin_read().map_err(meta_err)?;
+    let t = match tx.open_table(INLINE) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(meta_err(e)),
+    };
+    let key = obj_key(pg, name);
+    Ok(t.get(key.as_slice())
+        .map_err(meta_err)?
+        .map(|v| v.value().to_vec()))
+}
+
+/// Test hook: overwrites the stored bytes of inline object `name` of `pg`.
+#[cfg(test)]
+pub fn put_inline(db: &Database, pg: PgId, name: &str, data: &[u8]) -> Result<(), StoreError> {
+    let tx = db.begin_write().map_err(meta_err)?;
+    {
+        let mut t = tx.open_table(INLINE).map_err(meta_err)?;
+        let key = obj_key(pg, name);
+        t.insert(key.as_slice(), data).map_err(meta_err)?;
     }
     tx.commit().map_err(meta_err)?;
     Ok(())

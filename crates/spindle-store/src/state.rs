@@ -2,8 +2,12 @@
 //!
 //! Invariants:
 //! - Only the store's worker thread changes this state; readers take short locks.
-//! - An object's data file has exactly `size` bytes once the writes of the current batch
-//!   completed, and `crcs[i]` is the CRC32C of block `i`'s real bytes.
+//! - A file-backed object (`file_id != 0`) has a data file of exactly `size` bytes once the
+//!   writes of the current batch completed, and `crcs[i]` is the CRC32C of block `i`'s real
+//!   bytes.
+//! - An inline object (`file_id == 0`) has no data file. Its bytes are in `inline` (exactly
+//!   `size` bytes) if it changed since the last checkpoint (or was loaded by the worker),
+//!   else only in the metadata database's `inline` table; the CRCs are kept the same way.
 //! - While a batch is writing an object, `writing > 0`; every change of data or CRCs bumps
 //!   `gen` (at the start and at the end of the write), so a reader whose CRC check fails can
 //!   tell a race (gen changed: retry) from corruption (gen unchanged).
@@ -18,7 +22,10 @@ use crate::types::{LogEntry, ObjectMeta, Version};
 
 #[derive(Debug, Clone)]
 pub(crate) struct ObjState {
+    /// Data file id; 0 = inline object.
     pub file_id: u64,
+    /// In-memory bytes of an inline object (`None`: read them from the metadata database).
+    pub inline: Option<Arc<Vec<u8>>>,
     pub size: u64,
     pub version: Version,
     pub crcs: Vec<u32>,
@@ -27,6 +34,9 @@ pub(crate) struct ObjState {
 }
 
 impl ObjState {
+    pub fn is_inline(&self) -> bool {
+        self.file_id == 0
+    }
     pub fn meta(&self) -> ObjectMeta {
         ObjectMeta {
             size_bytes: self.size,

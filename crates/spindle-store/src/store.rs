@@ -23,6 +23,7 @@ use crate::error::StoreError;
 use crate::limits::{
     BLOCK_BYTES, FD_CACHE_MAX, MUTATION_BYTES_MAX, NAME_BYTES_MAX, OBJECT_BYTES_MAX,
 };
+use crate::meta;
 use crate::state::{ObjEntry, PgState};
 use crate::types::*;
 use crate::worker::{Msg, Txn, TxnKind, Worker};
@@ -41,17 +42,25 @@ pub(crate) struct Shared {
     pub config: StoreConfig,
     pub objects_dir: PathBuf,
     pub engine: Engine,
+    /// The metadata database (checkpoints; inline object bytes are read from it).
+    pub db: redb::Database,
     pub pgs: RwLock<BTreeMap<PgId, PgState>>,
     fds: Mutex<HashMap<u64, Arc<File>>>,
     pub counters: Counters,
 }
 
 impl Shared {
-    pub fn new(config: StoreConfig, engine: Engine, pgs: BTreeMap<PgId, PgState>) -> Shared {
+    pub fn new(
+        config: StoreConfig,
+        engine: Engine,
+        db: redb::Database,
+        pgs: BTreeMap<PgId, PgState>,
+    ) -> Shared {
         Shared {
             objects_dir: config.dir.join("objects"),
             config,
             engine,
+            db,
             pgs: RwLock::new(pgs),
             fds: Mutex::new(HashMap::new()),
             counters: Counters::default(),
@@ -96,6 +105,15 @@ impl Shared {
         let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
         fds.remove(&file_id);
     }
+}
+
+/// Where a read finds an object's bytes (snapshotted with its generation).
+enum Src {
+    File(u64),
+    /// Inline, changed since the last checkpoint: the worker's in-memory copy.
+    Mem(Arc<Vec<u8>>),
+    /// Inline, unchanged since the last checkpoint: the metadata database.
+    Db,
 }
 
 /// The object store. `Send + Sync`; share it as `Arc<Store>`.
@@ -268,9 +286,16 @@ impl Store {
             notified.as_mut().enable();
             let snap = {
                 let st = entry.lock();
-                (st.writing == 0).then(|| (st.gen, st.file_id, st.meta()))
+                (st.writing == 0).then(|| {
+                    let src = match (&st.inline, st.is_inline()) {
+                        (_, false) => Src::File(st.file_id),
+                        (Some(d), true) => Src::Mem(d.clone()),
+                        (None, true) => Src::Db,
+                    };
+                    (st.gen, src, st.meta())
+                })
             };
-            let Some((gen, file_id, meta)) = snap else {
+            let Some((gen, src, meta)) = snap else {
                 notified.await;
                 continue;
             };
@@ -298,24 +323,35 @@ impl Store {
             let read_end = ((last_block + 1) * BLOCK_BYTES).min(size);
             let want = usize::try_from(read_end - read_start)
                 .map_err(|_| StoreError::InvalidArgument("read too large".into()))?;
-            let data = match self.sh.file(file_id, false) {
-                Ok(file) => {
-                    let op = Op::read(file.as_raw_fd(), read_start, IoBuf::zeroed(want));
-                    let req = self
-                        .sh
-                        .engine
-                        .submit(op)
-                        .map_err(|e| StoreError::Io(io::Error::other(e.to_string())))?;
-                    let c = req.await;
-                    drop(file);
-                    let n = c.ok()?;
-                    let mut buf = c.buf.map(IoBuf::into_vec).unwrap_or_default();
-                    buf.truncate(n);
-                    buf.resize(want, 0);
-                    Some(buf)
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-                Err(e) => return Err(e.into()),
+            // An inline object's bytes must be exactly `size` long (else: corrupt).
+            let slice_inline = |d: &[u8]| {
+                (d.len() as u64 == size)
+                    .then(|| d.get(read_start as usize..read_end as usize))
+                    .flatten()
+                    .map(<[u8]>::to_vec)
+            };
+            let data = match src {
+                Src::Mem(d) => slice_inline(&d),
+                Src::Db => meta::load_inline(&self.sh.db, pg, name)?.and_then(|d| slice_inline(&d)),
+                Src::File(file_id) => match self.sh.file(file_id, false) {
+                    Ok(file) => {
+                        let op = Op::read(file.as_raw_fd(), read_start, IoBuf::zeroed(want));
+                        let req = self
+                            .sh
+                            .engine
+                            .submit(op)
+                            .map_err(|e| StoreError::Io(io::Error::other(e.to_string())))?;
+                        let c = req.await;
+                        drop(file);
+                        let n = c.ok()?;
+                        let mut buf = c.buf.map(IoBuf::into_vec).unwrap_or_default();
+                        buf.truncate(n);
+                        buf.resize(want, 0);
+                        Some(buf)
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(e.into()),
+                },
             };
             let bad_block = match &data {
                 None => Some(first_block),
@@ -471,5 +507,136 @@ impl Drop for Store {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PG: PgId = PgId { pool: 7, pg: 1 };
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn tempdir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "spindle-store-inline-corrupt-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn expect_corrupt(r: Result<Vec<u8>, StoreError>, want_block: u64) {
+        match r {
+            Err(StoreError::Corrupt { pg, name, block }) => {
+                assert_eq!((pg, name.as_str(), block), (PG, "x", want_block));
+            }
+            other => panic!("expected Corrupt in block {want_block}, got {other:?}"),
+        }
+    }
+
+    /// Corrupted inline bytes (in memory before a checkpoint, in the metadata database after
+    /// one) are detected by the per-block CRCs and never returned.
+    #[test]
+    fn corrupt_inline_bytes_are_detected() {
+        let dir = tempdir();
+        let rt = rt();
+        let cfg = StoreConfig::new(&dir);
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let v = |seq| Version { epoch: 1, seq };
+        let store = Store::open(cfg.clone()).unwrap();
+        store
+            .apply(PG, "x", v(1), Mutation::WriteFull(data.clone()))
+            .wait()
+            .unwrap();
+        assert_eq!(std::fs::read_dir(dir.join("objects")).unwrap().count(), 0);
+        // 1. The in-memory copy (changed since the last checkpoint): flip a byte of block 1.
+        {
+            let e = store.entry(PG, "x").unwrap();
+            let mut st = e.lock();
+            assert!(st.is_inline());
+            let d = Arc::make_mut(st.inline.as_mut().unwrap());
+            d[5000] ^= 0x40;
+        }
+        assert_eq!(
+            rt.block_on(store.read(PG, "x", 0, 4096)).unwrap(),
+            data[..4096]
+        );
+        expect_corrupt(rt.block_on(store.read(PG, "x", 4000, 200)), 1);
+        assert!(matches!(
+            rt.block_on(store.verify(PG, "x")),
+            Err(StoreError::Corrupt { block: 1, .. })
+        ));
+        assert_eq!(store.stats().corruptions_detected, 2);
+        // Rewriting repairs it.
+        store
+            .apply(PG, "x", v(2), Mutation::WriteFull(data.clone()))
+            .wait()
+            .unwrap();
+        assert_eq!(
+            rt.block_on(store.verify(PG, "x")).unwrap().size_bytes,
+            10_000
+        );
+        store.shutdown().unwrap();
+
+        // 2. After the checkpoint the bytes are read from the database: corrupt them there.
+        let store = Store::open(cfg.clone()).unwrap();
+        assert!(store.entry(PG, "x").unwrap().lock().inline.is_none());
+        assert_eq!(rt.block_on(store.read(PG, "x", 0, u64::MAX)).unwrap(), data);
+        let mut bad = data.clone();
+        bad[9000] ^= 1;
+        meta::put_inline(&store.sh.db, PG, "x", &bad).unwrap();
+        assert_eq!(
+            rt.block_on(store.read(PG, "x", 0, 8192)).unwrap(),
+            data[..8192]
+        );
+        expect_corrupt(rt.block_on(store.read(PG, "x", 8192, 100)), 2);
+        // Wrong length in the database (truncated value): corrupt as well.
+        meta::put_inline(&store.sh.db, PG, "x", &data[..9000]).unwrap();
+        expect_corrupt(rt.block_on(store.read(PG, "x", 0, 10)), 0);
+        // A partial write loads the stored bytes; it must not re-checksum the damaged,
+        // untouched block 2 (no laundering), only the block it writes.
+        meta::put_inline(&store.sh.db, PG, "x", &bad).unwrap();
+        store
+            .apply(
+                PG,
+                "x",
+                v(3),
+                Mutation::Write {
+                    offset: 0,
+                    data: vec![9; 10],
+                },
+            )
+            .wait()
+            .unwrap();
+        let mut want = data.clone();
+        want[..10].fill(9);
+        assert_eq!(
+            rt.block_on(store.read(PG, "x", 0, 8192)).unwrap(),
+            want[..8192]
+        );
+        expect_corrupt(rt.block_on(store.read(PG, "x", 8192, 100)), 2);
+        assert_eq!(store.stats().corruptions_detected, 3); // since this open
+        store.shutdown().unwrap();
+        // Still detected after a restart (the checkpoint keeps the CRCs, not the bad bytes).
+        let store = Store::open(cfg).unwrap();
+        expect_corrupt(rt.block_on(store.read(PG, "x", 9000, 10)), 2);
+        store
+            .apply(PG, "x", v(4), Mutation::WriteFull(vec![3; 100]))
+            .wait()
+            .unwrap();
+        assert_eq!(
+            rt.block_on(store.read(PG, "x", 0, 1000)).unwrap(),
+            vec![3; 100]
+        );
+        store.shutdown().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -13,16 +13,22 @@ pub struct StoreConfig {
     pub checkpoint_journal_bytes: u64,
     /// Checkpoint at least this often while there are journaled changes.
     pub checkpoint_interval_ms: u64,
+    /// Objects of at most this many bytes are stored inline (in the journal, then in the
+    /// metadata database at checkpoint) instead of in a data file of their own; 0 disables.
+    /// Capped at 16 MiB.
+    pub inline_max_bytes: u64,
 }
 
 impl StoreConfig {
-    /// Defaults: 4096 log entries per PG, checkpoint at 256 MiB of journal or every 5 s.
+    /// Defaults: 4096 log entries per PG, checkpoint at 256 MiB of journal or every 5 s,
+    /// objects of up to 64 KiB inline.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         StoreConfig {
             dir: dir.into(),
             pg_log_max_entries: 4096,
             checkpoint_journal_bytes: 256 << 20,
             checkpoint_interval_ms: 5000,
+            inline_max_bytes: 64 << 10,
         }
     }
 }

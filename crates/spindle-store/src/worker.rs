@@ -1,10 +1,11 @@
 //! The worker thread: group commit, apply, checkpoint, and replay at open.
 //!
 //! Order of operations for each batch (see `docs/on-disk-format.md`):
-//! 1. validate every queued transaction in order (version checks, file-id allocation);
+//! 1. validate every queued transaction in order (version checks, inline or file-backed,
+//!    file-id allocation);
 //! 2. encode the valid ones as journal records into one aligned buffer; one O_DSYNC write;
-//! 3. apply each record to the data files (pwrite via the engine) and to the in-memory
-//!    metadata, wait for those writes;
+//! 3. apply each record to the data files (pwrite via the engine) or, for inline objects,
+//!    to their in-memory bytes, and to the in-memory metadata, wait for those writes;
 //! 4. resolve the commits.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -17,15 +18,14 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redb::Database;
 use spindle_io::{Engine, IoBuf, Op, Request};
 
 use crate::commit::CommitTx;
 use crate::error::StoreError;
 use crate::journal::{self, Parsed, Record};
 use crate::limits::{
-    BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_WRITE_BYTES_MIN, JOURNAL_ALIGN,
-    JOURNAL_WRITES_IN_FLIGHT_MAX, JOURNAL_ZERO_CHUNK_BYTES,
+    BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_WRITE_BYTES_MIN, INLINE_BYTES_MAX,
+    JOURNAL_ALIGN, JOURNAL_WRITES_IN_FLIGHT_MAX, JOURNAL_ZERO_CHUNK_BYTES,
 };
 use crate::meta::{self, Super};
 use crate::state::{append_zeros, block_count, block_len, crcs_of, zero_crc, ObjEntry, ObjState};
@@ -70,7 +70,6 @@ pub(crate) enum Msg {
 
 pub(crate) struct Worker {
     sh: Arc<Shared>,
-    db: Database,
     journal: File,
     /// Next write offset in the journal (multiple of JOURNAL_ALIGN).
     journal_pos: u64,
@@ -95,6 +94,11 @@ pub(crate) struct Worker {
     direct_crcs: HashMap<u64, Vec<u32>>,
     /// Set after a failed write: the store refuses further transactions.
     failed: Option<String>,
+    /// Bytes of inline objects changed (held in memory) since the last checkpoint, counted
+    /// once per change: a checkpoint is due when this exceeds `checkpoint_journal_bytes`
+    /// (small writes to large inline objects would otherwise hold far more memory than
+    /// they journal).
+    inline_mem: u64,
 }
 
 fn open_journal(path: &std::path::Path) -> io::Result<File> {
@@ -163,12 +167,11 @@ impl Worker {
             }
         };
         let engine = Engine::new(spindle_io::Config::default()).map_err(io_err)?;
-        let sh = Arc::new(Shared::new(config, engine, pgs));
+        let sh = Arc::new(Shared::new(config, engine, db, pgs));
         let journal = open_journal(&journal_path)?;
         let journal_len = journal.metadata()?.len();
         let mut w = Worker {
             sh: sh.clone(),
-            db,
             journal,
             journal_pos: 0,
             journal_zeroed: 0,
@@ -184,6 +187,7 @@ impl Worker {
             direct: Vec::new(),
             direct_crcs: HashMap::new(),
             failed: None,
+            inline_mem: 0,
         };
         w.journal_zeroed = journal_len - journal_len % JOURNAL_ALIGN as u64;
         let replayed = if fresh { 0 } else { w.replay()? };
@@ -264,6 +268,11 @@ impl Worker {
                 .get(&pg)
                 .and_then(|p| p.objects.get(&name).cloned());
             if let Some(entry) = entry {
+                if entry.lock().is_inline() {
+                    let data = self.inline_data(pg, &name, &entry)?;
+                    entry.lock().crcs = crcs_of(&data);
+                    continue;
+                }
                 let mut st = entry.lock();
                 let file = self.sh.file(st.file_id, true)?;
                 if file.metadata()?.len() != st.size {
@@ -353,6 +362,7 @@ impl Worker {
                 self.complete_oldest(&mut inflight, &mut ov, false);
             }
             let due = self.journal_pos > self.sh.config.checkpoint_journal_bytes
+                || self.inline_mem > self.sh.config.checkpoint_journal_bytes
                 || (self.journal_pos > 0 && self.last_checkpoint.elapsed() >= interval);
             if control.is_some() || due {
                 while !inflight.is_empty() {
@@ -489,7 +499,8 @@ impl Worker {
         }
     }
 
-    fn exists(&self, ov: &Overlay, pg: PgId, name: &str) -> Option<u64> {
+    /// (file id, size) of the object after the validated transactions (file id 0: inline).
+    fn exists(&self, ov: &Overlay, pg: PgId, name: &str) -> Option<(u64, u64)> {
         if let Some(v) = ov.objects.get(&(pg, name.to_string())) {
             return *v;
         }
@@ -498,8 +509,14 @@ impl Worker {
         }
         let pgs = self.sh.pgs_read();
         let e = pgs.get(&pg)?.objects.get(name)?;
-        let id = e.lock().file_id;
-        Some(id)
+        let st = e.lock();
+        Some((st.file_id, st.size))
+    }
+
+    /// Whether an object of `size` bytes may be stored inline.
+    fn fits_inline(&self, size: u64) -> bool {
+        let max = self.sh.config.inline_max_bytes.min(INLINE_BYTES_MAX);
+        max > 0 && size <= max
     }
 
     fn alloc_file(&mut self) -> u64 {
@@ -535,10 +552,11 @@ impl Worker {
                 }
                 ov.last.insert(pg, version);
                 if let Mutation::WriteFull(data) = &mutation {
-                    if data.len() >= DIRECT_WRITE_BYTES_MIN {
+                    if data.len() >= DIRECT_WRITE_BYTES_MIN && !self.fits_inline(data.len() as u64)
+                    {
                         let file_id = self.alloc_file();
-                        ov.objects.insert((pg, name.clone()), Some(file_id));
                         let size = data.len() as u64;
+                        ov.objects.insert((pg, name.clone()), Some((file_id, size)));
                         if let Mutation::WriteFull(data) = mutation {
                             self.direct.push((file_id, data));
                         }
@@ -552,12 +570,31 @@ impl Worker {
                     }
                 }
                 let existing = self.exists(ov, pg, &name);
-                let file_id = match (&mutation, existing) {
-                    (Mutation::Delete, e) => e.unwrap_or(0),
-                    (_, Some(id)) => id,
-                    (_, None) => self.alloc_file(),
+                let cur_size = existing.map_or(0, |(_, size)| size);
+                let new_size = match &mutation {
+                    Mutation::WriteFull(d) => d.len() as u64,
+                    Mutation::Write { offset, data } => {
+                        cur_size.max(offset.saturating_add(data.len() as u64))
+                    }
+                    Mutation::Truncate { size_bytes } => *size_bytes,
+                    Mutation::Delete => 0,
                 };
-                let after = (!matches!(mutation, Mutation::Delete)).then_some(file_id);
+                let whole = matches!(mutation, Mutation::WriteFull(_));
+                let file_id = match (&mutation, existing) {
+                    (Mutation::Delete, e) => e.map_or(0, |(id, _)| id),
+                    // Small: a new object, an inline one, or a file-backed one replaced
+                    // whole is (or becomes) inline.
+                    (_, e)
+                        if self.fits_inline(new_size)
+                            && (whole || e.is_none_or(|(id, _)| id == 0)) =>
+                    {
+                        0
+                    }
+                    (_, Some((id, _))) if id != 0 => id,
+                    // A new large object, or an inline object growing past the threshold.
+                    _ => self.alloc_file(),
+                };
+                let after = (!matches!(mutation, Mutation::Delete)).then_some((file_id, new_size));
                 ov.objects.insert((pg, name.clone()), after);
                 Record::Apply {
                     pg,
@@ -569,10 +606,13 @@ impl Worker {
             }
             TxnKind::Recover { pg, name, state } => {
                 let state = match state {
-                    Some((data, version)) if data.len() >= DIRECT_WRITE_BYTES_MIN => {
+                    Some((data, version))
+                        if data.len() >= DIRECT_WRITE_BYTES_MIN
+                            && !self.fits_inline(data.len() as u64) =>
+                    {
                         let file_id = self.alloc_file();
-                        ov.objects.insert((pg, name.clone()), Some(file_id));
                         let size = data.len() as u64;
+                        ov.objects.insert((pg, name.clone()), Some((file_id, size)));
                         self.direct.push((file_id, data));
                         return Ok(Record::RecoverDirect {
                             pg,
@@ -586,12 +626,13 @@ impl Worker {
                 };
                 let existing = self.exists(ov, pg, &name);
                 let file_id = match (&state, existing) {
-                    (None, e) => e.unwrap_or(0),
-                    (Some(_), Some(id)) => id,
-                    (Some(_), None) => self.alloc_file(),
+                    (None, e) => e.map_or(0, |(id, _)| id),
+                    (Some((d, _)), _) if self.fits_inline(d.len() as u64) => 0,
+                    (Some(_), Some((id, _))) if id != 0 => id,
+                    (Some(_), _) => self.alloc_file(),
                 };
-                ov.objects
-                    .insert((pg, name.clone()), state.is_some().then_some(file_id));
+                let after = state.as_ref().map(|(d, _)| (file_id, d.len() as u64));
+                ov.objects.insert((pg, name.clone()), after);
                 Record::Recover {
                     pg,
                     name,
@@ -633,8 +674,11 @@ impl Worker {
         let mut reqs = Vec::with_capacity(direct.len());
         for (file_id, data) in direct {
             let file = Arc::new(open_direct(&self.sh.file_path(file_id))?);
-            let mut buf = IoBuf::aligned(data.len().next_multiple_of(JOURNAL_ALIGN), JOURNAL_ALIGN);
-            buf[..data.len()].copy_from_slice(&data);
+            let buf = IoBuf::aligned_copy(
+                &data,
+                data.len().next_multiple_of(JOURNAL_ALIGN),
+                JOURNAL_ALIGN,
+            );
             let req = self
                 .sh
                 .engine
@@ -698,12 +742,13 @@ impl Worker {
             let mut st = e.lock();
             let old = st.file_id;
             st.file_id = file_id;
+            st.inline = None;
             st.size = size;
             st.crcs = crcs;
             st.version = version;
             old
         };
-        if old != file_id {
+        if old != file_id && old != 0 {
             self.unlink(old)?;
         }
         Ok(())
@@ -800,6 +845,7 @@ impl Worker {
             .or_insert_with(|| {
                 ObjEntry::new(ObjState {
                     file_id,
+                    inline: (file_id == 0).then(|| Arc::new(Vec::new())),
                     size: 0,
                     version: Version::ZERO,
                     crcs: Vec::new(),
@@ -828,7 +874,9 @@ impl Worker {
         if let Some(e) = removed {
             self.begin_write(&e);
             let id = e.lock().file_id;
-            self.unlink(id)?;
+            if id != 0 {
+                self.unlink(id)?;
+            }
         }
         Ok(())
     }
@@ -996,6 +1044,159 @@ impl Worker {
         self.submit_write(&file, 0, data)
     }
 
+    /// The bytes of inline object `e` (`name` in `pg`): the in-memory copy, else loaded from
+    /// the metadata database (and kept in memory: the caller is about to change them).
+    /// Missing or wrong-length stored bytes are taken as zeros / cut to the size, as a
+    /// missing or short data file is by the file path (reads still detect it by CRC).
+    fn inline_data(
+        &mut self,
+        pg: PgId,
+        name: &str,
+        e: &Arc<ObjEntry>,
+    ) -> Result<Arc<Vec<u8>>, StoreError> {
+        if let Some(d) = &e.lock().inline {
+            return Ok(d.clone());
+        }
+        let mut data = meta::load_inline(&self.sh.db, pg, name)?.unwrap_or_default();
+        let mut st = e.lock();
+        data.resize(usize::try_from(st.size).unwrap_or(usize::MAX), 0);
+        let data = Arc::new(data);
+        st.inline = Some(data.clone());
+        Ok(data)
+    }
+
+    /// Moves object `e` to `target` (0: inline, else that data file) if it is elsewhere.
+    /// `whole`: the caller replaces all the bytes next, so they need not be carried over.
+    fn relocate(
+        &mut self,
+        pg: PgId,
+        name: &str,
+        e: &Arc<ObjEntry>,
+        target: u64,
+        whole: bool,
+    ) -> Result<(), StoreError> {
+        let (cur, size) = {
+            let st = e.lock();
+            (st.file_id, st.size)
+        };
+        if cur == target {
+            return Ok(());
+        }
+        if target == 0 {
+            // File -> inline (a WriteFull / recover of a small object): drop the file.
+            let data = if whole {
+                Vec::new()
+            } else {
+                let file = self.sh.file(cur, true)?;
+                let mut d = self.read_old(&file, 0, size)?;
+                d.truncate(usize::try_from(size).unwrap_or(usize::MAX));
+                d
+            };
+            {
+                let mut st = e.lock();
+                st.file_id = 0;
+                st.inline = Some(Arc::new(data));
+            }
+            return self.unlink(cur);
+        }
+        if cur != 0 {
+            e.lock().file_id = target;
+            return Ok(());
+        }
+        // Inline -> file (the object grows past the threshold): the new file starts as a
+        // copy of the inline bytes. Replay may find the file left by an earlier run: reset it.
+        let data = if whole {
+            None
+        } else {
+            Some(self.inline_data(pg, name, e)?)
+        };
+        {
+            let mut st = e.lock();
+            st.file_id = target;
+            st.inline = None;
+        }
+        let file = self.sh.file(target, true)?;
+        self.dirty_files.insert(target);
+        self.wait_pending()?;
+        file.set_len(0)?;
+        if let Some(d) = data {
+            file.set_len(d.len() as u64)?;
+            self.submit_write(&file, 0, d.as_ref().clone())?;
+        }
+        Ok(())
+    }
+
+    /// Applies `m` to inline object `e` (in memory; persisted at the next checkpoint).
+    fn apply_inline(
+        &mut self,
+        pg: PgId,
+        name: &str,
+        e: &Arc<ObjEntry>,
+        m: Mutation,
+    ) -> Result<(), StoreError> {
+        let too_large = || StoreError::InvalidArgument("inline object too large".into());
+        // The byte range the mutation rewrites (its blocks get new CRCs).
+        let (data, changed) = match m {
+            Mutation::WriteFull(d) => {
+                let n = d.len();
+                (d, 0..n)
+            }
+            Mutation::Delete => return Ok(()),
+            Mutation::Write { offset, data: part } => {
+                let from = usize::try_from(offset).map_err(|_| too_large())?;
+                let to = from.checked_add(part.len()).ok_or_else(too_large)?;
+                let mut d = self.take_inline(pg, name, e)?;
+                if d.len() < to {
+                    d.resize(to, 0);
+                }
+                d[from..to].copy_from_slice(&part);
+                (d, from..to)
+            }
+            Mutation::Truncate { size_bytes } => {
+                let n = usize::try_from(size_bytes).map_err(|_| too_large())?;
+                let mut d = self.take_inline(pg, name, e)?;
+                d.resize(n, 0);
+                (d, 0..0)
+            }
+        };
+        self.inline_mem += data.len() as u64;
+        let mut st = e.lock();
+        let (old, new) = (st.size, data.len() as u64);
+        // Like the file path: a block keeps its CRC unless the mutation changed its bytes or
+        // its length, so damage to untouched stored bytes stays detectable.
+        let crcs = data
+            .chunks(BLOCK_BYTES as usize)
+            .enumerate()
+            .map(|(b, chunk)| {
+                let (bs, be) = (b * BLOCK_BYTES as usize, (b + 1) * BLOCK_BYTES as usize);
+                let b = b as u64;
+                let touched = changed.start < be && changed.end > bs;
+                let same_len = block_len(old, b) == block_len(new, b);
+                match st.crcs.get(b as usize) {
+                    Some(c) if !touched && same_len => *c,
+                    _ => spindle_ec::crc32c::crc32c(chunk),
+                }
+            })
+            .collect();
+        st.crcs = crcs;
+        st.size = new;
+        st.inline = Some(Arc::new(data));
+        Ok(())
+    }
+
+    /// The inline bytes of `e`, taken out of the object for changing (copied only if a
+    /// reader still holds them).
+    fn take_inline(
+        &mut self,
+        pg: PgId,
+        name: &str,
+        e: &Arc<ObjEntry>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let old = self.inline_data(pg, name, e)?;
+        e.lock().inline = None;
+        Ok(Arc::try_unwrap(old).unwrap_or_else(|a| a.as_ref().clone()))
+    }
+
     /// Applies one journaled record to the data files and the in-memory state.
     fn exec(&mut self, record: Record) -> Result<(), StoreError> {
         let max = self.sh.config.pg_log_max_entries;
@@ -1014,12 +1215,17 @@ impl Worker {
                 } else {
                     let e = self.get_or_create(pg, &name, file_id);
                     self.begin_write(&e);
-                    e.lock().file_id = file_id;
-                    match mutation {
-                        Mutation::WriteFull(data) => self.write_full(&e, data)?,
-                        Mutation::Write { offset, data } => self.write_at(&e, offset, data)?,
-                        Mutation::Truncate { size_bytes } => self.truncate(&e, size_bytes)?,
-                        Mutation::Delete => {}
+                    let whole = matches!(mutation, Mutation::WriteFull(_));
+                    self.relocate(pg, &name, &e, file_id, whole)?;
+                    if file_id == 0 {
+                        self.apply_inline(pg, &name, &e, mutation)?;
+                    } else {
+                        match mutation {
+                            Mutation::WriteFull(data) => self.write_full(&e, data)?,
+                            Mutation::Write { offset, data } => self.write_at(&e, offset, data)?,
+                            Mutation::Truncate { size_bytes } => self.truncate(&e, size_bytes)?,
+                            Mutation::Delete => {}
+                        }
                     }
                     e.lock().version = version;
                     self.replayed.insert((pg, name.clone()));
@@ -1042,8 +1248,12 @@ impl Worker {
                     Some((data, version)) => {
                         let e = self.get_or_create(pg, &name, file_id);
                         self.begin_write(&e);
-                        e.lock().file_id = file_id;
-                        self.write_full(&e, data)?;
+                        self.relocate(pg, &name, &e, file_id, true)?;
+                        if file_id == 0 {
+                            self.apply_inline(pg, &name, &e, Mutation::WriteFull(data))?;
+                        } else {
+                            self.write_full(&e, data)?;
+                        }
                         e.lock().version = version;
                         self.replayed.insert((pg, name));
                     }
@@ -1096,7 +1306,9 @@ impl Worker {
                     for (name, e) in p.objects {
                         self.begin_write(&e);
                         let id = e.lock().file_id;
-                        self.unlink(id)?;
+                        if id != 0 {
+                            self.unlink(id)?;
+                        }
                         self.replayed.remove(&(pg, name));
                     }
                 }
@@ -1134,12 +1346,18 @@ impl Worker {
         };
         {
             let pgs = self.sh.pgs_read();
-            meta::save(&self.db, sup, &pgs, &self.removed_pgs)?;
+            meta::save(&self.sh.db, sup, &pgs, &self.removed_pgs)?;
         }
         {
             let mut pgs = self.sh.pgs_write();
             pgs.retain(|_, p| !p.is_empty());
             for p in pgs.values_mut() {
+                // The inline bytes are durable in the database now: drop the memory copies.
+                for name in &p.ck_dirty_objects {
+                    if let Some(e) = p.objects.get(name) {
+                        e.lock().inline = None;
+                    }
+                }
                 p.ck_dirty_objects.clear();
                 p.ck_dirty = false;
                 p.ck_log_reset = false;
@@ -1149,6 +1367,7 @@ impl Worker {
         self.removed_pgs.clear();
         self.epoch = sup.epoch;
         self.journal_pos = 0;
+        self.inline_mem = 0;
         self.last_checkpoint = Instant::now();
         self.sh.counters.checkpoints.fetch_add(1, Relaxed);
         Ok(())
@@ -1211,6 +1430,7 @@ const INFLIGHT_POLL: Duration = Duration::from_micros(50);
 #[derive(Default)]
 struct Overlay {
     last: HashMap<PgId, Version>,
-    objects: HashMap<(PgId, String), Option<u64>>,
+    /// (file id, size) after the validated transactions; None: deleted.
+    objects: HashMap<(PgId, String), Option<(u64, u64)>>,
     removed: HashSet<PgId>,
 }

@@ -41,7 +41,10 @@ fn flip_byte(path: &Path, offset: u64) {
 fn flipped_data_byte_is_detected() {
     let dir = tempdir("corrupt-data");
     let rt = rt();
-    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    // File-backed objects (inline objects: tests in src/store.rs).
+    let mut cfg = StoreConfig::new(&dir);
+    cfg.inline_max_bytes = 0;
+    let store = Store::open(cfg.clone()).unwrap();
     let data: Vec<u8> = (0..20_000u32).map(|i| i as u8).collect();
     // The first object created in a fresh store gets data file id 1 (on-disk-format.md).
     store
@@ -78,7 +81,7 @@ fn flipped_data_byte_is_detected() {
     assert_eq!(store.stats().corruptions_detected, 2);
     // Still corrupt after a restart (the checkpoint keeps the CRCs, not the bad bytes).
     store.shutdown().unwrap();
-    let store = Store::open(StoreConfig::new(&dir)).unwrap();
+    let store = Store::open(cfg).unwrap();
     assert!(matches!(
         rt.block_on(store.verify(PG, "victim")),
         Err(StoreError::Corrupt { .. })

@@ -28,6 +28,9 @@ fn config(dir: &std::path::Path) -> StoreConfig {
     c.pg_log_max_entries = LOG_MAX;
     c.checkpoint_journal_bytes = 512 << 10;
     c.checkpoint_interval_ms = 30;
+    // Sizes in the stream (0..30,000 B, and 300,000 B) straddle this: objects are inline,
+    // file-backed, and move between the two.
+    c.inline_max_bytes = 8 << 10;
     c
 }
 
@@ -110,6 +113,7 @@ fn sigkill_at_random_moments() {
     let mut rng = rand::thread_rng();
     let rounds = 12;
     let mut total_child_ckpts = 0;
+    let (mut saw_inline, mut saw_files) = (false, false);
     for round in 0..rounds {
         let mut child = Command::new(&exe)
             .args([
@@ -186,6 +190,20 @@ fn sigkill_at_random_moments() {
         }
         applied = now_applied;
         assert_matches(&store, &model, &rt);
+        // Both kinds of objects exist: inline ones (no file) and file-backed ones.
+        let objects: usize = model.pgs.values().map(|p| p.objects.len()).sum();
+        let files = std::fs::read_dir(dir.join("objects")).unwrap().count();
+        let small = model
+            .pgs
+            .values()
+            .flat_map(|p| p.objects.values())
+            .filter(|(d, _)| d.len() <= 8 << 10)
+            .count();
+        assert!(files <= objects, "{files} files for {objects} objects");
+        if applied > 500 {
+            saw_inline |= files < objects;
+            saw_files |= files > 0 && small > 0;
+        }
         eprintln!("round {round}: delay {delay} ms, acked {acked:?}, store has {applied} txns, checkpoints {}", store.stats().checkpoints);
         if round % 2 == 0 {
             store.shutdown().unwrap();
@@ -194,6 +212,10 @@ fn sigkill_at_random_moments() {
         }
     }
     assert!(applied > 100, "too few transactions ran: {applied}");
+    assert!(
+        saw_inline && saw_files,
+        "inline {saw_inline}, files {saw_files}"
+    );
     // The children checkpointed while writing, so kills also hit checkpoints.
     eprintln!("checkpoints in killed children: {total_child_ckpts}");
     assert!(

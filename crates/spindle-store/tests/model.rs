@@ -70,21 +70,37 @@ fn name(obj: u8) -> String {
     format!("obj/{obj} ünï\u{0}code")
 }
 
-fn config(dir: &std::path::Path, ckpt_bytes: u64) -> StoreConfig {
+fn config(dir: &std::path::Path, ckpt_bytes: u64, inline: u64) -> StoreConfig {
     let mut c = StoreConfig::new(dir);
     c.pg_log_max_entries = 6;
     c.checkpoint_journal_bytes = ckpt_bytes;
+    c.inline_max_bytes = inline;
     c
+}
+
+/// Data files in the store directory.
+fn file_count(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("objects")).unwrap().count()
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
-    fn store_matches_model(steps in prop::collection::vec(step_strategy(), 1..60), ckpt in prop_oneof![Just(16u64 << 10), Just(1u64 << 30)]) {
+    // Objects of <= `inline` bytes are stored inline: 8 KiB (sizes in the steps straddle it:
+    // writes, truncates and WriteFulls move objects between inline and file-backed), or 0
+    // (disabled). `inline2` is the threshold after a reopen (a configuration change: objects
+    // stay where they are until rewritten).
+    fn store_matches_model(
+        steps in prop::collection::vec(step_strategy(), 1..60),
+        ckpt in prop_oneof![Just(16u64 << 10), Just(1u64 << 30)],
+        inline in prop_oneof![3 => Just(8u64 << 10), 1 => Just(0u64)],
+        inline2 in prop_oneof![3 => Just(8u64 << 10), 1 => Just(0u64), 1 => Just(64u64 << 10)],
+    ) {
         let dir = tempdir();
         let rt = rt();
         let mut model = Model::new(6);
-        let mut store = Some(Store::open(config(&dir, ckpt)).unwrap());
+        let mut store = Some(Store::open(config(&dir, ckpt, inline)).unwrap());
+        let mut cur_inline = inline;
         for step in steps {
             let s = store.as_ref().unwrap();
             match step {
@@ -123,17 +139,115 @@ proptest! {
                 Step::Reopen { shutdown } => {
                     let s = store.take().unwrap();
                     if shutdown { s.shutdown().unwrap(); } else { drop(s); }
-                    store = Some(Store::open(config(&dir, ckpt)).unwrap());
+                    cur_inline = if cur_inline == inline { inline2 } else { inline };
+                    store = Some(Store::open(config(&dir, ckpt, cur_inline)).unwrap());
                 }
             }
         }
         assert_matches(store.as_ref().unwrap(), &model, &rt);
         drop(store.take());
-        let store = Store::open(config(&dir, ckpt)).unwrap();
+        let store = Store::open(config(&dir, ckpt, cur_inline)).unwrap();
         assert_matches(&store, &model, &rt);
+        // Unreferenced files are removed at open: at most one file per object; without
+        // inline objects exactly one.
+        let objects: usize = model.pgs.values().map(|p| p.objects.len()).sum();
+        if inline == 0 && inline2 == 0 {
+            prop_assert_eq!(file_count(&dir), objects);
+        } else {
+            prop_assert!(file_count(&dir) <= objects);
+        }
         store.shutdown().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// Every transition between inline and file-backed storage, each checked through the
+/// in-memory copy, after a checkpoint (bytes in the database), after a replay (drop without
+/// checkpoint) and with the files counted.
+#[test]
+fn inline_transitions() {
+    let dir = tempdir();
+    let rt = rt();
+    let cfg = config(&dir, 1 << 30, 8 << 10);
+    let pg = PgId { pool: 4, pg: 4 };
+    let mut model = Model::new(6);
+    let mut seq = 0;
+    let steps: Vec<(&str, Mutation, usize)> = vec![
+        // (object, mutation, data files expected afterwards)
+        ("a", Mutation::WriteFull(data(5000, 1)), 0), // new inline
+        ("b", Mutation::Truncate { size_bytes: 8192 }, 0), // new inline, exactly the threshold
+        (
+            "a",
+            Mutation::Write {
+                offset: 100,
+                data: data(300, 2),
+            },
+            0,
+        ), // inline partial write
+        (
+            "a",
+            Mutation::Write {
+                offset: 8000,
+                data: data(500, 3),
+            },
+            1,
+        ), // inline -> file
+        ("b", Mutation::Truncate { size_bytes: 8193 }, 2), // inline -> file by truncate
+        ("b", Mutation::Truncate { size_bytes: 10 }, 2), // shrinks: stays a file
+        ("a", Mutation::WriteFull(data(4096, 4)), 1), // file -> inline (WriteFull)
+        ("c", Mutation::WriteFull(data(300_000, 5)), 2), // large direct write: file
+        ("c", Mutation::WriteFull(data(7000, 6)), 1), // direct file -> inline
+        ("a", Mutation::WriteFull(data(300_000, 7)), 2), // inline -> direct file
+        (
+            "c",
+            Mutation::Write {
+                offset: 9000,
+                data: data(10, 8),
+            },
+            3,
+        ), // inline -> file (gap)
+        ("c", Mutation::Delete, 2),
+        ("d", Mutation::WriteFull(Vec::new()), 2), // empty inline object
+        ("d", Mutation::Delete, 2),                // deleting inline touches no file
+        (
+            "e",
+            Mutation::Write {
+                offset: 20,
+                data: data(30, 9),
+            },
+            2,
+        ),
+    ];
+    for round in 0..3 {
+        let store = Store::open(cfg.clone()).unwrap();
+        assert_matches(&store, &model, &rt);
+        for (obj, m, files) in &steps {
+            seq += 1;
+            let v = Version { epoch: 1, seq };
+            model.apply(pg, obj, v, m);
+            store.apply(pg, obj, v, m.clone()).wait().unwrap();
+            if round == 0 {
+                assert_eq!(file_count(&dir), *files, "after {obj} {m:?}");
+            }
+            assert_matches(&store, &model, &rt);
+        }
+        match round {
+            0 => drop(store),               // replay from the journal
+            1 => store.shutdown().unwrap(), // from the checkpoint
+            _ => {
+                // Checkpoint (bytes move to the database), then read from there.
+                store.shutdown().unwrap();
+                let store = Store::open(cfg.clone()).unwrap();
+                assert_matches(&store, &model, &rt);
+                let got = rt.block_on(store.read(pg, "e", 10, 100)).unwrap();
+                let mut want = vec![0u8; 10];
+                want.extend(data(30, 9));
+                assert_eq!(got, want);
+                store.shutdown().unwrap();
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
