@@ -16,7 +16,7 @@ pub use store::{MapStore, MapStoreError, RedbMapStore};
 use serde_json::json;
 use spindle_map::{ClusterMap, OsdInfo, Placement, PoolKind};
 use spindle_proto::msg::{PgReport, PgStateCode};
-use spindle_proto::net::{serve, Incoming, Replier};
+use spindle_proto::net::{accept_loop, Incoming, Replier, Service};
 use spindle_proto::{ErrorCode, Msg};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -483,6 +483,18 @@ impl Monitor {
     }
 }
 
+#[derive(Clone)]
+struct MonService(Arc<Monitor>);
+
+impl Service for MonService {
+    fn epoch(&self) -> u64 {
+        self.0.epoch()
+    }
+    fn dispatch(&self, inc: Incoming, reply: Replier) {
+        self.0.handle(inc, reply)
+    }
+}
+
 /// A bound, loaded monitor, ready to serve.
 pub struct BoundMonitor {
     pub addr: std::net::SocketAddr,
@@ -547,29 +559,7 @@ impl BoundMonitor {
                 }
             }
         });
-        let accept = async {
-            loop {
-                match self.listener.accept().await {
-                    Ok((stream, _)) => {
-                        let mon = mon.clone();
-                        tokio::spawn(async move {
-                            let m2 = mon.clone();
-                            serve(
-                                stream,
-                                "monitor",
-                                move || m2.epoch(),
-                                |inc, reply| mon.handle(inc, reply),
-                            )
-                            .await;
-                        });
-                    }
-                    Err(e) => {
-                        tracing::warn!("accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-            }
-        };
+        let accept = accept_loop(self.listener, "monitor", MonService(mon.clone()));
         tokio::select! {
             _ = accept => {}
             _ = shutdown => {}

@@ -26,7 +26,9 @@ use spindle_map::{ClusterMap, Placement};
 use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, ObjectListing, PgReport, PgStateCode, Ver,
 };
-use spindle_proto::net::{serve, Incoming, NetError, PendingReply, Prepared, Replier, RpcConn};
+use spindle_proto::net::{
+    accept_loop, Incoming, NetError, PendingReply, Prepared, Replier, RpcConn, Service,
+};
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{LogEntry, LogOp, Mutation, PgId, Store, StoreConfig, StoreError, Version};
 use std::collections::{BTreeSet, HashMap};
@@ -176,6 +178,15 @@ pub struct Osd {
     inner: Arc<Inner>,
 }
 
+impl Service for Osd {
+    fn epoch(&self) -> u64 {
+        self.map_state().map_or(0, |m| m.map.epoch)
+    }
+    fn dispatch(&self, inc: Incoming, reply: Replier) {
+        self.handle_request(inc, reply)
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -211,32 +222,7 @@ impl Osd {
             }),
         };
         tracing::info!("osd.{} listening on {addr}", osd.inner.id);
-        let server = {
-            let osd = osd.clone();
-            tokio::spawn(async move {
-                loop {
-                    match listener.accept().await {
-                        Ok((stream, _)) => {
-                            let osd = osd.clone();
-                            tokio::spawn(async move {
-                                let o2 = osd.clone();
-                                serve(
-                                    stream,
-                                    "osd",
-                                    move || o2.epoch(),
-                                    |inc, reply| osd.dispatch(inc, reply),
-                                )
-                                .await;
-                            });
-                        }
-                        Err(e) => {
-                            tracing::warn!("accept: {e}");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-            })
-        };
+        let server = tokio::spawn(accept_loop(listener, "osd", osd.clone()));
         let pusher = {
             let osd = osd.clone();
             tokio::spawn(async move { osd.push_loop(push_rx).await })
@@ -826,7 +812,7 @@ impl Osd {
     // ------------------------------------------------------------------ requests
 
     /// Called in arrival order for every request on a connection.
-    fn dispatch(&self, inc: Incoming, reply: Replier) {
+    fn handle_request(&self, inc: Incoming, reply: Replier) {
         let rid = inc.request_id;
         let Some(ms) = self.map_state() else {
             reply.send(rid, 0, &Msg::error(ErrorCode::Again, "daemon is booting"));
@@ -912,27 +898,7 @@ impl Osd {
                 );
             }
             Msg::PgList { pool, pg } => {
-                let listing = self
-                    .inner
-                    .store
-                    .list(PgId { pool, pg })
-                    .into_iter()
-                    .map(|(name, m)| ObjectListing {
-                        name,
-                        size_bytes: m.size_bytes,
-                        version: ver(m.version),
-                    })
-                    .collect();
-                reply.send(
-                    rid,
-                    epoch,
-                    &Msg::ObjReply {
-                        version: Ver::default(),
-                        size_bytes: 0,
-                        data: Vec::new(),
-                        listing,
-                    },
-                );
+                reply.send(rid, epoch, &self.listing_reply(PgId { pool, pg }));
             }
             Msg::ObjPull { pool, pg, name } => {
                 let store = self.inner.store.clone();
@@ -1011,6 +977,27 @@ impl Osd {
                     ),
                 );
             }
+        }
+    }
+
+    /// Every object of a placement group with size and version.
+    fn listing_reply(&self, pgid: PgId) -> Msg {
+        let listing = self
+            .inner
+            .store
+            .list(pgid)
+            .into_iter()
+            .map(|(name, m)| ObjectListing {
+                name,
+                size_bytes: m.size_bytes,
+                version: ver(m.version),
+            })
+            .collect();
+        Msg::ObjReply {
+            version: Ver::default(),
+            size_bytes: 0,
+            data: Vec::new(),
+            listing,
         }
     }
 
@@ -1135,27 +1122,7 @@ impl Osd {
                 reply.send(rid, epoch, &msg);
             }
             ObjOp::List => {
-                let listing = self
-                    .inner
-                    .store
-                    .list(pgid)
-                    .into_iter()
-                    .map(|(name, m)| ObjectListing {
-                        name,
-                        size_bytes: m.size_bytes,
-                        version: ver(m.version),
-                    })
-                    .collect();
-                reply.send(
-                    rid,
-                    epoch,
-                    &Msg::ObjReply {
-                        version: Ver::default(),
-                        size_bytes: 0,
-                        data: Vec::new(),
-                        listing,
-                    },
-                );
+                reply.send(rid, epoch, &self.listing_reply(pgid));
             }
         }
     }

@@ -553,3 +553,40 @@ where
     drop(replier);
     let _ = writer.await;
 }
+
+/// A server that dispatches decoded requests (the monitor, a storage daemon).
+pub trait Service: Clone + Send + Sync + 'static {
+    /// The map epoch to stamp on error frames.
+    fn epoch(&self) -> u64;
+    /// Handles one request in arrival order (see [`serve`]).
+    fn dispatch(&self, inc: Incoming, reply: Replier);
+}
+
+/// Accepts connections until the listener fails for good, serving each on its own task.
+pub async fn accept_loop<S: Service>(
+    listener: tokio::net::TcpListener,
+    label: &'static str,
+    svc: S,
+) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let svc = svc.clone();
+                tokio::spawn(async move {
+                    let s2 = svc.clone();
+                    serve(
+                        stream,
+                        label,
+                        move || s2.epoch(),
+                        |inc, reply| svc.dispatch(inc, reply),
+                    )
+                    .await;
+                });
+            }
+            Err(e) => {
+                tracing::warn!("{label}: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

@@ -17,6 +17,24 @@ pub struct BenchResult {
 }
 
 impl BenchResult {
+    fn with_ratio(
+        name: impl Into<String>,
+        unit: impl Into<String>,
+        spindle: f64,
+        reference: impl Into<String>,
+        reference_value: f64,
+        ratio: f64,
+    ) -> Self {
+        BenchResult {
+            name: name.into(),
+            unit: unit.into(),
+            spindle,
+            reference: reference.into(),
+            reference_value,
+            ratio,
+        }
+    }
+
     /// Builds a result where a larger value is better (throughput).
     pub fn higher_is_better(
         name: impl Into<String>,
@@ -30,18 +48,9 @@ impl BenchResult {
         } else {
             f64::NAN
         };
-        BenchResult {
-            name: name.into(),
-            unit: unit.into(),
-            spindle,
-            reference: reference.into(),
-            reference_value,
-            ratio,
-        }
+        Self::with_ratio(name, unit, spindle, reference, reference_value, ratio)
     }
-}
 
-impl BenchResult {
     /// Builds a result where a smaller value is better (latency, CPU time): the ratio is
     /// reference / spindle, so above 1 still means Spindle is better.
     pub fn lower_is_better(
@@ -56,14 +65,7 @@ impl BenchResult {
         } else {
             f64::NAN
         };
-        BenchResult {
-            name: name.into(),
-            unit: unit.into(),
-            spindle,
-            reference: reference.into(),
-            reference_value,
-            ratio,
-        }
+        Self::with_ratio(name, unit, spindle, reference, reference_value, ratio)
     }
 }
 

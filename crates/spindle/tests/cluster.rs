@@ -12,7 +12,12 @@ use std::time::Duration;
 
 const POOL: &str = "default";
 
-async fn write_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
+/// Runs `op(name, generation, len)` for every object with 16 tasks in parallel.
+async fn for_each_object<F, Fut>(objects: &BTreeMap<String, (u64, usize)>, op: F)
+where
+    F: Fn(String, u64, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let items: Vec<(String, u64, usize)> = objects
         .iter()
         .map(|(n, (g, l))| (n.clone(), *g, *l))
@@ -20,18 +25,15 @@ async fn write_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
     let items = Arc::new(Mutex::new(items));
     let mut tasks = Vec::new();
     for _ in 0..16 {
-        let client = client.clone();
         let items = items.clone();
+        let op = op.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 let next = items.lock().unwrap().pop();
                 let Some((name, generation, len)) = next else {
                     break;
                 };
-                client
-                    .write_full(POOL, &name, content(&name, generation, len))
-                    .await
-                    .unwrap_or_else(|e| panic!("write {name}: {e}"));
+                op(name, generation, len).await;
             }
         }));
     }
@@ -40,37 +42,37 @@ async fn write_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
     }
 }
 
-async fn verify_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
-    let items: Vec<(String, u64, usize)> = objects
-        .iter()
-        .map(|(n, (g, l))| (n.clone(), *g, *l))
-        .collect();
-    let items = Arc::new(Mutex::new(items));
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
+async fn write_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
+    let client = client.clone();
+    for_each_object(objects, move |name, generation, len| {
         let client = client.clone();
-        let items = items.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let next = items.lock().unwrap().pop();
-                let Some((name, generation, len)) = next else {
-                    break;
-                };
-                let got = client
-                    .read_full(POOL, &name)
-                    .await
-                    .unwrap_or_else(|e| panic!("read {name}: {e}"));
-                assert_eq!(got.len(), len, "{name}: size");
-                assert!(
-                    got == content(&name, generation, len),
-                    "{name}: content differs"
-                );
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
+        async move {
+            client
+                .write_full(POOL, &name, content(&name, generation, len))
+                .await
+                .unwrap_or_else(|e| panic!("write {name}: {e}"));
+        }
+    })
+    .await;
+}
+
+async fn verify_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
+    let client = client.clone();
+    for_each_object(objects, move |name, generation, len| {
+        let client = client.clone();
+        async move {
+            let got = client
+                .read_full(POOL, &name)
+                .await
+                .unwrap_or_else(|e| panic!("read {name}: {e}"));
+            assert_eq!(got.len(), len, "{name}: size");
+            assert!(
+                got == content(&name, generation, len),
+                "{name}: content differs"
+            );
+        }
+    })
+    .await;
 }
 
 /// Opens every daemon's store (cluster stopped) and checks each object is on every copy.
