@@ -473,10 +473,17 @@ impl Drop for RpcConn {
     }
 }
 
-/// Sends replies on a served connection (cheap to clone; frames keep their order).
+/// Requests a served connection may have in progress at once. When they are all busy the
+/// server stops reading that socket, so a flooding peer is slowed by TCP flow control
+/// instead of growing the daemon's queues (admission control).
+pub const REQUESTS_IN_FLIGHT_PER_CONNECTION: usize = 64;
+
+/// Sends replies on a served connection (cheap to clone; frames keep their order). The
+/// request's admission permit is released when the last clone is dropped.
 #[derive(Clone)]
 pub struct Replier {
     tx: mpsc::UnboundedSender<Outgoing>,
+    _permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
 }
 
 impl Replier {
@@ -510,9 +517,16 @@ where
     let (read_half, write_half) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
     let writer = tokio::spawn(writer_loop(write_half, rx));
-    let replier = Replier { tx };
+    let replier = Replier { tx, _permit: None };
+    let admission = Arc::new(tokio::sync::Semaphore::new(
+        REQUESTS_IN_FLIGHT_PER_CONNECTION,
+    ));
     let mut r = BufReader::with_capacity(256 << 10, read_half);
     loop {
+        // Wait for a free request slot before reading the next frame.
+        let Ok(permit) = admission.clone().acquire_owned().await else {
+            break;
+        };
         match read_frame_raw(&mut r).await {
             Ok(None) => break,
             Ok(Some(frame)) => {
@@ -524,7 +538,10 @@ where
                             epoch: frame_epoch,
                             msg,
                         },
-                        replier.clone(),
+                        Replier {
+                            tx: replier.tx.clone(),
+                            _permit: Some(Arc::new(permit)),
+                        },
                     ),
                     Err(e) => {
                         tracing::warn!("{label}: bad message from {peer} (kind {kind}): {e}");

@@ -250,3 +250,51 @@ async fn rpc_round_trip_over_tcp_with_shared_bodies() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_connection_gets_at_most_its_admission_limit_of_requests_in_progress() {
+    use spindle_proto::net::{Replier, REQUESTS_IN_FLIGHT_PER_CONNECTION as LIMIT};
+    use std::sync::{Arc, Mutex};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let held: Arc<Mutex<Vec<Replier>>> = Arc::default();
+    let held2 = held.clone();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        // Never answers: every request stays in progress while its replier is held.
+        spindle_proto::net::serve(
+            stream,
+            "test",
+            || 1,
+            move |_inc, reply| held2.lock().unwrap().push(reply),
+        )
+        .await;
+    });
+    let conn = RpcConn::connect(&addr, 2000, None).await.unwrap();
+    for _ in 0..LIMIT + 36 {
+        conn.send_oneway(1, &Msg::PgQuery { pool: 1, pg: 1 })
+            .unwrap();
+    }
+    let count = || held.lock().unwrap().len();
+    let wait_for = |n: usize| async move {
+        for _ in 0..200 {
+            if count() >= n {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    };
+    wait_for(LIMIT).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(count(), LIMIT, "more requests admitted than the limit");
+    // Finishing 10 requests admits 10 more.
+    held.lock().unwrap().drain(..10);
+    wait_for(LIMIT).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(count(), LIMIT);
+    // 100 sent, 74 admitted so far: the last 26 come in once the slots are free.
+    held.lock().unwrap().clear();
+    wait_for(26).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(count(), 26, "the rest was admitted once slots freed");
+}
