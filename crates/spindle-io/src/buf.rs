@@ -64,6 +64,23 @@ impl IoBuf {
     /// # Panics
     /// If `len < data.len()`, `align` is not a power of two or the size overflows.
     pub fn aligned_copy(data: &[u8], len: usize, align: usize) -> IoBuf {
+        Self::aligned_copy_inspect(data, len, align, usize::MAX, |_| {})
+    }
+
+    /// [`IoBuf::aligned_copy`] that hands each copied piece of `chunk` bytes (the last may
+    /// be shorter) to `inspect` right after copying it, while it is still in cache: e.g.
+    /// per-block checksums in the same pass over memory as the copy.
+    ///
+    /// # Panics
+    /// As [`IoBuf::aligned_copy`], or if `chunk` is 0.
+    pub fn aligned_copy_inspect(
+        data: &[u8],
+        len: usize,
+        align: usize,
+        chunk: usize,
+        mut inspect: impl FnMut(&[u8]),
+    ) -> IoBuf {
+        assert!(chunk > 0, "IoBuf::aligned_copy_inspect: chunk must be > 0");
         assert!(len >= data.len(), "IoBuf::aligned_copy: len below the data");
         assert!(
             align.is_power_of_two(),
@@ -79,12 +96,20 @@ impl IoBuf {
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        // SAFETY: `raw` is valid for `capacity >= len >= data.len()` bytes and does not
-        // overlap `data`; every byte up to `capacity` is initialized below.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), raw, data.len());
-            std::ptr::write_bytes(raw.add(data.len()), 0, capacity - data.len());
+        let mut done = 0;
+        while done < data.len() {
+            let n = chunk.min(data.len() - done);
+            // SAFETY: `raw` is valid for `capacity >= len >= data.len()` bytes and does not
+            // overlap `data`; bytes `done..done + n` are written before they are viewed.
+            let piece = unsafe {
+                std::ptr::copy_nonoverlapping(data.as_ptr().add(done), raw.add(done), n);
+                std::slice::from_raw_parts(raw.add(done), n)
+            };
+            inspect(piece);
+            done += n;
         }
+        // SAFETY: as above; the tail up to `capacity` is zeroed, so every byte is initialized.
+        unsafe { std::ptr::write_bytes(raw.add(data.len()), 0, capacity - data.len()) };
         IoBuf {
             ptr,
             len,
@@ -233,5 +258,25 @@ mod tests {
         assert_eq!(buf.into_vec(), b"hello\0\0".to_vec());
         assert_eq!(IoBuf::aligned(3, 512).into_vec(), vec![0, 0, 0]);
         assert!(IoBuf::from(Vec::new()).is_empty());
+    }
+}
+
+#[cfg(test)]
+mod copy_tests {
+    use super::IoBuf;
+
+    #[test]
+    fn aligned_copy_inspect_copies_pads_and_shows_every_chunk() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let mut seen = Vec::new();
+        let buf =
+            IoBuf::aligned_copy_inspect(&data, 12_288, 4096, 4096, |c| seen.extend_from_slice(c));
+        assert_eq!(buf.as_ptr() as usize % 4096, 0);
+        assert_eq!(buf.len(), 12_288);
+        assert_eq!(&buf[..10_000], &data[..]);
+        assert!(buf[10_000..].iter().all(|&b| b == 0));
+        assert_eq!(seen, data);
+        let plain = IoBuf::aligned_copy(&data, 10_000, 512);
+        assert_eq!(&plain[..], &data[..]);
     }
 }

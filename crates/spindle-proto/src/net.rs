@@ -204,9 +204,26 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Encodes `msg` (copies its bulk bytes).
+    /// Encodes `msg` (copies its bulk bytes, checksumming them in the same pass).
     pub fn new(msg: &Msg) -> Prepared {
-        Self::build(msg, msg.bulk().to_vec())
+        let src = msg.bulk();
+        let fields = msg.encode_fields();
+        let mut head = Vec::with_capacity(4 + fields.len());
+        head.extend_from_slice(&(src.len() as u32).to_le_bytes());
+        let mut crc = spindle_ec::crc32c::crc32c(&head);
+        let mut bulk = Vec::with_capacity(src.len());
+        for piece in src.chunks(64 << 10) {
+            bulk.extend_from_slice(piece);
+            crc = spindle_ec::crc32c::crc32c_append(crc, &bulk[bulk.len() - piece.len()..]);
+        }
+        let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
+        head.extend_from_slice(&fields);
+        Prepared {
+            kind: msg.kind(),
+            head: Arc::new(head),
+            bulk: Arc::new(bulk),
+            crc,
+        }
     }
 
     /// Encodes `msg`, moving its bulk bytes instead of copying them.

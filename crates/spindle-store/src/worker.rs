@@ -674,17 +674,21 @@ impl Worker {
         let mut reqs = Vec::with_capacity(direct.len());
         for (file_id, data) in direct {
             let file = Arc::new(open_direct(&self.sh.file_path(file_id))?);
-            let buf = IoBuf::aligned_copy(
+            // One pass over the data: copy into the aligned buffer and checksum each block.
+            let mut crcs = Vec::with_capacity(data.len().div_ceil(BLOCK_BYTES as usize));
+            let buf = IoBuf::aligned_copy_inspect(
                 &data,
                 data.len().next_multiple_of(JOURNAL_ALIGN),
                 JOURNAL_ALIGN,
+                BLOCK_BYTES as usize,
+                |block| crcs.push(spindle_ec::crc32c::crc32c(block)),
             );
             let req = self
                 .sh
                 .engine
                 .submit(Op::write(file.as_raw_fd(), 0, buf))
                 .map_err(io_err)?;
-            self.direct_crcs.insert(file_id, crcs_of(&data));
+            self.direct_crcs.insert(file_id, crcs);
             reqs.push(req);
             files.push((file, data.len() as u64));
         }
