@@ -287,14 +287,6 @@ impl Client {
         Ok(conn)
     }
 
-    fn pool_id(&self, pool: &str) -> Result<u32, ClientError> {
-        self.state()
-            .map
-            .pool_by_name(pool)
-            .map(|p| p.id)
-            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))
-    }
-
     /// Sends `op` on object `name` (or, for `List`, on placement group `pg_override`) to
     /// the primary, retrying across map changes until the timeout.
     async fn op(
@@ -312,8 +304,11 @@ impl Client {
         let mut op = Some(op);
         loop {
             let ms = self.state();
-            let pool_id = self.pool_id(pool)?;
-            let pool_def = &ms.map.pools[&pool_id];
+            let pool_def = ms
+                .map
+                .pool_by_name(pool)
+                .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
+            let pool_id = pool_def.id;
             let pg = pg_override.unwrap_or_else(|| object_pg(name, pool_def.pg_count));
             let m = msg.get_or_insert_with(|| {
                 Prepared::from_msg(Msg::ObjRequest {
@@ -517,8 +512,12 @@ impl Client {
 
     /// Every object of the pool, sorted by name (asks each placement group's primary).
     pub async fn list(&self, pool: &str) -> Result<Vec<ObjectListing>, ClientError> {
-        let pool_id = self.pool_id(pool)?;
-        let pg_count = self.state().map.pools[&pool_id].pg_count;
+        let pg_count = self
+            .state()
+            .map
+            .pool_by_name(pool)
+            .map(|p| p.pg_count)
+            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
         let mut all = Vec::new();
         for pg in 0..pg_count {
             let reply = self.op(pool, "", ObjOp::List, Some(pg)).await?;

@@ -836,12 +836,7 @@ impl Worker {
     /// The entry of `name` in `pg`, created (with `file_id`) if missing.
     fn get_or_create(&mut self, pg: PgId, name: &str, file_id: u64) -> Arc<ObjEntry> {
         let mut pgs = self.sh.pgs_write();
-        let recreated = self.removed_pgs.contains(&pg);
-        let p = pgs.entry(pg).or_insert_with(|| crate::state::PgState {
-            ck_log_reset: recreated,
-            ck_dirty: true,
-            ..Default::default()
-        });
+        let p = pg_entry(&mut pgs, pg, self.removed_pgs.contains(&pg));
         p.ck_dirty_objects.insert(name.to_string());
         let e = p
             .objects
@@ -866,12 +861,7 @@ impl Worker {
     fn delete_object(&mut self, pg: PgId, name: &str) -> Result<(), StoreError> {
         let removed = {
             let mut pgs = self.sh.pgs_write();
-            let recreated = self.removed_pgs.contains(&pg);
-            let p = pgs.entry(pg).or_insert_with(|| crate::state::PgState {
-                ck_log_reset: recreated,
-                ck_dirty: true,
-                ..Default::default()
-            });
+            let p = pg_entry(&mut pgs, pg, self.removed_pgs.contains(&pg));
             p.ck_dirty_objects.insert(name.to_string());
             p.objects.remove(name)
         };
@@ -1270,11 +1260,7 @@ impl Worker {
                 log_tail,
             } => {
                 let mut pgs = self.sh.pgs_write();
-                let recreated = self.removed_pgs.contains(&pg);
-                let p = pgs.entry(pg).or_insert_with(|| crate::state::PgState {
-                    ck_log_reset: recreated,
-                    ..Default::default()
-                });
+                let p = pg_entry(&mut pgs, pg, self.removed_pgs.contains(&pg));
                 p.log = entries.into();
                 p.last_version = last_version;
                 p.log_tail = log_tail;
@@ -1379,6 +1365,20 @@ impl Worker {
 }
 
 /// Per-block CRCs of the first `size` bytes of `file` (zeros past its end), read in chunks.
+/// The state of `pg`, created dirty (and with its log marked for reset if the PG was
+/// removed since the last checkpoint) when missing.
+fn pg_entry(
+    pgs: &mut std::collections::BTreeMap<PgId, crate::state::PgState>,
+    pg: PgId,
+    recreated: bool,
+) -> &mut crate::state::PgState {
+    pgs.entry(pg).or_insert_with(|| crate::state::PgState {
+        ck_log_reset: recreated,
+        ck_dirty: true,
+        ..Default::default()
+    })
+}
+
 fn crcs_of_file(file: &File, size: u64) -> io::Result<Vec<u32>> {
     const CHUNK: u64 = 1 << 20;
     let mut crcs = Vec::with_capacity(block_count(size) as usize);
