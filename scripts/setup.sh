@@ -7,7 +7,10 @@ set -euo pipefail
 declare -A PACKAGES=(
   [ceph-base]=/usr/bin/crushtool        # CRUSH oracle for tests and the CRUSH benchmark
   [libisal2]=/usr/lib/x86_64-linux-gnu/libisal.so.2   # ISA-L, the EC benchmark's anchor
-  [fio]=/usr/bin/fio                                   # the I/O engine benchmark's anchor
+  [fio]=/usr/bin/fio                                   # the I/O engine benchmark's anchor; fio nbd engine tests
+  [libnbd-bin]=/usr/bin/nbdinfo                        # NBD tests: nbdinfo, nbdcopy
+  [qemu-utils]=/usr/bin/qemu-img                       # NBD tests: qemu-img, qemu-io
+  [nbdkit]=/usr/bin/nbdkit                            # NBD ceiling for `spindle bench fio`
 )
 
 missing=()

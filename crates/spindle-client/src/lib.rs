@@ -18,6 +18,12 @@ use tokio::sync::{mpsc, watch};
 
 pub use spindle_proto::msg::{ObjectListing as Listing, Ver as Version};
 
+pub mod block;
+pub mod image;
+
+pub use block::{BlockConfig, BlockLayer, BlockStats};
+pub use image::{Image, ImageError, ImageInfo, ObjectBackend};
+
 /// Largest object the object API accepts (bigger data belongs in an image).
 pub const OBJECT_BYTES_MAX: u64 = 32 << 20;
 
@@ -55,6 +61,18 @@ impl ClientConfig {
             op_timeout_ms: 30_000,
         }
     }
+}
+
+/// Result of [`Client::scrub`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScrubStats {
+    pub pgs: u64,
+    /// Objects compared.
+    pub objects: u64,
+    /// Bad object copies found (missing, extra, checksum or content mismatch).
+    pub inconsistent: u64,
+    /// Bad copies repaired from a good one.
+    pub repaired: u64,
 }
 
 /// Size and version of an object.
@@ -296,12 +314,30 @@ impl Client {
         op: ObjOp,
         pg_override: Option<u32>,
     ) -> Result<Msg, ClientError> {
+        let request = |pool_id, pg| Msg::ObjRequest {
+            pool: pool_id,
+            pg,
+            name: name.to_string(),
+            op,
+        };
+        self.request(pool, name, pg_override, request).await
+    }
+
+    /// Sends the message `make(pool id, pg)` to the primary of the object's placement
+    /// group (or of `pg_override`), retrying across map changes until the timeout.
+    async fn request(
+        &self,
+        pool: &str,
+        name: &str,
+        pg_override: Option<u32>,
+        make: impl FnOnce(u32, u32) -> Msg,
+    ) -> Result<Msg, ClientError> {
         let timeout_ms = self.inner.config.op_timeout_ms;
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let mut backoff_ms = 5u64;
         // Encoded (and checksummed) once; retries only change the frame header.
         let mut msg: Option<Prepared> = None;
-        let mut op = Some(op);
+        let mut make = Some(make);
         loop {
             let ms = self.state();
             let pool_def = ms
@@ -310,14 +346,13 @@ impl Client {
                 .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
             let pool_id = pool_def.id;
             let pg = pg_override.unwrap_or_else(|| object_pg(name, pool_def.pg_count));
-            let m = msg.get_or_insert_with(|| {
-                Prepared::from_msg(Msg::ObjRequest {
-                    pool: pool_id,
-                    pg,
-                    name: name.to_string(),
-                    op: op.take().unwrap_or(ObjOp::Stat),
-                })
-            });
+            let m = match (&mut msg, make.take()) {
+                (Some(m), _) => m,
+                (slot, Some(make)) => slot.insert(Prepared::from_msg(make(pool_id, pg))),
+                (None, None) => {
+                    return Err(ClientError::Daemon("request was not built".into()));
+                }
+            };
             let attempt = match ms.placement.pg(pool_id, pg).and_then(|p| p.primary()) {
                 None => Attempt::Retry(format!("pg {pool_id}.{pg:x} has no daemon up")),
                 Some(primary) => {
@@ -508,6 +543,37 @@ impl Client {
             }),
             other => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
         }
+    }
+
+    /// Scrubs every placement group of `pool` now: each primary compares all copies of
+    /// its objects (versions, sizes, checksums) and repairs bad copies from good ones.
+    pub async fn scrub(&self, pool: &str) -> Result<ScrubStats, ClientError> {
+        let pg_count = self
+            .state()
+            .map
+            .pool_by_name(pool)
+            .map(|p| p.pg_count)
+            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
+        let mut total = ScrubStats::default();
+        for pg in 0..pg_count {
+            let reply = self
+                .request(pool, "", Some(pg), |pool, pg| Msg::ScrubPg { pool, pg })
+                .await?;
+            match Self::check(reply, "")? {
+                Msg::ScrubResult {
+                    objects,
+                    inconsistent,
+                    repaired,
+                } => {
+                    total.objects += objects;
+                    total.inconsistent += inconsistent;
+                    total.repaired += repaired;
+                    total.pgs += 1;
+                }
+                other => return Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
+            }
+        }
+        Ok(total)
     }
 
     /// Every object of the pool, sorted by name (asks each placement group's primary).

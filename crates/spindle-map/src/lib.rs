@@ -193,6 +193,12 @@ impl ClusterMap {
 /// domain "host" separates copies even on one machine, and daemons can be added later),
 /// under root `default`, and rule 0 `replicated_rule` = chooseleaf firstn over hosts.
 pub fn embedded_crush_map(osd_ids: &[u32]) -> Result<CrushMap, MapError> {
+    let weighted: Vec<(u32, u32)> = osd_ids.iter().map(|&id| (id, 0x10000)).collect();
+    embedded_crush_map_weighted(&weighted)
+}
+
+/// The embedded cluster's CRUSH map with a CRUSH weight (16.16) per daemon.
+pub fn embedded_crush_map_weighted(osds: &[(u32, u32)]) -> Result<CrushMap, MapError> {
     use spindle_crush::builder::MapBuilder;
     use spindle_crush::BucketAlg;
     let err = |e: spindle_crush::CrushError| MapError::InvalidCrush(e.to_string());
@@ -201,7 +207,7 @@ pub fn embedded_crush_map(osd_ids: &[u32]) -> Result<CrushMap, MapError> {
         .add_type(1, "host")
         .add_type(10, "root");
     let mut hosts = Vec::new();
-    for &id in osd_ids {
+    for &(id, weight) in osds {
         b.add_device(id as i32, &format!("osd.{id}"), None)
             .map_err(err)?;
         let host = b
@@ -209,7 +215,7 @@ pub fn embedded_crush_map(osd_ids: &[u32]) -> Result<CrushMap, MapError> {
                 &format!("host-{id}"),
                 "host",
                 BucketAlg::Straw2,
-                &[(id as i32, 0x10000)],
+                &[(id as i32, weight)],
             )
             .map_err(err)?;
         hosts.push((host, 0));
@@ -220,4 +226,21 @@ pub fn embedded_crush_map(osd_ids: &[u32]) -> Result<CrushMap, MapError> {
     b.add_replicated_rule("replicated_rule", root, "host")
         .map_err(err)?;
     Ok(b.build())
+}
+
+/// If `crush` is exactly the embedded map of `osd_ids` (as built by
+/// [`embedded_crush_map_weighted`]), the CRUSH weight of each daemon; None for a map an
+/// operator loaded by hand.
+pub fn embedded_weights(crush: &CrushMap, osd_ids: &[u32]) -> Option<Vec<(u32, u32)>> {
+    let mut weighted = Vec::with_capacity(osd_ids.len());
+    for &id in osd_ids {
+        let host = crush.bucket(crush.item_id(&format!("host-{id}"))?)?;
+        if host.items != [id as i32] {
+            return None;
+        }
+        weighted.push((id, *host.item_weights.first()?));
+    }
+    let rebuilt = embedded_crush_map_weighted(&weighted).ok()?;
+    (spindle_crush::text::print_text(&rebuilt) == spindle_crush::text::print_text(crush))
+        .then_some(weighted)
 }

@@ -45,6 +45,9 @@ pub struct MonConfig {
     pub listen: String,
     /// A daemon that sends no heartbeat for this long is marked down.
     pub down_after_ms: u64,
+    /// A daemon down for this long is marked out, so its data is re-created elsewhere
+    /// (0 = never).
+    pub out_after_ms: u64,
 }
 
 impl MonConfig {
@@ -53,6 +56,7 @@ impl MonConfig {
             dir: dir.into(),
             listen: "127.0.0.1:0".to_string(),
             down_after_ms: 2000,
+            out_after_ms: 30_000,
         }
     }
     fn db_path(&self) -> PathBuf {
@@ -123,6 +127,10 @@ struct State {
     reports: HashMap<u32, (u64, Vec<PgReport>)>,
     /// Latest counters per daemon.
     counters: HashMap<u32, Vec<(String, u64)>>,
+    /// Since when each down (and still in) daemon has been down, for `out_after_ms`.
+    down_since: HashMap<u32, Instant>,
+    /// Recovery rate: (when, total recovered bytes, total recovered objects) samples.
+    recovery_samples: std::collections::VecDeque<(Instant, u64, u64)>,
 }
 
 /// A running monitor (shared by its tasks).
@@ -207,9 +215,25 @@ impl Monitor {
             } => {
                 let mut st = self.lock();
                 if st.map.osds.contains_key(&osd_id) {
-                    st.last_heartbeat.insert(osd_id, Instant::now());
+                    let now = Instant::now();
+                    st.last_heartbeat.insert(osd_id, now);
                     st.reports.insert(osd_id, (inc.epoch, reports));
                     st.counters.insert(osd_id, counters);
+                    let (bytes, objects) = st.counters.values().fold((0, 0), |acc, c| {
+                        let get = |k: &str| c.iter().find(|(n, _)| n == k).map_or(0, |x| x.1);
+                        (
+                            acc.0 + get("recovered_bytes"),
+                            acc.1 + get("recovered_objects"),
+                        )
+                    });
+                    st.recovery_samples.push_back((now, bytes, objects));
+                    while st
+                        .recovery_samples
+                        .front()
+                        .is_some_and(|(t, _, _)| now.duration_since(*t) > RATE_WINDOW)
+                    {
+                        st.recovery_samples.pop_front();
+                    }
                 }
                 let epoch = st.map.epoch;
                 drop(st);
@@ -354,9 +378,43 @@ impl Monitor {
                 })?;
                 Ok(json!({"epoch": epoch}))
             }
+            ["osd", "add", weight] => {
+                let weight: f64 = weight
+                    .parse()
+                    .ok()
+                    .filter(|w: &f64| w.is_finite() && *w > 0.0 && *w <= 65535.0)
+                    .ok_or_else(|| format!("weight must be a positive number, got '{weight}'"))?;
+                let (id, epoch) = self.update(|m| {
+                    let ids: Vec<u32> = m.osds.keys().copied().collect();
+                    let mut weighted = spindle_map::embedded_weights(&m.crush, &ids).ok_or(
+                        "the CRUSH map was set by hand: add the new daemon to it \
+                         (`spindle crush set-map`) instead",
+                    )?;
+                    let id = ids.iter().max().map_or(0, |x| x + 1);
+                    weighted.push((id, (weight * 65536.0) as u32));
+                    let crush = spindle_map::embedded_crush_map_weighted(&weighted)
+                        .map_err(|e| e.to_string())?;
+                    m.crush = crush;
+                    m.osds.insert(
+                        id,
+                        OsdInfo {
+                            id,
+                            addr: String::new(),
+                            pid: 0,
+                            up: false,
+                            in_cluster: true,
+                            weight: 0x10000,
+                            up_from: 0,
+                        },
+                    );
+                    Ok(id)
+                })?;
+                self.lock().last_heartbeat.insert(id, Instant::now());
+                Ok(json!({"osd": id, "epoch": epoch}))
+            }
             ["crush", "get"] => Ok(json!(spindle_crush::text::print_text(&self.lock().map.crush))),
             _ => Err(format!(
-                "unknown command '{}' (known: status, pool ls|create|rm, osd out|in|down, crush get|set)",
+                "unknown command '{}' (known: status, pool ls|create|rm, osd out|in|down|add, crush get|set)",
                 a.join(" ")
             )),
         }
@@ -364,36 +422,51 @@ impl Monitor {
 
     /// The `spindle status` document.
     pub fn status(&self) -> serde_json::Value {
+        const STATES: [&str; 7] = [
+            "clean",
+            "degraded",
+            "recovering",
+            "backfilling",
+            "peering",
+            "incomplete",
+            "inactive",
+        ];
         let st = self.lock();
         let map = &st.map;
-        let mut report_of: HashMap<(u32, u32, u32), (u64, PgStateCode, u64)> = HashMap::new();
+        let mut report_of: HashMap<(u32, u32, u32), (u64, &PgReport)> = HashMap::new();
         for (osd, (epoch, reports)) in &st.reports {
             for r in reports {
-                report_of.insert((*osd, r.pool, r.pg), (*epoch, r.state, r.objects));
+                report_of.insert((*osd, r.pool, r.pg), (*epoch, r));
             }
         }
-        let mut totals = [0u64; 5]; // clean, degraded, recovering, inactive, peering
+        let mut totals = [0u64; 7];
+        let (mut missing_objects_total, mut missing_bytes_total) = (0u64, 0u64);
         let mut pools = Vec::new();
         let mut objects_total = 0u64;
         for pool in map.pools.values() {
-            let mut counts = [0u64; 5];
-            let mut objects = 0u64;
+            let mut counts = [0u64; 7];
+            let (mut objects, mut missing_objects, mut missing_bytes) = (0u64, 0u64, 0u64);
             for pg in 0..pool.pg_count {
                 let Some(mapping) = st.placement.pg(pool.id, pg) else {
                     continue;
                 };
                 let slot = if (mapping.up.len() as u32) < pool.min_size() {
-                    3
+                    6
                 } else {
                     let primary = mapping.up[0];
                     match report_of.get(&(primary, pool.id, pg)) {
-                        Some((e, state, n)) if *e >= map.epoch => {
-                            objects += n;
-                            match state {
+                        Some((e, r)) if *e >= map.epoch => {
+                            objects += r.objects;
+                            missing_objects += r.missing_objects;
+                            missing_bytes += r.missing_bytes;
+                            match r.state {
                                 PgStateCode::Clean if mapping.up.len() as u32 >= pool.size() => 0,
                                 PgStateCode::Clean | PgStateCode::Degraded => 1,
                                 PgStateCode::Recovering => 2,
-                                PgStateCode::Inactive => 3,
+                                PgStateCode::Backfilling => 3,
+                                PgStateCode::Peering => 4,
+                                PgStateCode::Incomplete => 5,
+                                PgStateCode::Inactive => 6,
                             }
                         }
                         _ => 4,
@@ -401,10 +474,17 @@ impl Monitor {
                 };
                 counts[slot] += 1;
             }
-            for i in 0..5 {
+            for i in 0..counts.len() {
                 totals[i] += counts[i];
             }
             objects_total += objects;
+            missing_objects_total += missing_objects;
+            missing_bytes_total += missing_bytes;
+            let pgs: serde_json::Map<String, serde_json::Value> = STATES
+                .iter()
+                .zip(counts)
+                .map(|(k, v)| (k.to_string(), json!(v)))
+                .collect();
             pools.push(json!({
                 "id": pool.id,
                 "name": pool.name,
@@ -414,8 +494,8 @@ impl Monitor {
                 "pg_count": pool.pg_count,
                 "crush_rule": pool.crush_rule,
                 "objects": objects,
-                "pgs": {"clean": counts[0], "degraded": counts[1], "recovering": counts[2],
-                        "inactive": counts[3], "peering": counts[4]},
+                "pgs": pgs,
+                "recovery": {"objects_left": missing_objects, "bytes_left": missing_bytes},
             }));
         }
         let osds: Vec<_> = map
@@ -431,8 +511,25 @@ impl Monitor {
                     .collect();
                 json!({"id": o.id, "addr": o.addr, "pid": o.pid, "up": o.up,
                        "in": o.in_cluster, "weight": o.weight as f64 / 65536.0,
+                       "crush_weight": crush_weight(&map.crush, o.id),
                        "up_from": o.up_from, "counters": counters})
             })
+            .collect();
+        let (bytes_per_sec, objects_per_sec) =
+            match (st.recovery_samples.front(), st.recovery_samples.back()) {
+                (Some(a), Some(b)) if b.0 > a.0 => {
+                    let secs = b.0.duration_since(a.0).as_secs_f64();
+                    (
+                        b.1.saturating_sub(a.1) as f64 / secs,
+                        b.2.saturating_sub(a.2) as f64 / secs,
+                    )
+                }
+                _ => (0.0, 0.0),
+            };
+        let pgs: serde_json::Map<String, serde_json::Value> = STATES
+            .iter()
+            .zip(totals)
+            .map(|(k, v)| (k.to_string(), json!(v)))
             .collect();
         json!({
             "cluster_id": format!("{:016x}", map.cluster_id),
@@ -440,8 +537,13 @@ impl Monitor {
             "osds": osds,
             "pools": pools,
             "objects": objects_total,
-            "pgs": {"clean": totals[0], "degraded": totals[1], "recovering": totals[2],
-                    "inactive": totals[3], "peering": totals[4]},
+            "pgs": pgs,
+            "recovery": {
+                "objects_left": missing_objects_total,
+                "bytes_left": missing_bytes_total,
+                "bytes_per_sec": bytes_per_sec,
+                "objects_per_sec": objects_per_sec,
+            },
         })
     }
 
@@ -462,6 +564,7 @@ impl Monitor {
                 .map(|o| o.id)
                 .collect()
         };
+        self.check_out(now);
         if stale.is_empty() {
             return;
         }
@@ -473,15 +576,88 @@ impl Monitor {
             }
             Ok(())
         }) {
-            Ok((_, e)) => tracing::warn!(
-                "marked {:?} down after {} ms without heartbeat (epoch {e})",
-                stale,
-                self.config.down_after_ms
-            ),
+            Ok((_, e)) => {
+                let mut st = self.lock();
+                for id in &stale {
+                    st.down_since.entry(*id).or_insert(now);
+                }
+                drop(st);
+                tracing::warn!(
+                    "marked {:?} down after {} ms without heartbeat (epoch {e})",
+                    stale,
+                    self.config.down_after_ms
+                )
+            }
             Err(e) => tracing::error!("cannot mark daemons down: {e}"),
         }
     }
 }
+
+impl Monitor {
+    /// Marks out every daemon that has been down (and in) for `out_after_ms`.
+    fn check_out(&self, now: Instant) {
+        let out_after_ms = self.config.out_after_ms;
+        if out_after_ms == 0 {
+            return;
+        }
+        let due: Vec<u32> = {
+            let mut st = self.lock();
+            let down: Vec<u32> = st
+                .map
+                .osds
+                .values()
+                .filter(|o| !o.up && o.in_cluster)
+                .map(|o| o.id)
+                .collect();
+            // Forget daemons that came back or were taken out; start the clock for daemons
+            // found down otherwise (marked by hand, or down when the monitor started).
+            st.down_since.retain(|id, _| down.contains(id));
+            for id in &down {
+                st.down_since.entry(*id).or_insert(now);
+            }
+            st.down_since
+                .iter()
+                .filter(|(_, t)| now.duration_since(**t) >= Duration::from_millis(out_after_ms))
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        if due.is_empty() {
+            return;
+        }
+        match self.update(|m| {
+            for id in &due {
+                if let Some(o) = m.osds.get_mut(id) {
+                    if !o.up {
+                        o.in_cluster = false;
+                    }
+                }
+            }
+            Ok(())
+        }) {
+            Ok((_, e)) => tracing::warn!(
+                "marked {:?} out after {out_after_ms} ms down (epoch {e}); their data is \
+                 being re-created on the other daemons",
+                due
+            ),
+            Err(e) => tracing::error!("cannot mark daemons out: {e}"),
+        }
+    }
+}
+
+/// CRUSH weight of a daemon (sum over the map's buckets holding it), as a float.
+fn crush_weight(crush: &spindle_crush::CrushMap, id: u32) -> f64 {
+    crush
+        .buckets
+        .iter()
+        .flatten()
+        .flat_map(|b| b.items.iter().zip(&b.item_weights))
+        .filter(|(item, _)| **item == id as i32)
+        .map(|(_, w)| *w as f64 / 65536.0)
+        .sum()
+}
+
+/// Window over which the recovery rate in `status` is computed.
+const RATE_WINDOW: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 struct MonService(Arc<Monitor>);
@@ -528,6 +704,8 @@ impl BoundMonitor {
                 last_heartbeat,
                 reports: HashMap::new(),
                 counters: HashMap::new(),
+                down_since: HashMap::new(),
+                recovery_samples: Default::default(),
             }),
             map_tx,
             config,

@@ -18,6 +18,8 @@
 //!   placement;
 //! - bad requests get error replies; nothing a peer sends can panic the daemon.
 
+mod recovery;
+mod scrub;
 mod sync;
 
 pub use sync::{plan, LogInfo, SyncPlan};
@@ -31,8 +33,9 @@ use spindle_proto::net::{
 };
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{LogEntry, LogOp, Mutation, PgId, Store, StoreConfig, StoreError, Version};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -60,6 +63,15 @@ pub struct OsdConfig {
     /// How long the primary waits for a replica before failing the write (the client
     /// retries on the next map).
     pub replica_timeout_ms: u64,
+    /// Background recovery: objects recovered at once by this daemon (as primary).
+    pub recovery_ops_max: usize,
+    /// Background recovery: bytes per second (0 = unlimited).
+    pub recovery_bytes_per_sec: u64,
+    /// How often copies of groups this daemon no longer belongs to are checked for removal.
+    pub stray_check_ms: u64,
+    /// Each placement group this daemon is primary of is scrubbed this often (0 = never;
+    /// `spindle scrub` works regardless).
+    pub scrub_interval_ms: u64,
 }
 
 impl OsdConfig {
@@ -71,6 +83,10 @@ impl OsdConfig {
             listen: "127.0.0.1:0".to_string(),
             heartbeat_ms: 400,
             replica_timeout_ms: 10_000,
+            recovery_ops_max: 2,
+            recovery_bytes_per_sec: 0,
+            stray_check_ms: 2000,
+            scrub_interval_ms: 24 * 3600 * 1000,
         }
     }
 }
@@ -143,12 +159,17 @@ enum Phase {
     Active,
     /// Too few copies up.
     Inactive,
+    /// No complete copy reachable: waiting for one (not serving).
+    Incomplete,
 }
 
 /// Per placement group state on its primary.
 struct PgState {
     /// Epoch the state was computed for.
     epoch: u64,
+    /// Epoch at which the current interval (same up set) began; recovery and scrub tasks
+    /// belong to an interval, not to an epoch (a map change elsewhere keeps them going).
+    since: u64,
     /// Identity of the interval: up set and each member's `up_from`.
     interval: Vec<(u32, u64)>,
     phase: Phase,
@@ -156,6 +177,8 @@ struct PgState {
     last: Ver,
     acting: Vec<u32>,
     size: u32,
+    /// Objects some copies still miss (while Active); None = all copies complete.
+    recovery: Option<recovery::Recovery>,
 }
 
 struct Inner {
@@ -169,7 +192,16 @@ struct Inner {
     peers: Mutex<HashMap<u32, Arc<RpcConn>>>,
     mon: Mutex<Option<Arc<RpcConn>>>,
     push_tx: mpsc::UnboundedSender<Incoming>,
-    repaired: std::sync::atomic::AtomicU64,
+    repaired: AtomicU64,
+    throttle: recovery::Throttle,
+    /// Stray groups being removed: requests for them get `Again`.
+    removing: Mutex<HashSet<PgId>>,
+    recovered_objects: AtomicU64,
+    recovered_bytes: AtomicU64,
+    backfills: AtomicU64,
+    log_recoveries: AtomicU64,
+    strays_removed: AtomicU64,
+    scrub: scrub::ScrubCounters,
 }
 
 /// A running storage daemon.
@@ -209,7 +241,6 @@ impl Osd {
         let osd = Osd {
             inner: Arc::new(Inner {
                 id: config.id,
-                config,
                 addr: addr.clone(),
                 store: Arc::new(store),
                 map: RwLock::new(None),
@@ -219,6 +250,18 @@ impl Osd {
                 mon: Mutex::new(None),
                 push_tx,
                 repaired: Default::default(),
+                throttle: recovery::Throttle::new(
+                    config.recovery_ops_max,
+                    config.recovery_bytes_per_sec,
+                ),
+                removing: Mutex::new(HashSet::new()),
+                recovered_objects: Default::default(),
+                recovered_bytes: Default::default(),
+                backfills: Default::default(),
+                log_recoveries: Default::default(),
+                strays_removed: Default::default(),
+                scrub: Default::default(),
+                config,
             }),
         };
         tracing::info!("osd.{} listening on {addr}", osd.inner.id);
@@ -231,11 +274,21 @@ impl Osd {
             let osd = osd.clone();
             tokio::spawn(async move { osd.mon_loop().await })
         };
+        let strays = {
+            let osd = osd.clone();
+            tokio::spawn(async move { osd.stray_loop().await })
+        };
+        let scrubber = {
+            let osd = osd.clone();
+            tokio::spawn(async move { osd.scrub_loop().await })
+        };
         shutdown.await;
         tracing::info!("osd.{} shutting down", osd.inner.id);
         server.abort();
         monitor_link.abort();
         pusher.abort();
+        strays.abort();
+        scrubber.abort();
         Ok(())
     }
 
@@ -435,11 +488,13 @@ impl Osd {
                 let min_ok = mapping.up.len() as u32 >= pool.min_size();
                 let entry = pgs.entry((pool_id, pg)).or_insert_with(|| PgState {
                     epoch: 0,
+                    since: 0,
                     interval: Vec::new(),
                     phase: Phase::Peering,
                     last: Ver::default(),
                     acting: Vec::new(),
                     size: pool.size(),
+                    recovery: None,
                 });
                 let same = entry.interval == interval && entry.phase == Phase::Active;
                 entry.epoch = ms.map.epoch;
@@ -448,9 +503,13 @@ impl Osd {
                 if !min_ok {
                     entry.phase = Phase::Inactive;
                     entry.interval = interval;
+                    entry.recovery = None;
+                    entry.since = ms.map.epoch;
                 } else if !same {
                     entry.phase = Phase::Peering;
                     entry.interval = interval;
+                    entry.recovery = None;
+                    entry.since = ms.map.epoch;
                     to_peer.push((pool_id, pg));
                 }
             }
@@ -465,13 +524,18 @@ impl Osd {
 
     fn counters(&self) -> Vec<(String, u64)> {
         let s = self.inner.store.stats();
+        let i = &self.inner;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         vec![
-            (
-                "corruptions_repaired".to_string(),
-                self.inner
-                    .repaired
-                    .load(std::sync::atomic::Ordering::Relaxed),
-            ),
+            ("corruptions_repaired".to_string(), get(&i.repaired)),
+            ("recovered_objects".to_string(), get(&i.recovered_objects)),
+            ("recovered_bytes".to_string(), get(&i.recovered_bytes)),
+            ("backfills".to_string(), get(&i.backfills)),
+            ("log_recoveries".to_string(), get(&i.log_recoveries)),
+            ("strays_removed".to_string(), get(&i.strays_removed)),
+            ("scrubbed_objects".to_string(), get(&i.scrub.objects)),
+            ("scrub_inconsistent".to_string(), get(&i.scrub.inconsistent)),
+            ("scrub_repaired".to_string(), get(&i.scrub.repaired)),
             ("corruptions_detected".to_string(), s.corruptions_detected),
             ("transactions".to_string(), s.transactions),
             ("flushes".to_string(), s.flushes),
@@ -486,13 +550,20 @@ impl Osd {
             .map(|(&(pool, pg), st)| PgReport {
                 pool,
                 pg,
-                state: match st.phase {
-                    Phase::Active if st.acting.len() as u32 >= st.size => PgStateCode::Clean,
-                    Phase::Active => PgStateCode::Degraded,
-                    Phase::Peering => PgStateCode::Recovering,
-                    Phase::Inactive => PgStateCode::Inactive,
+                state: match (st.phase, &st.recovery) {
+                    (Phase::Active, Some(r)) if r.backfill => PgStateCode::Backfilling,
+                    (Phase::Active, Some(_)) => PgStateCode::Recovering,
+                    (Phase::Active, None) if st.acting.len() as u32 >= st.size => {
+                        PgStateCode::Clean
+                    }
+                    (Phase::Active, None) => PgStateCode::Degraded,
+                    (Phase::Peering, _) => PgStateCode::Peering,
+                    (Phase::Inactive, _) => PgStateCode::Inactive,
+                    (Phase::Incomplete, _) => PgStateCode::Incomplete,
                 },
                 objects: self.inner.store.pg_info(PgId { pool, pg }).object_count,
+                missing_objects: st.recovery.as_ref().map_or(0, |r| r.missing_copies()),
+                missing_bytes: st.recovery.as_ref().map_or(0, |r| r.missing_bytes()),
             })
             .collect()
     }
@@ -525,200 +596,7 @@ impl Osd {
             last_version: ver(info.last_version),
             log_tail: ver(info.log_tail),
             log: log_to_wire(&self.inner.store.pg_log(pgid)),
-        }
-    }
-
-    async fn peer(&self, pool: u32, pg: u32, epoch: u64) -> Result<(), String> {
-        let pgid = PgId { pool, pg };
-        let acting = {
-            let pgs = lock(&self.inner.pgs);
-            match pgs.get(&(pool, pg)) {
-                Some(st) if st.epoch == epoch && st.phase == Phase::Peering => st.acting.clone(),
-                _ => return Ok(()),
-            }
-        };
-        let me = self.inner.id;
-        // 1. Gather every copy's log.
-        let mut infos: Vec<(u32, LogInfo)> = vec![(me, self.local_log_info(pgid))];
-        for &peer in acting.iter().filter(|&&p| p != me) {
-            let reply = self
-                .call_peer(peer, epoch, &Msg::PgQuery { pool, pg })
-                .await?;
-            match reply {
-                Msg::PgInfo {
-                    last_version,
-                    log_tail,
-                    log,
-                } => infos.push((
-                    peer,
-                    LogInfo {
-                        last_version,
-                        log_tail,
-                        log,
-                    },
-                )),
-                other => return Err(format!("osd.{peer}: unexpected {}", other.name())),
-            }
-        }
-        // 2. The newest copy is authoritative (ties: prefer myself).
-        let (auth_id, auth) = infos
-            .iter()
-            .enumerate()
-            .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
-            .map(|(_, (id, info))| (*id, info.clone()))
-            .ok_or("no copies")?;
-        // 3. Bring myself level first.
-        if auth_id != me {
-            let mine = infos[0].1.clone();
-            let names = self
-                .names_to_sync(pgid, &auth, &mine, auth_id, me, epoch)
-                .await?;
-            tracing::info!(
-                "osd.{me}: pg {pool}.{pg:x}: pulling {} objects from osd.{auth_id}",
-                names.len()
-            );
-            for name in names {
-                let state = self.pull(auth_id, epoch, pgid, &name).await?;
-                self.inner
-                    .store
-                    .recover_object(pgid, &name, state)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            self.inner
-                .store
-                .set_pg_log(
-                    pgid,
-                    log_from_wire(&auth.log),
-                    version(auth.last_version),
-                    version(auth.log_tail),
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        // 4. Push to every copy that is behind.
-        let mine = self.local_log_info(pgid);
-        for (peer, info) in infos.iter().filter(|(id, _)| *id != me) {
-            if info.last_version == mine.last_version {
-                continue;
-            }
-            let names = self
-                .names_to_sync(pgid, &mine, info, me, *peer, epoch)
-                .await?;
-            tracing::info!(
-                "osd.{me}: pg {pool}.{pg:x}: pushing {} objects to osd.{peer}",
-                names.len()
-            );
-            for name in names {
-                let (version, data) = match self.inner.store.stat(pgid, &name) {
-                    None => (None, Vec::new()),
-                    Some(meta) => {
-                        let data = self
-                            .inner
-                            .store
-                            .read(pgid, &name, 0, meta.size_bytes)
-                            .await
-                            .map_err(|e| format!("reading {name} to push: {e}"))?;
-                        (Some(ver(meta.version)), data)
-                    }
-                };
-                let msg = Msg::ObjState {
-                    pool,
-                    pg,
-                    name,
-                    version,
-                    data,
-                };
-                expect_ok(self.call_peer(*peer, epoch, &msg).await?)?;
-            }
-            let msg = Msg::PgSetLog {
-                pool,
-                pg,
-                last_version: mine.last_version,
-                log_tail: mine.log_tail,
-                log: mine.log.clone(),
-            };
-            expect_ok(self.call_peer(*peer, epoch, &msg).await?)?;
-        }
-        // 5. Activate (only if nothing changed meanwhile).
-        let mut pgs = lock(&self.inner.pgs);
-        if let Some(st) = pgs.get_mut(&(pool, pg)) {
-            if st.epoch == epoch && st.phase == Phase::Peering {
-                st.phase = Phase::Active;
-                st.last = mine.last_version;
-            }
-        }
-        Ok(())
-    }
-
-    /// Objects to copy from `auth` (on `auth_id`) to `stale` (on `stale_id`).
-    async fn names_to_sync(
-        &self,
-        pgid: PgId,
-        auth: &LogInfo,
-        stale: &LogInfo,
-        auth_id: u32,
-        stale_id: u32,
-        epoch: u64,
-    ) -> Result<BTreeSet<String>, String> {
-        match plan(auth, stale) {
-            SyncPlan::InSync => Ok(BTreeSet::new()),
-            SyncPlan::Objects(names) => Ok(names),
-            SyncPlan::Backfill => {
-                tracing::info!(
-                    "osd.{}: pg {}.{:x}: backfilling osd.{stale_id} from osd.{auth_id}",
-                    self.inner.id,
-                    pgid.pool,
-                    pgid.pg
-                );
-                let a = self.listing(auth_id, epoch, pgid).await?;
-                let s = self.listing(stale_id, epoch, pgid).await?;
-                let mut names = BTreeSet::new();
-                for (name, v) in &a {
-                    if s.get(name) != Some(v) {
-                        names.insert(name.clone());
-                    }
-                }
-                for name in s.keys() {
-                    if !a.contains_key(name) {
-                        names.insert(name.clone());
-                    }
-                }
-                Ok(names)
-            }
-        }
-    }
-
-    async fn listing(
-        &self,
-        osd: u32,
-        epoch: u64,
-        pgid: PgId,
-    ) -> Result<HashMap<String, Ver>, String> {
-        if osd == self.inner.id {
-            return Ok(self
-                .inner
-                .store
-                .list(pgid)
-                .into_iter()
-                .map(|(n, m)| (n, ver(m.version)))
-                .collect());
-        }
-        match self
-            .call_peer(
-                osd,
-                epoch,
-                &Msg::PgList {
-                    pool: pgid.pool,
-                    pg: pgid.pg,
-                },
-            )
-            .await?
-        {
-            Msg::ObjReply { listing, .. } => {
-                Ok(listing.into_iter().map(|l| (l.name, l.version)).collect())
-            }
-            other => Err(format!("osd.{osd}: unexpected {}", other.name())),
+            incomplete: info.incomplete,
         }
     }
 
@@ -834,7 +712,11 @@ impl Osd {
             | Msg::PgList { .. }
             | Msg::ObjPull { .. }
             | Msg::ObjState { .. }
-            | Msg::PgSetLog { .. } => {
+            | Msg::PgSetLog { .. }
+            | Msg::PgMark { .. }
+            | Msg::PgCleanQuery { .. }
+            | Msg::ScrubPg { .. }
+            | Msg::ScrubQuery { .. } => {
                 if inc.epoch < epoch {
                     reply.send(
                         rid,
@@ -859,6 +741,31 @@ impl Osd {
                 }
             }
             _ => {}
+        }
+        // A stray copy being removed answers nothing about itself.
+        let target = match &inc.msg {
+            Msg::RepWrite { pool, pg, .. }
+            | Msg::PgQuery { pool, pg }
+            | Msg::PgList { pool, pg }
+            | Msg::ObjPull { pool, pg, .. }
+            | Msg::ObjState { pool, pg, .. }
+            | Msg::PgSetLog { pool, pg, .. }
+            | Msg::PgMark { pool, pg, .. }
+            | Msg::ScrubQuery { pool, pg, .. } => Some(PgId {
+                pool: *pool,
+                pg: *pg,
+            }),
+            _ => None,
+        };
+        if let Some(pgid) = target {
+            if lock(&self.inner.removing).contains(&pgid) {
+                reply.send(
+                    rid,
+                    epoch,
+                    &Msg::error(ErrorCode::Again, "this copy is being removed"),
+                );
+                return;
+            }
         }
         match inc.msg {
             Msg::ObjRequest { pool, pg, name, op } => {
@@ -894,8 +801,45 @@ impl Osd {
                         last_version: info.last_version,
                         log_tail: info.log_tail,
                         log: info.log,
+                        incomplete: info.incomplete,
                     },
                 );
+            }
+            Msg::PgMark {
+                pool,
+                pg,
+                incomplete,
+            } => {
+                let commit = self.inner.store.mark_pg(PgId { pool, pg }, incomplete);
+                tokio::spawn(async move {
+                    let msg = match commit.await {
+                        Ok(()) => Msg::Ok,
+                        Err(e) => store_error_reply(&e),
+                    };
+                    reply.send(rid, epoch, &msg);
+                });
+            }
+            Msg::PgCleanQuery { pool, pg } => {
+                let msg = if self.pg_is_clean(PgId { pool, pg }, epoch) {
+                    Msg::Ok
+                } else {
+                    Msg::error(ErrorCode::Again, "not clean")
+                };
+                reply.send(rid, epoch, &msg);
+            }
+            Msg::ScrubPg { pool, pg } => {
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let msg = osd.scrub_pg(PgId { pool, pg }, epoch).await;
+                    reply.send(rid, epoch, &msg);
+                });
+            }
+            Msg::ScrubQuery { pool, pg, names } => {
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let entries = osd.scrub_entries(PgId { pool, pg }, &names).await;
+                    reply.send_owned(rid, epoch, Msg::ScrubMap { entries });
+                });
             }
             Msg::PgList { pool, pg } => {
                 reply.send(rid, epoch, &self.listing_reply(PgId { pool, pg }));
@@ -1053,6 +997,25 @@ impl Osd {
             return;
         }
         let osd = self.clone();
+        // Operations on an object some copy still misses wait for its recovery (reads and
+        // stats only when this daemon itself misses it).
+        let wait_for = match &op {
+            ObjOp::Mutate(_) => self.object_missing(pgid, &name, false),
+            ObjOp::Read { .. } | ObjOp::Stat => self.object_missing(pgid, &name, true),
+            ObjOp::List => false,
+        };
+        if wait_for {
+            let ms = ms.clone();
+            let since = self.interval_of(pgid).unwrap_or(0);
+            tokio::spawn(async move {
+                if let Err(e) = osd.ensure_recovered(pgid, since, &name).await {
+                    reply.send(rid, epoch, &Msg::error(ErrorCode::Again, e));
+                    return;
+                }
+                osd.client_op(&ms, rid, pool, pg, name, op, reply);
+            });
+            return;
+        }
         match op {
             ObjOp::Mutate(m) => {
                 // Fast path: all replica connections exist, so the version is assigned and
@@ -1121,9 +1084,28 @@ impl Osd {
                 };
                 reply.send(rid, epoch, &msg);
             }
-            ObjOp::List => {
-                reply.send(rid, epoch, &self.listing_reply(pgid));
-            }
+            ObjOp::List => match self.primary_misses_objects(pgid) {
+                None => {
+                    reply.send(rid, epoch, &self.listing_reply(pgid));
+                }
+                // Still recovering myself: the authoritative copy has the full listing.
+                Some(source) => {
+                    tokio::spawn(async move {
+                        let msg = match osd
+                            .call_peer(source, epoch, &Msg::PgList { pool, pg })
+                            .await
+                        {
+                            Ok(m @ Msg::ObjReply { .. }) => m,
+                            Ok(other) => Msg::error(
+                                ErrorCode::Again,
+                                format!("listing from osd.{source}: {}", other.name()),
+                            ),
+                            Err(e) => Msg::error(ErrorCode::Again, e),
+                        };
+                        reply.send_owned(rid, epoch, msg);
+                    });
+                }
+            },
         }
     }
 
@@ -1147,6 +1129,14 @@ impl Osd {
             .get_mut(&(pgid.pool, pgid.pg))
             .filter(|s| s.phase == Phase::Active && s.epoch == epoch)
             .ok_or_else(|| Msg::error(ErrorCode::Again, "placement group changed"))?;
+        if st
+            .recovery
+            .as_ref()
+            .is_some_and(|r| r.missing.contains_key(name))
+        {
+            // Never reached through client_op (it recovers first); kept as a guard.
+            return Err(Msg::error(ErrorCode::Again, "object is being recovered"));
+        }
         let v = Ver {
             epoch,
             seq: st.last.seq + 1,

@@ -10,6 +10,8 @@ pub struct LogInfo {
     pub last_version: Ver,
     pub log_tail: Ver,
     pub log: Vec<LogEntryMsg>,
+    /// The copy misses objects its log does not account for (an unfinished recovery).
+    pub incomplete: bool,
 }
 
 /// What must happen to bring `stale` level with `auth`.
@@ -26,6 +28,14 @@ pub enum SyncPlan {
 }
 
 pub fn plan(auth: &LogInfo, stale: &LogInfo) -> SyncPlan {
+    debug_assert!(
+        !auth.incomplete,
+        "an incomplete copy is never authoritative"
+    );
+    if stale.incomplete {
+        // Its log says nothing about what it misses: compare full listings.
+        return SyncPlan::Backfill;
+    }
     if stale.last_version == auth.last_version {
         return SyncPlan::InSync;
     }
@@ -76,6 +86,7 @@ mod tests {
             last_version: log.last().map_or(tail, |e| e.version),
             log_tail: tail,
             log,
+            incomplete: false,
         }
     }
 
@@ -121,5 +132,13 @@ mod tests {
             plan(&fresh, &empty),
             SyncPlan::Objects(["a".to_string()].into())
         );
+    }
+
+    #[test]
+    fn incomplete_copy_is_always_backfilled() {
+        let auth = info(vec![e(1, 1, "a"), e(1, 2, "b")], v(0, 0));
+        let mut stale = auth.clone();
+        stale.incomplete = true;
+        assert_eq!(plan(&auth, &stale), SyncPlan::Backfill);
     }
 }

@@ -67,6 +67,13 @@ pub enum PgStateCode {
     Recovering = 2,
     /// Fewer than min_size copies up: not serving.
     Inactive = 3,
+    /// Serving while copying whole placement-group contents to a copy whose log does not
+    /// reach back far enough (a new or long-absent daemon).
+    Backfilling = 4,
+    /// No complete copy is reachable: not serving until one comes back.
+    Incomplete = 5,
+    /// Exchanging logs with the other copies: not serving yet.
+    Peering = 6,
 }
 
 impl PgStateCode {
@@ -76,6 +83,9 @@ impl PgStateCode {
             1 => Self::Degraded,
             2 => Self::Recovering,
             3 => Self::Inactive,
+            4 => Self::Backfilling,
+            5 => Self::Incomplete,
+            6 => Self::Peering,
             _ => {
                 return Err(CodecError::Invalid {
                     what: "pg state",
@@ -92,6 +102,22 @@ pub struct PgReport {
     pub pg: u32,
     pub state: PgStateCode,
     pub objects: u64,
+    /// Object copies still to recover (summed over the copies that miss them).
+    pub missing_objects: u64,
+    /// Bytes of those copies (as known on the primary).
+    pub missing_bytes: u64,
+}
+
+/// One object of a copy, as scrub compares them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScrubEntry {
+    pub name: String,
+    pub version: Ver,
+    pub size_bytes: u64,
+    /// CRC32C of the whole object data (0 when `ok` is false).
+    pub digest: u32,
+    /// False when the copy failed its own block checksums.
+    pub ok: bool,
 }
 
 /// Error codes carried by [`Msg::Error`].
@@ -213,6 +239,8 @@ pub enum Msg {
         last_version: Ver,
         log_tail: Ver,
         log: Vec<LogEntryMsg>,
+        /// The copy misses objects its log does not account for (backfill unfinished).
+        incomplete: bool,
     },
     PgList {
         pool: u32,
@@ -239,6 +267,37 @@ pub enum Msg {
         last_version: Ver,
         log_tail: Ver,
         log: Vec<LogEntryMsg>,
+    },
+    /// Mark a copy incomplete before recovering it, or complete once it has everything.
+    PgMark {
+        pool: u32,
+        pg: u32,
+        incomplete: bool,
+    },
+    /// From a daemon holding a copy outside the up set to the primary: is the group clean
+    /// (so the stray copy can be removed)? Reply `Ok` if so, `Again` otherwise.
+    PgCleanQuery {
+        pool: u32,
+        pg: u32,
+    },
+    /// Client -> primary: scrub a placement group now (reply `ScrubResult`).
+    ScrubPg {
+        pool: u32,
+        pg: u32,
+    },
+    ScrubResult {
+        objects: u64,
+        inconsistent: u64,
+        repaired: u64,
+    },
+    /// Primary -> replica: digests of the named objects (all objects if empty).
+    ScrubQuery {
+        pool: u32,
+        pg: u32,
+        names: Vec<String>,
+    },
+    ScrubMap {
+        entries: Vec<ScrubEntry>,
     },
     /// Generic success reply.
     Ok,
@@ -268,6 +327,12 @@ mod tag {
     pub const OBJ_PULL: u16 = 34;
     pub const OBJ_STATE: u16 = 35;
     pub const PG_SET_LOG: u16 = 36;
+    pub const PG_MARK: u16 = 37;
+    pub const PG_CLEAN_QUERY: u16 = 38;
+    pub const SCRUB_PG: u16 = 50;
+    pub const SCRUB_RESULT: u16 = 51;
+    pub const SCRUB_QUERY: u16 = 52;
+    pub const SCRUB_MAP: u16 = 53;
     pub const OK: u16 = 40;
     pub const ERROR: u16 = 41;
 }
@@ -375,6 +440,12 @@ impl Msg {
             Msg::ObjPull { .. } => OBJ_PULL,
             Msg::ObjState { .. } => OBJ_STATE,
             Msg::PgSetLog { .. } => PG_SET_LOG,
+            Msg::PgMark { .. } => PG_MARK,
+            Msg::PgCleanQuery { .. } => PG_CLEAN_QUERY,
+            Msg::ScrubPg { .. } => SCRUB_PG,
+            Msg::ScrubResult { .. } => SCRUB_RESULT,
+            Msg::ScrubQuery { .. } => SCRUB_QUERY,
+            Msg::ScrubMap { .. } => SCRUB_MAP,
             Msg::Ok => OK,
             Msg::Error { .. } => ERROR,
         }
@@ -399,6 +470,12 @@ impl Msg {
             Msg::ObjPull { .. } => "obj_pull",
             Msg::ObjState { .. } => "obj_state",
             Msg::PgSetLog { .. } => "pg_set_log",
+            Msg::PgMark { .. } => "pg_mark",
+            Msg::PgCleanQuery { .. } => "pg_clean_query",
+            Msg::ScrubPg { .. } => "scrub_pg",
+            Msg::ScrubResult { .. } => "scrub_result",
+            Msg::ScrubQuery { .. } => "scrub_query",
+            Msg::ScrubMap { .. } => "scrub_map",
             Msg::Ok => "ok",
             Msg::Error { .. } => "error",
         }
@@ -473,7 +550,12 @@ impl Msg {
             } => {
                 w.u32(*osd_id).u32(reports.len() as u32);
                 for p in reports {
-                    w.u32(p.pool).u32(p.pg).u8(p.state as u8).u64(p.objects);
+                    w.u32(p.pool)
+                        .u32(p.pg)
+                        .u8(p.state as u8)
+                        .u64(p.objects)
+                        .u64(p.missing_objects)
+                        .u64(p.missing_bytes);
                 }
                 w.u32(counters.len() as u32);
                 for (k, v) in counters {
@@ -544,17 +626,50 @@ impl Msg {
                 put_ver(&mut w, *version);
                 put_mutation(&mut w, mutation);
             }
-            Msg::PgQuery { pool, pg } | Msg::PgList { pool, pg } => {
+            Msg::PgQuery { pool, pg }
+            | Msg::PgList { pool, pg }
+            | Msg::PgCleanQuery { pool, pg }
+            | Msg::ScrubPg { pool, pg } => {
                 w.u32(*pool).u32(*pg);
             }
             Msg::PgInfo {
                 last_version,
                 log_tail,
                 log,
+                incomplete,
             } => {
                 put_ver(&mut w, *last_version);
                 put_ver(&mut w, *log_tail);
                 put_log(&mut w, log);
+                w.u8(*incomplete as u8);
+            }
+            Msg::PgMark {
+                pool,
+                pg,
+                incomplete,
+            } => {
+                w.u32(*pool).u32(*pg).u8(*incomplete as u8);
+            }
+            Msg::ScrubResult {
+                objects,
+                inconsistent,
+                repaired,
+            } => {
+                w.u64(*objects).u64(*inconsistent).u64(*repaired);
+            }
+            Msg::ScrubQuery { pool, pg, names } => {
+                w.u32(*pool).u32(*pg).u32(names.len() as u32);
+                for n in names {
+                    w.str(n);
+                }
+            }
+            Msg::ScrubMap { entries } => {
+                w.u32(entries.len() as u32);
+                for e in entries {
+                    w.str(&e.name);
+                    put_ver(&mut w, e.version);
+                    w.u64(e.size_bytes).u32(e.digest).u8(e.ok as u8);
+                }
             }
             Msg::ObjPull { pool, pg, name } => {
                 w.u32(*pool).u32(*pg).str(name);
@@ -643,6 +758,8 @@ impl Msg {
                         pg: r.u32("pg")?,
                         state: PgStateCode::from_u8(r.u8("state")?)?,
                         objects: r.u64("objects")?,
+                        missing_objects: r.u64("missing objects")?,
+                        missing_bytes: r.u64("missing bytes")?,
                     });
                 }
                 let n = count(r, "counter count")?;
@@ -745,7 +862,50 @@ impl Msg {
                 last_version: get_ver(r)?,
                 log_tail: get_ver(r)?,
                 log: get_log(r)?,
+                incomplete: r.u8("incomplete")? != 0,
             },
+            PG_MARK => Msg::PgMark {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+                incomplete: r.u8("incomplete")? != 0,
+            },
+            PG_CLEAN_QUERY => Msg::PgCleanQuery {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+            },
+            SCRUB_PG => Msg::ScrubPg {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+            },
+            SCRUB_RESULT => Msg::ScrubResult {
+                objects: r.u64("objects")?,
+                inconsistent: r.u64("inconsistent")?,
+                repaired: r.u64("repaired")?,
+            },
+            SCRUB_QUERY => {
+                let pool = r.u32("pool")?;
+                let pg = r.u32("pg")?;
+                let n = count(r, "name count")?;
+                let mut names = Vec::with_capacity((n as usize).min(4096));
+                for _ in 0..n {
+                    names.push(name(r)?);
+                }
+                Msg::ScrubQuery { pool, pg, names }
+            }
+            SCRUB_MAP => {
+                let n = count(r, "scrub entries")?;
+                let mut entries = Vec::with_capacity((n as usize).min(4096));
+                for _ in 0..n {
+                    entries.push(ScrubEntry {
+                        name: name(r)?,
+                        version: get_ver(r)?,
+                        size_bytes: r.u64("size")?,
+                        digest: r.u32("digest")?,
+                        ok: r.u8("ok")? != 0,
+                    });
+                }
+                Msg::ScrubMap { entries }
+            }
             OBJ_PULL => Msg::ObjPull {
                 pool: r.u32("pool")?,
                 pg: r.u32("pg")?,

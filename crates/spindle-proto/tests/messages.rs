@@ -35,8 +35,10 @@ fn samples() -> Vec<Msg> {
             reports: vec![PgReport {
                 pool: 1,
                 pg: 5,
-                state: PgStateCode::Recovering,
+                state: PgStateCode::Backfilling,
                 objects: 9,
+                missing_objects: 4,
+                missing_bytes: 4096,
             }],
             counters: vec![("flushes".into(), 7)],
         },
@@ -115,6 +117,33 @@ fn samples() -> Vec<Msg> {
             last_version: v(3, 2),
             log_tail: v(0, 0),
             log: log.clone(),
+            incomplete: true,
+        },
+        Msg::PgMark {
+            pool: 1,
+            pg: 3,
+            incomplete: true,
+        },
+        Msg::PgCleanQuery { pool: 2, pg: 7 },
+        Msg::ScrubPg { pool: 2, pg: 8 },
+        Msg::ScrubResult {
+            objects: 10,
+            inconsistent: 2,
+            repaired: 1,
+        },
+        Msg::ScrubQuery {
+            pool: 2,
+            pg: 8,
+            names: vec!["a".into(), "b".into()],
+        },
+        Msg::ScrubMap {
+            entries: vec![spindle_proto::msg::ScrubEntry {
+                name: "a".into(),
+                version: v(4, 5),
+                size_bytes: 77,
+                digest: 0xdead_beef,
+                ok: false,
+            }],
         },
         Msg::PgList { pool: 1, pg: 3 },
         Msg::ObjPull {

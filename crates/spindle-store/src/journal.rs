@@ -21,6 +21,7 @@ const KIND_APPLY: u8 = 1;
 const KIND_RECOVER: u8 = 2;
 const KIND_SET_LOG: u8 = 3;
 const KIND_REMOVE_PG: u8 = 4;
+const KIND_PG_MARK: u8 = 5;
 
 /// One journaled transaction, with everything replay needs (file ids included).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +49,12 @@ pub enum Record {
     },
     RemovePg {
         pg: PgId,
+    },
+    /// Marks a PG copy incomplete (missing objects its log does not account for), or
+    /// complete again: then its log is cleared and `log_tail` set to its last_version.
+    PgMark {
+        pg: PgId,
+        incomplete: bool,
     },
     /// A large WriteFull whose `size` bytes were already written and synced to the new
     /// file `file_id` before this record was journaled.
@@ -103,6 +110,7 @@ impl Record {
             Record::Recover { .. } | Record::RecoverDirect { .. } => KIND_RECOVER,
             Record::SetPgLog { .. } => KIND_SET_LOG,
             Record::RemovePg { .. } => KIND_REMOVE_PG,
+            Record::PgMark { .. } => KIND_PG_MARK,
         }
     }
 
@@ -123,6 +131,7 @@ impl Record {
                 64 + entries.iter().map(|e| 19 + e.name.len()).sum::<usize>()
             }
             Record::RemovePg { .. } => 8,
+            Record::PgMark { .. } => 9,
             Record::ApplyDirect { name, .. } | Record::RecoverDirect { name, .. } => {
                 64 + name.len()
             }
@@ -198,6 +207,10 @@ impl Record {
                 }
             }
             Record::RemovePg { pg } => put_pg(b, *pg),
+            Record::PgMark { pg, incomplete } => {
+                put_pg(b, *pg);
+                b.push(u8::from(*incomplete));
+            }
             Record::ApplyDirect {
                 pg,
                 name,
@@ -395,6 +408,15 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
             }
         }
         KIND_REMOVE_PG => Record::RemovePg { pg: c.pg()? },
+        KIND_PG_MARK => {
+            let pg = c.pg()?;
+            let incomplete = match c.u8()? {
+                0 => false,
+                1 => true,
+                _ => return None,
+            };
+            Record::PgMark { pg, incomplete }
+        }
         _ => return None,
     };
     (c.pos == body.len()).then_some(rec)

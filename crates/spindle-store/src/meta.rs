@@ -6,7 +6,7 @@
 //!   crc_count u32 | crc u32 * crc_count   (little endian values)
 //!   (file_id 0 = inline object, format 2)
 //! - `inline`: pool u32 | pg u32 | name bytes  ->  the bytes of an inline object
-//! - `pgs`:    pool u32 | pg u32  ->  last_version 16 B | log_tail 16 B
+//! - `pgs`:    pool u32 | pg u32  ->  last_version 16 B | log_tail 16 B [| flags 1 B: bit 0 incomplete]
 //! - `pglog`:  pool u32 | pg u32 | epoch u64 | seq u64  ->  op u8 | name bytes
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -188,6 +188,7 @@ pub fn load(db: &Database) -> Result<Option<Loaded>, StoreError> {
             epoch: f(16)?,
             seq: f(24)?,
         };
+        p.incomplete = v.get(32).is_some_and(|flags| flags & 1 != 0);
     }
     let logt = tx.open_table(PGLOG).map_err(meta_err)?;
     for item in logt.iter().map_err(meta_err)? {
@@ -296,6 +297,7 @@ pub fn save(
             ] {
                 v.extend_from_slice(&x.to_le_bytes());
             }
+            v.push(u8::from(p.incomplete));
             pgt.insert(pfx.as_slice(), v.as_slice()).map_err(meta_err)?;
             let keep_after = if p.ck_log_reset {
                 logt.retain_in(pfx.as_slice().., |k, _| !k.starts_with(&pfx))

@@ -69,6 +69,8 @@ pub(crate) struct PgState {
     pub log: VecDeque<LogEntry>,
     pub last_version: Version,
     pub log_tail: Version,
+    /// This copy misses objects its log does not account for (being backfilled).
+    pub incomplete: bool,
     /// Checkpoint bookkeeping: object names changed since the last checkpoint.
     pub ck_dirty_objects: BTreeSet<String>,
     /// The persisted log must be replaced wholesale at the next checkpoint.
@@ -81,7 +83,10 @@ pub(crate) struct PgState {
 
 impl PgState {
     pub fn is_empty(&self) -> bool {
-        self.objects.is_empty() && self.log.is_empty() && self.last_version == Version::ZERO
+        self.objects.is_empty()
+            && self.log.is_empty()
+            && self.last_version == Version::ZERO
+            && !self.incomplete
     }
 
     /// Appends `entry` and trims the log to `max` entries (advancing `log_tail`).

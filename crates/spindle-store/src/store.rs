@@ -262,6 +262,14 @@ impl Store {
         })
     }
 
+    /// Recovery: mark this PG copy incomplete (it misses objects its log does not account
+    /// for), or complete again, which also drops the log and sets `log_tail` to the PG's
+    /// last_version (the log may have gaps where objects were recovered by state).
+    /// Executed in transaction order, so it sees every earlier `apply`.
+    pub fn mark_pg(&self, pg: PgId, incomplete: bool) -> Commit {
+        self.submit(TxnKind::PgMark { pg, incomplete })
+    }
+
     /// Remove a PG and all its objects.
     pub fn remove_pg(&self, pg: PgId) -> Commit {
         self.submit(TxnKind::RemovePg { pg })
@@ -443,6 +451,7 @@ impl Store {
                 last_version: p.last_version,
                 log_tail: p.log_tail,
                 object_count: p.objects.len() as u64,
+                incomplete: p.incomplete,
             },
             None => PgInfo::default(),
         }

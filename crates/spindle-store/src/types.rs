@@ -94,6 +94,9 @@ pub struct PgInfo {
     /// Every entry with version > log_tail is still in the log (ZERO if never trimmed).
     pub log_tail: Version,
     pub object_count: u64,
+    /// Set by `mark_pg(.., true)`: this copy misses objects (recovery in progress) and
+    /// must not be used as the authoritative copy.
+    pub incomplete: bool,
 }
 
 /// Counters (since open, except `objects` and `data_bytes`, which are current totals).

@@ -53,6 +53,10 @@ pub(crate) enum TxnKind {
     RemovePg {
         pg: PgId,
     },
+    PgMark {
+        pg: PgId,
+        incomplete: bool,
+    },
 }
 
 pub(crate) struct Txn {
@@ -660,6 +664,7 @@ impl Worker {
                 ov.objects.retain(|(p, _), _| *p != pg);
                 Record::RemovePg { pg }
             }
+            TxnKind::PgMark { pg, incomplete } => Record::PgMark { pg, incomplete },
         })
     }
 
@@ -1289,6 +1294,19 @@ impl Worker {
                 file_id,
                 size,
             } => self.exec_direct(pg, &name, version, file_id, size)?,
+            Record::PgMark { pg, incomplete } => {
+                let mut pgs = self.sh.pgs_write();
+                let p = pg_entry(&mut pgs, pg, self.removed_pgs.contains(&pg));
+                p.incomplete = incomplete;
+                if !incomplete {
+                    // Complete again: the log may have gaps (objects recovered by state),
+                    // so it is dropped; everything up to last_version is present.
+                    p.log.clear();
+                    p.log_tail = p.last_version;
+                    p.ck_log_reset = true;
+                }
+                p.ck_dirty = true;
+            }
             Record::RemovePg { pg } => {
                 let removed = self.sh.pgs_write().remove(&pg);
                 self.removed_pgs.insert(pg);
@@ -1415,7 +1433,7 @@ fn txn_bytes_hint(k: &TxnKind) -> usize {
         },
         TxnKind::Recover { state, .. } => state.as_ref().map_or(64, |(d, _)| d.len() + 64),
         TxnKind::SetPgLog { entries, .. } => entries.len() * 32 + 64,
-        TxnKind::RemovePg { .. } => 64,
+        TxnKind::RemovePg { .. } | TxnKind::PgMark { .. } => 64,
     }
 }
 

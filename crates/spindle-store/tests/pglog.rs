@@ -142,3 +142,51 @@ fn log_trims_and_recovery_operations_persist() {
     store.shutdown().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `mark_pg`: the incomplete flag survives journal replay and checkpoints; marking the
+/// copy complete again drops its (gappy) log and moves `log_tail` to the newest write
+/// applied before the mark - including writes still queued when it was submitted.
+#[test]
+fn incomplete_mark_persists_and_completion_resets_the_log() {
+    let a = PgId { pool: 3, pg: 7 };
+    let e = PgId { pool: 3, pg: 8 };
+    for checkpoint in [false, true] {
+        let dir = tempdir("pgmark");
+        {
+            let store = Store::open(cfg(&dir)).unwrap();
+            store.mark_pg(a, true).wait().unwrap();
+            // An empty PG that is incomplete must not vanish at a checkpoint.
+            store.mark_pg(e, true).wait().unwrap();
+            store
+                .apply(a, "x", v(1), Mutation::WriteFull(vec![1; 10]))
+                .wait()
+                .unwrap();
+            assert!(store.pg_info(a).incomplete);
+            if checkpoint {
+                store.shutdown().unwrap();
+            }
+        }
+        let store = Store::open(cfg(&dir)).unwrap();
+        assert!(store.pg_info(a).incomplete, "checkpoint={checkpoint}");
+        assert!(store.pg_info(e).incomplete, "checkpoint={checkpoint}");
+        assert_eq!(store.pg_log(a).len(), 1);
+        // Queue a write and the completion mark without waiting in between.
+        let w = store.apply(a, "y", v(2), Mutation::WriteFull(vec![2; 10]));
+        let m = store.mark_pg(a, false);
+        w.wait().unwrap();
+        m.wait().unwrap();
+        let info = store.pg_info(a);
+        assert!(!info.incomplete);
+        assert_eq!(info.last_version, v(2));
+        assert_eq!(info.log_tail, v(2));
+        assert!(store.pg_log(a).is_empty());
+        store.shutdown().unwrap();
+        let store = Store::open(cfg(&dir)).unwrap();
+        let info = store.pg_info(a);
+        assert!(!info.incomplete);
+        assert_eq!((info.last_version, info.log_tail), (v(2), v(2)));
+        assert_eq!(store.stat(a, "x").unwrap().size_bytes, 10);
+        drop(store);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

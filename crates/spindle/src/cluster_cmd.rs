@@ -72,7 +72,76 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 60)]
     pub wait_seconds: u64,
     #[command(flatten)]
+    pub settings: SettingsArgs,
+    #[command(flatten)]
     pub target: Target,
+}
+
+/// Daemon settings of an embedded cluster, kept in `DIR/cluster.json` (given flags
+/// replace the stored values; daemons pick them up when they start).
+#[derive(Args, Clone, Debug, Default)]
+pub struct SettingsArgs {
+    /// Mark a daemon out (and re-create its data elsewhere) after it was down this long;
+    /// 0 = never. Default 30000.
+    #[arg(long)]
+    pub out_after_ms: Option<u64>,
+    /// Background recovery: objects each daemon recovers at once. Default 2.
+    #[arg(long)]
+    pub recovery_ops_max: Option<usize>,
+    /// Background recovery: bytes per second per daemon; 0 = unlimited (default).
+    #[arg(long)]
+    pub recovery_bytes_per_sec: Option<u64>,
+    /// Scrub every placement group this often; 0 = only `spindle scrub`. Default 1 day.
+    #[arg(long)]
+    pub scrub_interval_ms: Option<u64>,
+}
+
+const SETTING_KEYS: [&str; 4] = [
+    "out_after_ms",
+    "recovery_ops_max",
+    "recovery_bytes_per_sec",
+    "scrub_interval_ms",
+];
+
+impl SettingsArgs {
+    fn values(&self) -> [Option<u64>; 4] {
+        [
+            self.out_after_ms,
+            self.recovery_ops_max.map(|v| v as u64),
+            self.recovery_bytes_per_sec,
+            self.scrub_interval_ms,
+        ]
+    }
+}
+
+fn read_cluster_json(dir: &Path) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(dir.join("cluster.json"))
+        .with_context(|| format!("no embedded cluster in {}", dir.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Stored setting `key` as command-line arguments for a daemon (nothing if unset).
+fn setting_args(dir: &Path, keys: &[&str]) -> Vec<String> {
+    let v = read_cluster_json(dir).unwrap_or(Value::Null);
+    keys.iter()
+        .filter_map(|k| {
+            v["settings"][*k]
+                .as_u64()
+                .map(|n| [format!("--{}", k.replace('_', "-")), n.to_string()])
+        })
+        .flatten()
+        .collect()
+}
+
+/// Merges given flags into `cluster.json`.
+fn store_settings(dir: &Path, settings: &SettingsArgs) -> anyhow::Result<()> {
+    let mut v = read_cluster_json(dir)?;
+    for (k, val) in SETTING_KEYS.iter().zip(settings.values()) {
+        if let Some(val) = val {
+            v["settings"][*k] = serde_json::json!(val);
+        }
+    }
+    write_atomic(&dir.join("cluster.json"), &v.to_string())
 }
 
 #[derive(Args)]
@@ -119,6 +188,13 @@ pub enum OsdCommand {
     Stop { id: u32 },
     /// Start a daemon of the embedded cluster.
     Start { id: u32 },
+    /// Add a storage daemon to the embedded cluster and start it; placement groups
+    /// rebalance onto it in proportion to its weight.
+    Add {
+        /// CRUSH weight (1.0 = the weight of every daemon `spindle up` created).
+        #[arg(long, default_value_t = 1.0)]
+        weight: f64,
+    },
     /// Run a storage daemon in the foreground (what `spindle up` starts).
     Run(crate::daemon::OsdRunArgs),
 }
@@ -176,25 +252,22 @@ fn start_osd(dir: &Path, id: u32, mon: &str) -> anyhow::Result<u32> {
     if let Some(pid) = read_pid(&d).filter(|&p| pid_alive(p)) {
         return Ok(pid);
     }
-    spawn_daemon(
-        &[
-            "osd".into(),
-            "run".into(),
-            "--id".into(),
-            id.to_string(),
-            "--dir".into(),
-            d.display().to_string(),
-            "--mon".into(),
-            mon.to_string(),
-        ],
-        &d.join("log"),
-    )
+    let mut args: Vec<String> = vec![
+        "osd".into(),
+        "run".into(),
+        "--id".into(),
+        id.to_string(),
+        "--dir".into(),
+        d.display().to_string(),
+        "--mon".into(),
+        mon.to_string(),
+    ];
+    args.extend(setting_args(dir, &SETTING_KEYS[1..]));
+    spawn_daemon(&args, &d.join("log"))
 }
 
 fn cluster_osd_count(dir: &Path) -> anyhow::Result<u32> {
-    let text = std::fs::read_to_string(dir.join("cluster.json"))
-        .with_context(|| format!("no embedded cluster in {}", dir.display()))?;
-    let v: Value = serde_json::from_str(&text)?;
+    let v = read_cluster_json(dir)?;
     v["osds"]
         .as_u64()
         .map(|n| n as u32)
@@ -202,6 +275,22 @@ fn cluster_osd_count(dir: &Path) -> anyhow::Result<u32> {
 }
 
 pub fn up(args: UpArgs) -> anyhow::Result<()> {
+    up_impl(args, false)
+}
+
+/// `up` without the report on stdout (for benchmarks that run their own cluster).
+pub fn up_quiet(args: UpArgs) -> anyhow::Result<()> {
+    up_impl(args, true)
+}
+
+fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
+    macro_rules! say {
+        ($($t:tt)*) => {
+            if !quiet {
+                println!($($t)*);
+            }
+        };
+    }
     let dir = args.target.dir.clone();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir.canonicalize()?;
@@ -225,7 +314,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
                 &dir.join("cluster.json"),
                 &serde_json::json!({"osds": args.osds}).to_string(),
             )?;
-            println!(
+            say!(
                 "created a cluster of {} storage daemons in {} (pool 'default': {size} copies, min {min_size})",
                 args.osds,
                 dir.display()
@@ -233,20 +322,20 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             args.osds
         }
     };
+    store_settings(&dir, &args.settings)?;
     std::fs::create_dir_all(&mon_dir)?;
     let mon_pid = match read_pid(&mon_dir).filter(|&p| pid_alive(p)) {
         Some(p) => p,
         None => {
             let _ = std::fs::remove_file(mon_dir.join("pid"));
-            spawn_daemon(
-                &[
-                    "mon".into(),
-                    "run".into(),
-                    "--dir".into(),
-                    mon_dir.display().to_string(),
-                ],
-                &mon_dir.join("log"),
-            )?
+            let mut mon_args: Vec<String> = vec![
+                "mon".into(),
+                "run".into(),
+                "--dir".into(),
+                mon_dir.display().to_string(),
+            ];
+            mon_args.extend(setting_args(&dir, &SETTING_KEYS[..1]));
+            spawn_daemon(&mon_args, &mon_dir.join("log"))?
         }
     };
     // The monitor writes its pid after binding: wait for it.
@@ -280,34 +369,44 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         let client = target.client().await?;
         wait_clean(&client, Duration::from_secs(args.wait_seconds)).await
     })?;
-    println!("monitor      {mon_addr} (pid {mon_pid})");
+    say!("monitor      {mon_addr} (pid {mon_pid})");
     for o in status["osds"].as_array().into_iter().flatten() {
-        println!(
+        say!(
             "osd.{:<8} {} (pid {})",
             o["id"],
             o["addr"].as_str().unwrap_or(""),
             o["pid"]
         );
     }
-    println!(
+    say!(
         "epoch {}, pgs: {}",
         status["epoch"],
         pg_summary(&status["pgs"])
     );
-    println!();
-    println!("use it:");
-    println!("  export SPINDLE_DIR={}", dir.display());
-    println!("  spindle put NAME FILE    spindle get NAME FILE    spindle ls");
-    println!("  spindle status           spindle bench objects --seconds 10");
-    println!(
+    say!();
+    say!("use it:");
+    say!("  export SPINDLE_DIR={}", dir.display());
+    say!("  spindle put NAME FILE    spindle get NAME FILE    spindle ls");
+    say!("  spindle status           spindle bench objects --seconds 10");
+    say!(
         "  spindle down             (stops every daemon; data stays in {})",
         dir.display()
     );
     Ok(())
 }
 
+const PG_STATES: [&str; 7] = [
+    "clean",
+    "degraded",
+    "recovering",
+    "backfilling",
+    "peering",
+    "incomplete",
+    "inactive",
+];
+
 fn pg_summary(pgs: &Value) -> String {
-    ["clean", "degraded", "recovering", "peering", "inactive"]
+    PG_STATES
         .iter()
         .filter(|k| pgs[**k].as_u64().unwrap_or(0) > 0)
         .map(|k| format!("{} {k}", pgs[*k]))
@@ -324,7 +423,7 @@ pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<Va
             .as_array()
             .is_some_and(|a| a.iter().all(|o| o["up"] == true || o["in"] == false));
         let pgs = &status["pgs"];
-        let not_clean: u64 = ["degraded", "recovering", "peering", "inactive"]
+        let not_clean: u64 = PG_STATES[1..]
             .iter()
             .map(|k| pgs[*k].as_u64().unwrap_or(0))
             .sum();
@@ -376,6 +475,15 @@ fn zombie(pid: u32) -> bool {
 }
 
 pub fn down(target: Target) -> anyhow::Result<()> {
+    down_impl(target, false)
+}
+
+/// `down` without the report on stdout.
+pub fn down_quiet(target: Target) -> anyhow::Result<()> {
+    down_impl(target, true)
+}
+
+fn down_impl(target: Target, quiet: bool) -> anyhow::Result<()> {
     let dir = &target.dir;
     let osds = cluster_osd_count(dir)?;
     for id in 0..osds {
@@ -386,7 +494,9 @@ pub fn down(target: Target) -> anyhow::Result<()> {
     if let Some(pid) = read_pid(&dir.join("mon")) {
         stop_pid(pid, "monitor")?;
     }
-    println!("stopped the cluster in {}", dir.display());
+    if !quiet {
+        println!("stopped the cluster in {}", dir.display());
+    }
     Ok(())
 }
 
@@ -408,6 +518,18 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         let inn = osds.iter().filter(|o| o["in"] == true).count();
         println!("osds: {} total, {up} up, {inn} in", osds.len());
         println!("pgs: {}   objects: {}", pg_summary(&s["pgs"]), s["objects"]);
+        let rec = &s["recovery"];
+        if rec["objects_left"].as_u64().unwrap_or(0) > 0
+            || rec["bytes_per_sec"].as_f64().unwrap_or(0.0) > 0.0
+        {
+            println!(
+                "recovery: {} object copies ({:.1} MiB) left, {:.1} MiB/s, {:.0} objects/s",
+                rec["objects_left"],
+                rec["bytes_left"].as_f64().unwrap_or(0.0) / 1048576.0,
+                rec["bytes_per_sec"].as_f64().unwrap_or(0.0) / 1048576.0,
+                rec["objects_per_sec"].as_f64().unwrap_or(0.0)
+            );
+        }
         for p in s["pools"].as_array().into_iter().flatten() {
             println!(
                 "pool {} '{}': {} copies (min {}), {} pgs, {} objects, pgs {}",
@@ -419,6 +541,13 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                 p["objects"],
                 pg_summary(&p["pgs"])
             );
+            let left = p["recovery"]["objects_left"].as_u64().unwrap_or(0);
+            if left > 0 {
+                println!(
+                    "    recovering: {left} object copies, {:.1} MiB left",
+                    p["recovery"]["bytes_left"].as_f64().unwrap_or(0.0) / 1048576.0
+                );
+            }
         }
         anyhow::Ok(())
     })
@@ -485,6 +614,27 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
                 .ok_or_else(|| anyhow!("osd.{id} has no pid file in {}", d.display()))?;
             stop_pid(pid, &format!("osd.{id}"))?;
             println!("stopped osd.{id}");
+            Ok(())
+        }
+        OsdCommand::Add { weight } => {
+            let dir = target.dir.clone();
+            let count = cluster_osd_count(&dir)?;
+            let mon = target.mon_addr()?;
+            let id = runtime()?.block_on(async {
+                let client = target.client().await?;
+                let r = client.command(&["osd", "add", &weight.to_string()]).await?;
+                let id = r["osd"]
+                    .as_u64()
+                    .ok_or_else(|| anyhow!("monitor did not return the new id: {r}"))?;
+                anyhow::Ok(id as u32)
+            })?;
+            if id + 1 > count {
+                let mut v = read_cluster_json(&dir)?;
+                v["osds"] = serde_json::json!(id + 1);
+                write_atomic(&dir.join("cluster.json"), &v.to_string())?;
+            }
+            let pid = start_osd(&dir, id, &mon)?;
+            println!("added osd.{id} (weight {weight}, pid {pid}); data is rebalancing (see `spindle status`)");
             Ok(())
         }
         OsdCommand::Start { id } => {
@@ -597,6 +747,53 @@ pub fn ls(args: ObjArgs, target: Target, json: bool) -> anyhow::Result<()> {
             for l in list {
                 println!("{}\t{}", l.name, l.size_bytes);
             }
+        }
+        anyhow::Ok(())
+    })
+}
+
+#[derive(Args)]
+pub struct ScrubArgs {
+    /// Pool to scrub (default: every pool).
+    pub pool: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `spindle scrub [POOL]`: compare every copy now and repair bad ones.
+pub fn scrub(args: ScrubArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let client = args.target.client().await?;
+        let pools: Vec<String> = match &args.pool {
+            Some(p) => vec![p.clone()],
+            None => client
+                .map()
+                .pools
+                .values()
+                .map(|p| p.name.clone())
+                .collect(),
+        };
+        let mut out = Vec::new();
+        for pool in pools {
+            let started = Instant::now();
+            let s = client.scrub(&pool).await?;
+            if !args.json {
+                println!(
+                    "pool '{pool}': {} pgs, {} objects scrubbed, {} bad copies found, {} repaired ({:.1} s)",
+                    s.pgs,
+                    s.objects,
+                    s.inconsistent,
+                    s.repaired,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            out.push(serde_json::json!({"pool": pool, "pgs": s.pgs, "objects": s.objects,
+                "inconsistent": s.inconsistent, "repaired": s.repaired}));
+        }
+        if args.json {
+            println!("{}", Value::Array(out));
         }
         anyhow::Ok(())
     })

@@ -16,6 +16,10 @@ pub struct MonRunArgs {
     /// Mark a daemon down after this long without heartbeats.
     #[arg(long, default_value_t = 2000)]
     pub down_after_ms: u64,
+    /// Mark a daemon out (re-create its data elsewhere) after it was down this long;
+    /// 0 = never.
+    #[arg(long, default_value_t = 30_000)]
+    pub out_after_ms: u64,
 }
 
 #[derive(Args)]
@@ -32,6 +36,15 @@ pub struct OsdRunArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: String,
+    /// Background recovery: objects recovered at once (as primary).
+    #[arg(long, default_value_t = 2)]
+    pub recovery_ops_max: usize,
+    /// Background recovery: bytes per second; 0 = unlimited.
+    #[arg(long, default_value_t = 0)]
+    pub recovery_bytes_per_sec: u64,
+    /// Scrub each placement group this often; 0 = only on demand (`spindle scrub`).
+    #[arg(long, default_value_t = 24 * 3600 * 1000)]
+    pub scrub_interval_ms: u64,
 }
 
 pub fn init_logging() {
@@ -108,6 +121,7 @@ pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {
         let mut config = spindle_mon::MonConfig::new(&args.dir);
         config.listen = listen;
         config.down_after_ms = args.down_after_ms;
+        config.out_after_ms = args.out_after_ms;
         let bound = spindle_mon::BoundMonitor::bind(config).await?;
         write_atomic(&addr_file, &bound.addr.to_string())?;
         write_atomic(&args.dir.join("pid"), &std::process::id().to_string())?;
@@ -125,6 +139,9 @@ pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
     rt.block_on(async move {
         let mut config = spindle_osd::OsdConfig::new(args.id, &args.dir, args.mon);
         config.listen = args.listen;
+        config.recovery_ops_max = args.recovery_ops_max;
+        config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
+        config.scrub_interval_ms = args.scrub_interval_ms;
         spindle_osd::Osd::run(config, termination()).await?;
         anyhow::Ok(())
     })

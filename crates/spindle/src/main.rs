@@ -4,12 +4,16 @@
 mod bench_common;
 mod bench_crush;
 mod bench_ec;
+mod bench_fio;
 mod bench_io;
 mod bench_objects;
+mod bench_recovery;
 mod cluster_cmd;
 mod crush_cmd;
 mod daemon;
 mod ec_cmd;
+mod image_cmd;
+mod nbd_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -109,6 +113,17 @@ enum Command {
         #[command(flatten)]
         target: cluster_cmd::Target,
     },
+    /// Compare every copy of every object now (or of one pool) and repair bad copies.
+    Scrub(cluster_cmd::ScrubArgs),
+    /// Block images striped over objects: create, ls, info, resize, rm.
+    Image {
+        #[command(subcommand)]
+        command: image_cmd::ImageCommand,
+        #[command(flatten)]
+        target: cluster_cmd::Target,
+    },
+    /// Serve every image of a pool over NBD (nbdinfo, qemu-img, fio, nbd-client).
+    Nbd(nbd_cmd::NbdArgs),
     /// Benchmarks that print Spindle's figures beside their reference.
     Bench {
         #[command(subcommand)]
@@ -132,6 +147,10 @@ enum BenchCommand {
     Ec(bench_ec::BenchEcArgs),
     /// The spindle-io engine against fio's io_uring engine on the same file.
     Io(bench_io::BenchIoArgs),
+    /// Recovery speed and client impact after losing a daemon (own scratch cluster).
+    Recovery(bench_recovery::BenchRecoveryArgs),
+    /// Block images over NBD with fio (DeLiBA matrix) against Ceph RBD and nbdkit memory.
+    Fio(bench_fio::BenchFioArgs),
 }
 
 /// Keeps large buffers (object data, frames) in the heap instead of a fresh mmap per
@@ -178,11 +197,16 @@ fn main() {
             obj,
             target,
         } => cluster_cmd::stat(obj, target, name, json),
+        Command::Scrub(args) => cluster_cmd::scrub(args),
+        Command::Image { command, target } => image_cmd::run(command, target),
+        Command::Nbd(args) => nbd_cmd::run(args),
         Command::Bench { command } => match command {
             BenchCommand::Objects(args) => bench_objects::run(args),
             BenchCommand::Crush(args) => bench_crush::run(args),
             BenchCommand::Ec(args) => bench_ec::run(args),
             BenchCommand::Io(args) => bench_io::run(args),
+            BenchCommand::Recovery(args) => bench_recovery::run(args),
+            BenchCommand::Fio(args) => bench_fio::run(args),
         },
     };
     if let Err(error) = result {

@@ -124,7 +124,8 @@ pub fn assert_matches(store: &Store, model: &Model, rt: &tokio::runtime::Runtime
             PgInfo {
                 last_version: mp.last,
                 log_tail: mp.tail,
-                object_count: mp.objects.len() as u64
+                object_count: mp.objects.len() as u64,
+                incomplete: false,
             },
             "pg_info {pg:?}"
         );

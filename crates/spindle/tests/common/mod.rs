@@ -3,13 +3,17 @@
 #![allow(dead_code)]
 
 use spindle_client::{Client, ClientConfig};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub fn spindle() -> Command {
     Command::new(env!("CARGO_BIN_EXE_spindle"))
 }
+
+pub const POOL: &str = "default";
 
 pub struct Cluster {
     pub dir: PathBuf,
@@ -160,12 +164,19 @@ impl Cluster {
     pub fn wait_clean(&self) {
         self.wait_for("all pgs clean", Duration::from_secs(90), |s| {
             let pgs = &s["pgs"];
-            ["degraded", "recovering", "peering", "inactive"]
-                .iter()
-                .all(|k| pgs[*k] == 0)
+            [
+                "degraded",
+                "recovering",
+                "backfilling",
+                "peering",
+                "incomplete",
+                "inactive",
+            ]
+            .iter()
+            .all(|k| pgs[*k] == 0)
                 && s["osds"]
                     .as_array()
-                    .is_some_and(|a| a.iter().all(|o| o["up"] == true))
+                    .is_some_and(|a| a.iter().all(|o| o["up"] == true || o["in"] == false))
         });
     }
 
@@ -178,7 +189,14 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for id in 0..self.osds {
+        let added = std::fs::read_dir(&self.dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("osd."))
+                    .count()
+            })
+            .unwrap_or(0) as u32;
+        for id in 0..self.osds.max(added) {
             if let Some(pid) = Self::pid(&self.osd_dir(id)) {
                 // SAFETY: kill(2) of our own daemons.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -223,4 +241,135 @@ pub fn size_log_uniform(rng: &mut u64, max: u64) -> usize {
     let lo = 1u64 << (b - 1);
     let hi = ((1u64 << b) - 1).min(max);
     (lo + (*rng >> 20) % (hi - lo + 1)) as usize
+}
+
+/// Runs `op(name, generation, len)` for every object with 16 tasks in parallel.
+pub async fn for_each_object<F, Fut>(objects: &BTreeMap<String, (u64, usize)>, op: F)
+where
+    F: Fn(String, u64, usize) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let items: Vec<(String, u64, usize)> = objects
+        .iter()
+        .map(|(n, (g, l))| (n.clone(), *g, *l))
+        .collect();
+    let items = Arc::new(Mutex::new(items));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let items = items.clone();
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let next = items.lock().unwrap().pop();
+                let Some((name, generation, len)) = next else {
+                    break;
+                };
+                op(name, generation, len).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+pub async fn write_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
+    let client = client.clone();
+    for_each_object(objects, move |name, generation, len| {
+        let client = client.clone();
+        async move {
+            client
+                .write_full(POOL, &name, content(&name, generation, len))
+                .await
+                .unwrap_or_else(|e| panic!("write {name}: {e}"));
+        }
+    })
+    .await;
+}
+
+pub async fn verify_all(client: &Client, objects: &BTreeMap<String, (u64, usize)>) {
+    let client = client.clone();
+    for_each_object(objects, move |name, generation, len| {
+        let client = client.clone();
+        async move {
+            let got = client
+                .read_full(POOL, &name)
+                .await
+                .unwrap_or_else(|e| panic!("read {name}: {e}"));
+            assert_eq!(got.len(), len, "{name}: size");
+            assert!(
+                got == content(&name, generation, len),
+                "{name}: content differs"
+            );
+        }
+    })
+    .await;
+}
+
+/// Opens every daemon's store (cluster stopped) and checks each object is on every copy.
+pub async fn verify_on_every_replica(
+    c: &Cluster,
+    objects: &BTreeMap<String, (u64, usize)>,
+    copies: usize,
+) {
+    let ids: Vec<u32> = (0..c.osds).collect();
+    verify_on_replicas(c, &ids, 32, objects, copies).await
+}
+
+/// Opens the stores of daemons `ids` (cluster stopped) and checks that each object is on
+/// exactly `copies` of them, with the acknowledged content.
+pub async fn verify_on_replicas(
+    c: &Cluster,
+    ids: &[u32],
+    map_pg_count: u32,
+    objects: &BTreeMap<String, (u64, usize)>,
+    copies: usize,
+) {
+    let mut found: BTreeMap<String, usize> = BTreeMap::new();
+    for &id in ids {
+        let store = spindle_store::Store::open(spindle_store::StoreConfig::new(
+            c.osd_dir(id).join("store"),
+        ))
+        .unwrap_or_else(|e| panic!("osd.{id} store: {e}"));
+        for (name, (generation, len)) in objects {
+            let pg = spindle_map::object_pg(name, map_pg_count);
+            let pgid = spindle_store::PgId { pool: 1, pg };
+            if store.stat(pgid, name).is_none() {
+                continue;
+            }
+            let data = store
+                .read(pgid, name, 0, u64::MAX / 2)
+                .await
+                .unwrap_or_else(|e| panic!("osd.{id} {name}: {e}"));
+            assert!(
+                data == content(name, *generation, *len),
+                "osd.{id}: {name} differs from the acknowledged write"
+            );
+            *found.entry(name.clone()).or_default() += 1;
+        }
+        store.shutdown().unwrap();
+    }
+    for name in objects.keys() {
+        assert_eq!(
+            found.get(name).copied().unwrap_or(0),
+            copies,
+            "{name}: copies"
+        );
+    }
+}
+
+pub fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

@@ -1,0 +1,1375 @@
+//! Block images: a byte-addressed volume striped over objects of a pool.
+//!
+//! Layout in the cluster (all in the image's pool):
+//! - `img.<name>.header`: a JSON [`ImageHeader`] (format version, size, object size,
+//!   creation time), written whole with `write_full`.
+//! - `img.<name>.<index>` (index = 16 lower-case hex digits): the data of bytes
+//!   `[index * object_size_bytes, (index + 1) * object_size_bytes)` of the image.
+//!
+//! Invariants:
+//! - Thin: a data object exists only if some byte of its range was written (with non-zero
+//!   intent); reads of missing objects and of bytes past an object's end return zeros.
+//!   Zeroing never creates an object.
+//! - No object holds data at or past the image end *that a later grow could expose*: a
+//!   shrink deletes/truncates the objects past the new end, and a grow first clears the
+//!   newly exposed range (repairing what a shrink interrupted by a crash left behind).
+//! - An image name is 1..=64 bytes of `[A-Za-z0-9._-]`, so object names are unambiguous:
+//!   a data object's suffix after `img.<name>.` is exactly 16 hex digits, a header's is
+//!   `header`.
+//! - Every write the backend acknowledged is durable (the cluster acks after all up
+//!   replicas journaled it), so [`Image::flush`] only waits for writes in flight.
+//!
+//! Concurrency: operations on disjoint byte ranges may run concurrently from any number
+//! of tasks. Concurrent operations on overlapping ranges have no defined order (as on a
+//! disk); [`crate::block::BlockLayer`] orders them. [`Image::resize`] must not race with
+//! I/O to the range it removes or adds.
+
+use crate::{Client, ClientError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+/// Current header format version.
+pub const IMAGE_FORMAT_VERSION: u32 = 1;
+/// Default size of one data object.
+pub const OBJECT_SIZE_BYTES_DEFAULT: u64 = 4 << 20;
+/// Smallest allowed data object.
+pub const OBJECT_SIZE_BYTES_MIN: u64 = 4 << 10;
+/// Largest allowed data object (the object API's limit).
+pub const OBJECT_SIZE_BYTES_MAX: u64 = crate::OBJECT_BYTES_MAX;
+/// Image sizes are multiples of this (the block device sector).
+pub const SECTOR_BYTES: u64 = 512;
+/// Largest image (keeps every offset computation far from u64 overflow).
+pub const IMAGE_SIZE_BYTES_MAX: u64 = 1 << 60;
+/// Longest image name.
+pub const IMAGE_NAME_BYTES_MAX: usize = 64;
+/// Object operations one image call keeps in flight at most.
+pub const PARALLEL_OPS_MAX: usize = 32;
+/// Above this many objects in a range, removal lists the pool to find the objects that
+/// exist instead of deleting every index blindly.
+pub const BLIND_DELETE_OBJECTS_MAX: u64 = 1024;
+
+const _: () = assert!(OBJECT_SIZE_BYTES_MIN.is_power_of_two());
+const _: () = assert!(OBJECT_SIZE_BYTES_MAX.is_power_of_two());
+const _: () = assert!(OBJECT_SIZE_BYTES_DEFAULT >= OBJECT_SIZE_BYTES_MIN);
+const _: () = assert!(OBJECT_SIZE_BYTES_DEFAULT <= OBJECT_SIZE_BYTES_MAX);
+
+/// Errors of image operations.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ImageError {
+    /// The range `[offset, offset + len)` is not inside the image.
+    #[error("range {offset}+{len} is outside the image (size {size} bytes)")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    /// No image of that name in the pool.
+    #[error("no such image: {0}")]
+    NotFound(String),
+    /// `create` found an image of that name.
+    #[error("image already exists: {0}")]
+    Exists(String),
+    /// The name breaks the naming rule.
+    #[error("invalid image name {0:?}: 1..=64 characters of [A-Za-z0-9._-]")]
+    InvalidName(String),
+    /// A size that is not a multiple of 512 or too large.
+    #[error("invalid image size {0} bytes: must be a multiple of 512 and at most 2^60")]
+    InvalidSize(u64),
+    /// An object size that is not a power of two in 4 KiB..=32 MiB.
+    #[error("invalid object size {0} bytes: must be a power of two in 4 KiB..=32 MiB")]
+    InvalidObjectSize(u64),
+    /// The header object cannot be decoded or has an unknown format version.
+    #[error("corrupt image header of {name}: {reason}")]
+    CorruptHeader { name: String, reason: String },
+    /// The object layer failed.
+    #[error(transparent)]
+    Backend(#[from] ClientError),
+    /// A block layer configuration value is out of its range.
+    #[error("invalid block layer configuration: {0}")]
+    InvalidConfig(String),
+    /// An internal task died (a bug).
+    #[error("internal task failed: {0}")]
+    Task(String),
+}
+
+impl ImageError {
+    /// A copy of this error (for handing one backend failure to several waiters).
+    pub fn duplicate(&self) -> ImageError {
+        match self {
+            ImageError::OutOfRange { offset, len, size } => ImageError::OutOfRange {
+                offset: *offset,
+                len: *len,
+                size: *size,
+            },
+            ImageError::NotFound(s) => ImageError::NotFound(s.clone()),
+            ImageError::Exists(s) => ImageError::Exists(s.clone()),
+            ImageError::InvalidName(s) => ImageError::InvalidName(s.clone()),
+            ImageError::InvalidSize(s) => ImageError::InvalidSize(*s),
+            ImageError::InvalidObjectSize(s) => ImageError::InvalidObjectSize(*s),
+            ImageError::CorruptHeader { name, reason } => ImageError::CorruptHeader {
+                name: name.clone(),
+                reason: reason.clone(),
+            },
+            ImageError::Backend(e) => ImageError::Backend(duplicate_client_error(e)),
+            ImageError::InvalidConfig(s) => ImageError::InvalidConfig(s.clone()),
+            ImageError::Task(s) => ImageError::Task(s.clone()),
+        }
+    }
+}
+
+fn duplicate_client_error(e: &ClientError) -> ClientError {
+    match e {
+        ClientError::NotFound(s) => ClientError::NotFound(s.clone()),
+        ClientError::NoSuchPool(s) => ClientError::NoSuchPool(s.clone()),
+        ClientError::Invalid(s) => ClientError::Invalid(s.clone()),
+        ClientError::Corrupt(s) => ClientError::Corrupt(s.clone()),
+        ClientError::Timeout { ms, last } => ClientError::Timeout {
+            ms: *ms,
+            last: last.clone(),
+        },
+        ClientError::Monitor { addr, reason } => ClientError::Monitor {
+            addr: addr.clone(),
+            reason: reason.clone(),
+        },
+        ClientError::Command(s) => ClientError::Command(s.clone()),
+        ClientError::Daemon(s) => ClientError::Daemon(s.clone()),
+    }
+}
+
+/// The object operations an image needs. Implemented for [`Client`]; tests use
+/// [`MemoryBackend`]. Semantics follow the object API: writes create the object and
+/// gaps read as zeros; reads are short at the end of the object; `read_object`,
+/// `delete_object` and `stat_object` fail with [`ClientError::NotFound`] when the object
+/// does not exist.
+pub trait ObjectBackend: Send + Sync + 'static {
+    /// Reads up to `len` bytes at `offset`.
+    fn read_object(
+        &self,
+        pool: &str,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<Vec<u8>, ClientError>> + Send;
+    /// Writes `data` at `offset` (creates the object).
+    fn write_object(
+        &self,
+        pool: &str,
+        name: &str,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<(), ClientError>> + Send;
+    /// Replaces the whole object.
+    fn write_full_object(
+        &self,
+        pool: &str,
+        name: &str,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<(), ClientError>> + Send;
+    /// Sets the object's size (bytes past it are dropped).
+    fn truncate_object(
+        &self,
+        pool: &str,
+        name: &str,
+        size_bytes: u64,
+    ) -> impl Future<Output = Result<(), ClientError>> + Send;
+    /// Deletes the object.
+    fn delete_object(
+        &self,
+        pool: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<(), ClientError>> + Send;
+    /// The object's size in bytes.
+    fn stat_object(
+        &self,
+        pool: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<u64, ClientError>> + Send;
+    /// Names of every object of the pool.
+    fn list_objects(
+        &self,
+        pool: &str,
+    ) -> impl Future<Output = Result<Vec<String>, ClientError>> + Send;
+}
+
+impl ObjectBackend for Client {
+    fn read_object(
+        &self,
+        pool: &str,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> impl Future<Output = Result<Vec<u8>, ClientError>> + Send {
+        Client::read(self, pool, name, offset, len)
+    }
+
+    async fn write_object(
+        &self,
+        pool: &str,
+        name: &str,
+        offset: u64,
+        data: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        Client::write(self, pool, name, offset, data)
+            .await
+            .map(|_| ())
+    }
+
+    async fn write_full_object(
+        &self,
+        pool: &str,
+        name: &str,
+        data: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        Client::write_full(self, pool, name, data).await.map(|_| ())
+    }
+
+    async fn truncate_object(
+        &self,
+        pool: &str,
+        name: &str,
+        size_bytes: u64,
+    ) -> Result<(), ClientError> {
+        Client::truncate(self, pool, name, size_bytes)
+            .await
+            .map(|_| ())
+    }
+
+    fn delete_object(
+        &self,
+        pool: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<(), ClientError>> + Send {
+        Client::delete(self, pool, name)
+    }
+
+    async fn stat_object(&self, pool: &str, name: &str) -> Result<u64, ClientError> {
+        Client::stat(self, pool, name).await.map(|s| s.size_bytes)
+    }
+
+    async fn list_objects(&self, pool: &str) -> Result<Vec<String>, ClientError> {
+        Client::list(self, pool)
+            .await
+            .map(|l| l.into_iter().map(|o| o.name).collect())
+    }
+}
+
+/// The header record (`img.<name>.header`), JSON-encoded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageHeader {
+    /// [`IMAGE_FORMAT_VERSION`] of the writer; unknown versions are refused.
+    pub format_version: u32,
+    /// Size of the volume.
+    pub size_bytes: u64,
+    /// Size of one data object (power of two).
+    pub object_size_bytes: u64,
+    /// Creation time, seconds since the Unix epoch.
+    pub created_unix_secs: u64,
+}
+
+impl ImageHeader {
+    fn decode(name: &str, data: &[u8]) -> Result<ImageHeader, ImageError> {
+        let corrupt = |reason: String| ImageError::CorruptHeader {
+            name: name.to_string(),
+            reason,
+        };
+        let h: ImageHeader = serde_json::from_slice(data).map_err(|e| corrupt(e.to_string()))?;
+        if h.format_version != IMAGE_FORMAT_VERSION {
+            return Err(corrupt(format!(
+                "format version {} (this build reads {IMAGE_FORMAT_VERSION})",
+                h.format_version
+            )));
+        }
+        check_object_size(h.object_size_bytes).map_err(|e| corrupt(e.to_string()))?;
+        check_size(h.size_bytes).map_err(|e| corrupt(e.to_string()))?;
+        Ok(h)
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        // Serializing a struct of integers cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// What `ls`/`info` show about an image.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ImageInfo {
+    pub name: String,
+    pub pool: String,
+    pub size_bytes: u64,
+    pub object_size_bytes: u64,
+    /// Data objects the image spans (not how many exist: images are thin).
+    pub object_count: u64,
+    pub created_unix_secs: u64,
+    pub format_version: u32,
+}
+
+/// Checks the image naming rule.
+pub fn check_image_name(name: &str) -> Result<(), ImageError> {
+    let ok = !name.is_empty()
+        && name.len() <= IMAGE_NAME_BYTES_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ImageError::InvalidName(name.to_string()))
+    }
+}
+
+fn check_object_size(object_size_bytes: u64) -> Result<(), ImageError> {
+    if object_size_bytes.is_power_of_two()
+        && (OBJECT_SIZE_BYTES_MIN..=OBJECT_SIZE_BYTES_MAX).contains(&object_size_bytes)
+    {
+        Ok(())
+    } else {
+        Err(ImageError::InvalidObjectSize(object_size_bytes))
+    }
+}
+
+fn check_size(size_bytes: u64) -> Result<(), ImageError> {
+    if size_bytes.is_multiple_of(SECTOR_BYTES) && size_bytes <= IMAGE_SIZE_BYTES_MAX {
+        Ok(())
+    } else {
+        Err(ImageError::InvalidSize(size_bytes))
+    }
+}
+
+/// Name of the header object of image `name`.
+pub fn header_object_name(name: &str) -> String {
+    format!("img.{name}.header")
+}
+
+/// Name of data object `index` of image `name`.
+pub fn data_object_name(name: &str, index: u64) -> String {
+    format!("img.{name}.{index:016x}")
+}
+
+/// Index of a data object of image `name`, or None if `object` is not one.
+fn parse_data_object(name: &str, object: &str) -> Option<u64> {
+    let suffix = object.strip_prefix("img.")?.strip_prefix(name)?;
+    let hex = suffix.strip_prefix('.')?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+fn now_unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// One piece of an image range that lies inside one data object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Chunk {
+    object_index: u64,
+    /// Offset inside the object.
+    offset: u64,
+    len: u64,
+    /// Offset of this piece inside the caller's buffer.
+    buf_offset: u64,
+    /// Bytes of the object that lie inside the image (the object's logical end).
+    object_extent_bytes: u64,
+}
+
+/// Splits `[offset, offset + len)` of an image of `size_bytes` into per-object chunks.
+fn chunks(offset: u64, len: u64, object_size_bytes: u64, size_bytes: u64) -> Vec<Chunk> {
+    debug_assert!(offset + len <= size_bytes);
+    let mut out = Vec::new();
+    let mut pos = offset;
+    let end = offset + len;
+    while pos < end {
+        let object_index = pos / object_size_bytes;
+        let object_start = object_index * object_size_bytes;
+        let object_end = (object_start + object_size_bytes).min(size_bytes);
+        let piece_end = end.min(object_end);
+        out.push(Chunk {
+            object_index,
+            offset: pos - object_start,
+            len: piece_end - pos,
+            buf_offset: pos - offset,
+            object_extent_bytes: object_end - object_start,
+        });
+        pos = piece_end;
+    }
+    debug_assert_eq!(out.iter().map(|c| c.len).sum::<u64>(), len);
+    out
+}
+
+/// Runs `futures` with at most [`PARALLEL_OPS_MAX`] in flight; results in input order.
+async fn run_bounded<T, F>(mut futures: Vec<F>) -> Result<Vec<T>, ImageError>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, ImageError>> + Send + 'static,
+{
+    let count = futures.len();
+    if count == 1 {
+        // Common case (one object): no task.
+        if let Some(f) = futures.pop() {
+            return f.await.map(|v| vec![v]);
+        }
+    }
+    let mut results: Vec<Option<T>> = (0..count).map(|_| None).collect();
+    let mut set = JoinSet::new();
+    let mut pending = futures.into_iter().enumerate();
+    let mut first_error = None;
+    loop {
+        while set.len() < PARALLEL_OPS_MAX && first_error.is_none() {
+            let Some((i, f)) = pending.next() else { break };
+            set.spawn(async move { (i, f.await) });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
+        match joined {
+            Ok((i, Ok(v))) => results[i] = Some(v),
+            Ok((_, Err(e))) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(ImageError::Task(e.to_string()));
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    results
+        .into_iter()
+        .map(|r| r.ok_or_else(|| ImageError::Task("missing result".to_string())))
+        .collect()
+}
+
+/// Tracks mutations in flight so `flush` can wait for those started before it.
+#[derive(Default)]
+struct WriteTracker {
+    state: Mutex<TrackerState>,
+    done: Notify,
+}
+
+#[derive(Default)]
+struct TrackerState {
+    next_ticket: u64,
+    in_flight: BTreeSet<u64>,
+}
+
+/// Holds one ticket; dropping it (after every task of the mutation ended) releases it.
+struct Ticket {
+    tracker: Arc<WriteTracker>,
+    ticket: u64,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let removed = lock(&self.tracker.state).in_flight.remove(&self.ticket);
+        debug_assert!(removed, "ticket released twice");
+        self.tracker.done.notify_waiters();
+    }
+}
+
+impl WriteTracker {
+    fn begin(self: &Arc<Self>) -> Arc<Ticket> {
+        let mut s = lock(&self.state);
+        let ticket = s.next_ticket;
+        s.next_ticket += 1;
+        s.in_flight.insert(ticket);
+        Arc::new(Ticket {
+            tracker: self.clone(),
+            ticket,
+        })
+    }
+
+    /// Waits until every ticket issued before this call is released.
+    async fn wait_issued(&self) {
+        let target = lock(&self.state).next_ticket;
+        loop {
+            let notified = self.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let pending = lock(&self.state)
+                .in_flight
+                .first()
+                .is_some_and(|&t| t < target);
+            if !pending {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An open block image. Cheap to share behind an `Arc`; every method takes `&self`.
+pub struct Image<B: ObjectBackend> {
+    backend: Arc<B>,
+    pool: Arc<str>,
+    name: Arc<str>,
+    header: RwLock<ImageHeader>,
+    writes: Arc<WriteTracker>,
+}
+
+impl<B: ObjectBackend> Image<B> {
+    /// Creates image `name` of `size_bytes` in `pool` (no data object is written).
+    /// Fails with [`ImageError::Exists`] if the header exists. Not atomic against a
+    /// concurrent `create` of the same name (the object API has no exclusive create).
+    pub async fn create(
+        backend: Arc<B>,
+        pool: &str,
+        name: &str,
+        size_bytes: u64,
+        object_size_bytes: u64,
+    ) -> Result<Image<B>, ImageError> {
+        check_image_name(name)?;
+        check_size(size_bytes)?;
+        check_object_size(object_size_bytes)?;
+        let header_name = header_object_name(name);
+        match backend.stat_object(pool, &header_name).await {
+            Ok(_) => return Err(ImageError::Exists(name.to_string())),
+            Err(ClientError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let header = ImageHeader {
+            format_version: IMAGE_FORMAT_VERSION,
+            size_bytes,
+            object_size_bytes,
+            created_unix_secs: now_unix_secs(),
+        };
+        backend
+            .write_full_object(pool, &header_name, header.encode())
+            .await?;
+        Ok(Image::from_header(backend, pool, name, header))
+    }
+
+    /// Opens an existing image.
+    pub async fn open(backend: Arc<B>, pool: &str, name: &str) -> Result<Image<B>, ImageError> {
+        let header = read_header(&*backend, pool, name).await?;
+        Ok(Image::from_header(backend, pool, name, header))
+    }
+
+    fn from_header(backend: Arc<B>, pool: &str, name: &str, header: ImageHeader) -> Image<B> {
+        Image {
+            backend,
+            pool: pool.into(),
+            name: name.into(),
+            header: RwLock::new(header),
+            writes: Arc::new(WriteTracker::default()),
+        }
+    }
+
+    /// Every image of `pool`, sorted by name (lists the pool, then reads each header).
+    pub async fn list(backend: &B, pool: &str) -> Result<Vec<ImageInfo>, ImageError> {
+        let mut names: Vec<String> = backend
+            .list_objects(pool)
+            .await?
+            .into_iter()
+            .filter_map(|o| {
+                let n = o.strip_prefix("img.")?.strip_suffix(".header")?;
+                check_image_name(n).ok()?;
+                Some(n.to_string())
+            })
+            .collect();
+        names.sort();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            match read_header(backend, pool, &name).await {
+                Ok(h) => out.push(info_of(pool, &name, &h)),
+                // Removed while we listed.
+                Err(ImageError::NotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes image `name`: its data objects (missing ones are fine), then its header.
+    /// `progress(done_objects, total_objects)` is called as data objects go.
+    pub async fn remove(
+        backend: Arc<B>,
+        pool: &str,
+        name: &str,
+        mut progress: impl FnMut(u64, u64) + Send,
+    ) -> Result<(), ImageError> {
+        let image = Image::open(backend.clone(), pool, name).await?;
+        let h = image.header_snapshot();
+        let count = h.size_bytes.div_ceil(h.object_size_bytes);
+        let existing = image.existing_objects(0..count).await?;
+        let total = existing.len() as u64;
+        progress(0, total);
+        let mut done = 0u64;
+        for batch in existing.chunks(PARALLEL_OPS_MAX * 4) {
+            let futures: Vec<_> = batch
+                .iter()
+                .map(|&index| image.delete_data_object(index))
+                .collect();
+            run_bounded(futures).await?;
+            done += batch.len() as u64;
+            progress(done, total);
+        }
+        match backend.delete_object(pool, &header_object_name(name)).await {
+            Ok(()) | Err(ClientError::NotFound(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn header_snapshot(&self) -> ImageHeader {
+        self.header
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Name, pool and geometry.
+    pub fn info(&self) -> ImageInfo {
+        info_of(&self.pool, &self.name, &self.header_snapshot())
+    }
+
+    /// Current size of the volume.
+    pub fn size_bytes(&self) -> u64 {
+        self.header_snapshot().size_bytes
+    }
+
+    /// Size of one data object.
+    pub fn object_size_bytes(&self) -> u64 {
+        self.header_snapshot().object_size_bytes
+    }
+
+    /// The image name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pool holding the image.
+    pub fn pool(&self) -> &str {
+        &self.pool
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<ImageHeader, ImageError> {
+        let h = self.header_snapshot();
+        match offset.checked_add(len) {
+            Some(end) if end <= h.size_bytes => Ok(h),
+            _ => Err(ImageError::OutOfRange {
+                offset,
+                len,
+                size: h.size_bytes,
+            }),
+        }
+    }
+
+    /// Reads `len` bytes at `offset`; never-written bytes read as zeros.
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, ImageError> {
+        let h = self.check_range(offset, len)?;
+        let pieces = chunks(offset, len, h.object_size_bytes, h.size_bytes);
+        let futures: Vec<_> = pieces
+            .iter()
+            .map(|c| {
+                let backend = self.backend.clone();
+                let pool = self.pool.clone();
+                let object = data_object_name(&self.name, c.object_index);
+                let (off, piece_len) = (c.offset, c.len);
+                async move {
+                    match backend.read_object(&pool, &object, off, piece_len).await {
+                        Ok(mut data) => {
+                            debug_assert!(data.len() as u64 <= piece_len);
+                            data.resize(piece_len as usize, 0);
+                            Ok(data)
+                        }
+                        Err(ClientError::NotFound(_)) => Ok(vec![0; piece_len as usize]),
+                        Err(e) => Err(ImageError::Backend(e)),
+                    }
+                }
+            })
+            .collect();
+        let parts = run_bounded(futures).await?;
+        if parts.len() == 1 {
+            if let Some(only) = parts.into_iter().next() {
+                return Ok(only);
+            }
+            return Err(ImageError::Task("missing result".to_string()));
+        }
+        let mut out = Vec::with_capacity(len as usize);
+        for p in parts {
+            out.extend_from_slice(&p);
+        }
+        debug_assert_eq!(out.len() as u64, len);
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset`; acknowledged when durable on every up replica.
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<(), ImageError> {
+        let h = self.check_range(offset, data.len() as u64)?;
+        let ticket = self.writes.begin();
+        let pieces = chunks(offset, data.len() as u64, h.object_size_bytes, h.size_bytes);
+        let futures: Vec<_> = pieces
+            .iter()
+            .map(|c| {
+                let backend = self.backend.clone();
+                let pool = self.pool.clone();
+                let object = data_object_name(&self.name, c.object_index);
+                let start = c.buf_offset as usize;
+                let buf = data[start..start + c.len as usize].to_vec();
+                let off = c.offset;
+                let ticket = ticket.clone();
+                async move {
+                    let r = backend.write_object(&pool, &object, off, buf).await;
+                    drop(ticket);
+                    r.map_err(ImageError::Backend)
+                }
+            })
+            .collect();
+        drop(ticket);
+        run_bounded(futures).await.map(|_| ())
+    }
+
+    /// Makes `[offset, offset + len)` read as zeros without creating objects: whole
+    /// objects are deleted, an object's tail is truncated, interior pieces of existing
+    /// objects are overwritten with zeros.
+    pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ImageError> {
+        let h = self.check_range(offset, len)?;
+        self.zero_range(offset, len, h.object_size_bytes, h.size_bytes)
+            .await
+    }
+
+    /// Deallocates `[offset, offset + len)`; it reads as zeros afterwards (same as
+    /// [`Image::write_zeroes`]: no old data stays readable).
+    pub async fn discard(&self, offset: u64, len: u64) -> Result<(), ImageError> {
+        self.write_zeroes(offset, len).await
+    }
+
+    /// Waits until every write, zeroing and resize started before this call completed.
+    /// (Completed writes are already durable: the cluster acks only durable writes.)
+    pub async fn flush(&self) -> Result<(), ImageError> {
+        self.writes.wait_issued().await;
+        Ok(())
+    }
+
+    /// Changes the size. Shrinking deletes/truncates the data past the new end; growing
+    /// first clears the newly exposed range, so it always reads as zeros.
+    pub async fn resize(&self, new_size_bytes: u64) -> Result<(), ImageError> {
+        check_size(new_size_bytes)?;
+        let _ticket = self.writes.begin();
+        let mut h = self.header_snapshot();
+        let old_size_bytes = h.size_bytes;
+        let os = h.object_size_bytes;
+        if new_size_bytes < old_size_bytes {
+            h.size_bytes = new_size_bytes;
+            self.write_header(&h).await?;
+            // Offsets past the new end, with object extents of the old geometry.
+            self.zero_range(
+                new_size_bytes,
+                old_size_bytes - new_size_bytes,
+                os,
+                old_size_bytes,
+            )
+            .await?;
+        } else if new_size_bytes > old_size_bytes {
+            // Clear leftovers (e.g. of a shrink interrupted by a crash) before exposing.
+            self.zero_range(
+                old_size_bytes,
+                new_size_bytes - old_size_bytes,
+                os,
+                new_size_bytes,
+            )
+            .await?;
+            h.size_bytes = new_size_bytes;
+            self.write_header(&h).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_header(&self, h: &ImageHeader) -> Result<(), ImageError> {
+        self.backend
+            .write_full_object(&self.pool, &header_object_name(&self.name), h.encode())
+            .await?;
+        *self.header.write().unwrap_or_else(|p| p.into_inner()) = h.clone();
+        Ok(())
+    }
+
+    /// Indices in `range` of data objects that may exist: all of them for small ranges,
+    /// the listed ones for large ranges.
+    async fn existing_objects(&self, range: Range<u64>) -> Result<Vec<u64>, ImageError> {
+        if range.end - range.start <= BLIND_DELETE_OBJECTS_MAX {
+            return Ok(range.collect());
+        }
+        let mut found: Vec<u64> = self
+            .backend
+            .list_objects(&self.pool)
+            .await?
+            .iter()
+            .filter_map(|o| parse_data_object(&self.name, o))
+            .filter(|i| range.contains(i))
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        Ok(found)
+    }
+
+    fn delete_data_object(
+        &self,
+        index: u64,
+    ) -> impl Future<Output = Result<(), ImageError>> + Send + 'static {
+        let backend = self.backend.clone();
+        let pool = self.pool.clone();
+        let object = data_object_name(&self.name, index);
+        async move {
+            match backend.delete_object(&pool, &object).await {
+                Ok(()) | Err(ClientError::NotFound(_)) => Ok(()),
+                Err(e) => Err(ImageError::Backend(e)),
+            }
+        }
+    }
+
+    /// Zeroes `[offset, offset + len)` of an image whose geometry is
+    /// (`object_size_bytes`, `size_bytes`) for the purpose of object extents.
+    async fn zero_range(
+        &self,
+        offset: u64,
+        len: u64,
+        object_size_bytes: u64,
+        size_bytes: u64,
+    ) -> Result<(), ImageError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let ticket = self.writes.begin();
+        let pieces = chunks(offset, len, object_size_bytes, size_bytes);
+        let (whole, partial): (Vec<Chunk>, Vec<Chunk>) = pieces
+            .into_iter()
+            .partition(|c| c.offset == 0 && c.len == c.object_extent_bytes);
+        // Whole objects: delete (only the existing ones for large ranges).
+        let whole_indices: Vec<u64> = match (whole.first(), whole.last()) {
+            (Some(first), Some(last)) => {
+                // Whole chunks of one range are consecutive objects.
+                debug_assert_eq!(
+                    last.object_index - first.object_index + 1,
+                    whole.len() as u64
+                );
+                self.existing_objects(first.object_index..last.object_index + 1)
+                    .await?
+            }
+            _ => Vec::new(),
+        };
+        let mut futures: Vec<std::pin::Pin<Box<dyn Future<Output = _> + Send>>> = Vec::new();
+        for index in whole_indices {
+            let delete = self.delete_data_object(index);
+            let ticket = ticket.clone();
+            futures.push(Box::pin(async move {
+                let r = delete.await;
+                drop(ticket);
+                r
+            }));
+        }
+        for c in partial {
+            let backend = self.backend.clone();
+            let pool = self.pool.clone();
+            let object = data_object_name(&self.name, c.object_index);
+            let ticket = ticket.clone();
+            futures.push(Box::pin(async move {
+                let r = zero_partial(&*backend, &pool, &object, c).await;
+                drop(ticket);
+                r
+            }));
+        }
+        drop(ticket);
+        run_bounded(futures).await.map(|_| ())
+    }
+}
+
+/// Zeroes part of one object without ever creating it.
+async fn zero_partial<B: ObjectBackend>(
+    backend: &B,
+    pool: &str,
+    object: &str,
+    c: Chunk,
+) -> Result<(), ImageError> {
+    let size_bytes = match backend.stat_object(pool, object).await {
+        Ok(s) => s,
+        Err(ClientError::NotFound(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    if size_bytes <= c.offset {
+        // Everything from offset on already reads as zeros.
+        return Ok(());
+    }
+    let end = c.offset + c.len;
+    if end >= c.object_extent_bytes {
+        // The range reaches the object's logical end: nothing after it can be written
+        // concurrently, so cutting the object is exact.
+        backend.truncate_object(pool, object, c.offset).await?;
+    } else {
+        let zero_len = end.min(size_bytes) - c.offset;
+        backend
+            .write_object(pool, object, c.offset, vec![0; zero_len as usize])
+            .await?;
+    }
+    Ok(())
+}
+
+async fn read_header<B: ObjectBackend>(
+    backend: &B,
+    pool: &str,
+    name: &str,
+) -> Result<ImageHeader, ImageError> {
+    check_image_name(name)?;
+    match backend
+        .read_object(pool, &header_object_name(name), 0, 1 << 16)
+        .await
+    {
+        Ok(data) => ImageHeader::decode(name, &data),
+        Err(ClientError::NotFound(_)) => Err(ImageError::NotFound(name.to_string())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn info_of(pool: &str, name: &str, h: &ImageHeader) -> ImageInfo {
+    ImageInfo {
+        name: name.to_string(),
+        pool: pool.to_string(),
+        size_bytes: h.size_bytes,
+        object_size_bytes: h.object_size_bytes,
+        object_count: h.size_bytes.div_ceil(h.object_size_bytes),
+        created_unix_secs: h.created_unix_secs,
+        format_version: h.format_version,
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+pub use memory::{MemoryBackend, MemoryOpCounts};
+
+#[cfg(any(test, feature = "testing"))]
+mod memory {
+    use super::{lock, ObjectBackend};
+    use crate::ClientError;
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    /// Object operations a [`MemoryBackend`] served.
+    #[derive(Clone, Debug, Default, PartialEq, Eq)]
+    pub struct MemoryOpCounts {
+        pub reads: u64,
+        pub writes: u64,
+        pub truncates: u64,
+        pub deletes: u64,
+        pub stats: u64,
+        pub lists: u64,
+    }
+
+    #[derive(Default)]
+    struct State {
+        objects: BTreeMap<(String, String), Vec<u8>>,
+        counts: MemoryOpCounts,
+        rng: u64,
+    }
+
+    /// An in-memory object store with injectable latency, for tests. Each operation
+    /// sleeps about half its latency, takes effect, then sleeps the rest, so operations
+    /// overlap like on a real cluster.
+    #[derive(Default)]
+    pub struct MemoryBackend {
+        state: Mutex<State>,
+        latency_us: u64,
+        jitter_us: u64,
+    }
+
+    impl MemoryBackend {
+        /// No latency.
+        pub fn new() -> MemoryBackend {
+            MemoryBackend::default()
+        }
+
+        /// Every operation takes `latency_us` plus up to `jitter_us` (pseudo-random).
+        pub fn with_latency(latency_us: u64, jitter_us: u64, seed: u64) -> MemoryBackend {
+            MemoryBackend {
+                state: Mutex::new(State {
+                    rng: seed | 1,
+                    ..State::default()
+                }),
+                latency_us,
+                jitter_us,
+            }
+        }
+
+        /// Operation counts so far.
+        pub fn counts(&self) -> MemoryOpCounts {
+            lock(&self.state).counts.clone()
+        }
+
+        /// Size of object `name` of `pool`, None if it does not exist.
+        pub fn object_len(&self, pool: &str, name: &str) -> Option<u64> {
+            lock(&self.state)
+                .objects
+                .get(&key(pool, name))
+                .map(|o| o.len() as u64)
+        }
+
+        /// Names of the objects of `pool`.
+        pub fn object_names(&self, pool: &str) -> Vec<String> {
+            lock(&self.state)
+                .objects
+                .keys()
+                .filter(|(p, _)| p == pool)
+                .map(|(_, n)| n.clone())
+                .collect()
+        }
+
+        fn half_delay(&self) -> Duration {
+            if self.latency_us == 0 && self.jitter_us == 0 {
+                return Duration::ZERO;
+            }
+            let mut s = lock(&self.state);
+            s.rng ^= s.rng << 13;
+            s.rng ^= s.rng >> 7;
+            s.rng ^= s.rng << 17;
+            let jitter = if self.jitter_us == 0 {
+                0
+            } else {
+                s.rng % (self.jitter_us + 1)
+            };
+            Duration::from_micros((self.latency_us + jitter) / 2)
+        }
+
+        async fn around<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+            let d = self.half_delay();
+            if !d.is_zero() {
+                tokio::time::sleep(d).await;
+            }
+            let out = f(&mut lock(&self.state));
+            let d = self.half_delay();
+            if !d.is_zero() {
+                tokio::time::sleep(d).await;
+            }
+            out
+        }
+    }
+
+    fn key(pool: &str, name: &str) -> (String, String) {
+        (pool.to_string(), name.to_string())
+    }
+
+    impl ObjectBackend for MemoryBackend {
+        async fn read_object(
+            &self,
+            pool: &str,
+            name: &str,
+            offset: u64,
+            len: u64,
+        ) -> Result<Vec<u8>, ClientError> {
+            self.around(|s| {
+                s.counts.reads += 1;
+                let obj = s
+                    .objects
+                    .get(&key(pool, name))
+                    .ok_or_else(|| ClientError::NotFound(name.to_string()))?;
+                let start = (offset as usize).min(obj.len());
+                let end = (offset.saturating_add(len) as usize).min(obj.len());
+                Ok(obj[start..end].to_vec())
+            })
+            .await
+        }
+
+        async fn write_object(
+            &self,
+            pool: &str,
+            name: &str,
+            offset: u64,
+            data: Vec<u8>,
+        ) -> Result<(), ClientError> {
+            self.around(|s| {
+                s.counts.writes += 1;
+                let obj = s.objects.entry(key(pool, name)).or_default();
+                let end = offset as usize + data.len();
+                if obj.len() < end {
+                    obj.resize(end, 0);
+                }
+                obj[offset as usize..end].copy_from_slice(&data);
+                Ok(())
+            })
+            .await
+        }
+
+        async fn write_full_object(
+            &self,
+            pool: &str,
+            name: &str,
+            data: Vec<u8>,
+        ) -> Result<(), ClientError> {
+            self.around(|s| {
+                s.counts.writes += 1;
+                s.objects.insert(key(pool, name), data);
+                Ok(())
+            })
+            .await
+        }
+
+        async fn truncate_object(
+            &self,
+            pool: &str,
+            name: &str,
+            size_bytes: u64,
+        ) -> Result<(), ClientError> {
+            self.around(|s| {
+                s.counts.truncates += 1;
+                s.objects
+                    .entry(key(pool, name))
+                    .or_default()
+                    .resize(size_bytes as usize, 0);
+                Ok(())
+            })
+            .await
+        }
+
+        async fn delete_object(&self, pool: &str, name: &str) -> Result<(), ClientError> {
+            self.around(|s| {
+                s.counts.deletes += 1;
+                s.objects
+                    .remove(&key(pool, name))
+                    .map(|_| ())
+                    .ok_or_else(|| ClientError::NotFound(name.to_string()))
+            })
+            .await
+        }
+
+        async fn stat_object(&self, pool: &str, name: &str) -> Result<u64, ClientError> {
+            self.around(|s| {
+                s.counts.stats += 1;
+                s.objects
+                    .get(&key(pool, name))
+                    .map(|o| o.len() as u64)
+                    .ok_or_else(|| ClientError::NotFound(name.to_string()))
+            })
+            .await
+        }
+
+        async fn list_objects(&self, pool: &str) -> Result<Vec<String>, ClientError> {
+            self.around(|s| {
+                s.counts.lists += 1;
+                Ok(s.objects
+                    .keys()
+                    .filter(|(p, _)| p == pool)
+                    .map(|(_, n)| n.clone())
+                    .collect())
+            })
+            .await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POOL: &str = "p";
+
+    async fn image(size: u64, os: u64) -> (Arc<MemoryBackend>, Image<MemoryBackend>) {
+        let b = Arc::new(MemoryBackend::new());
+        let img = Image::create(b.clone(), POOL, "vol", size, os)
+            .await
+            .unwrap();
+        (b, img)
+    }
+
+    #[test]
+    fn names() {
+        assert!(check_image_name("a-b_c.1").is_ok());
+        assert!(check_image_name("").is_err());
+        assert!(check_image_name("a/b").is_err());
+        assert!(check_image_name(&"x".repeat(65)).is_err());
+        assert_eq!(data_object_name("v", 10), "img.v.000000000000000a");
+        assert_eq!(parse_data_object("v", "img.v.000000000000000a"), Some(10));
+        assert_eq!(parse_data_object("v", "img.v.header"), None);
+        assert_eq!(parse_data_object("v", "img.v.x.000000000000000a"), None);
+        assert_eq!(parse_data_object("v.x", "img.v.000000000000000a"), None);
+    }
+
+    #[test]
+    fn chunking() {
+        let c = chunks(4000, 200, 4096, 10_000);
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].object_index, c[0].offset, c[0].len), (0, 4000, 96));
+        assert_eq!((c[1].object_index, c[1].offset, c[1].len), (1, 0, 104));
+        assert_eq!(c[1].buf_offset, 96);
+        let c = chunks(8192, 1808, 4096, 10_000);
+        assert_eq!(c[0].object_extent_bytes, 1808);
+    }
+
+    #[tokio::test]
+    async fn create_open_list_exists() {
+        let (b, img) = image(1 << 20, 4096).await;
+        assert_eq!(img.info().object_count, 256);
+        assert!(matches!(
+            Image::create(b.clone(), POOL, "vol", 4096, 4096).await,
+            Err(ImageError::Exists(_))
+        ));
+        assert!(matches!(
+            Image::create(b.clone(), POOL, "bad/name", 4096, 4096).await,
+            Err(ImageError::InvalidName(_))
+        ));
+        assert!(matches!(
+            Image::create(b.clone(), POOL, "x", 4096, 3000).await,
+            Err(ImageError::InvalidObjectSize(3000))
+        ));
+        assert!(matches!(
+            Image::create(b.clone(), POOL, "x", 1000, 4096).await,
+            Err(ImageError::InvalidSize(1000))
+        ));
+        Image::create(b.clone(), POOL, "other", 8192, 4096)
+            .await
+            .unwrap();
+        let l = Image::list(&*b, POOL).await.unwrap();
+        let names: Vec<_> = l.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["other", "vol"]);
+        let o = Image::open(b.clone(), POOL, "vol").await.unwrap();
+        assert_eq!(o.size_bytes(), 1 << 20);
+        assert!(matches!(
+            Image::open(b.clone(), POOL, "nope").await,
+            Err(ImageError::NotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn read_write_thin_and_zeroes() {
+        let (b, img) = image(64 << 10, 4096).await;
+        assert_eq!(img.read(0, 64 << 10).await.unwrap(), vec![0; 64 << 10]);
+        assert_eq!(b.object_names(POOL).len(), 1, "only the header");
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8 + 1).collect();
+        img.write(3000, &data).await.unwrap();
+        assert_eq!(img.read(3000, 10_000).await.unwrap(), data);
+        assert_eq!(b.object_names(POOL).len(), 1 + 4);
+        // Interior zeroing, whole-object delete, tail truncate.
+        img.write_zeroes(3500, 6000).await.unwrap();
+        let mut model = vec![0u8; 64 << 10];
+        model[3000..13_000].copy_from_slice(&data);
+        model[3500..9500].fill(0);
+        assert_eq!(img.read(0, 64 << 10).await.unwrap(), model);
+        img.discard(0, 64 << 10).await.unwrap();
+        assert_eq!(img.read(0, 64 << 10).await.unwrap(), vec![0; 64 << 10]);
+        assert_eq!(b.object_names(POOL).len(), 1);
+        // Zeroing never-written ranges creates nothing.
+        img.write_zeroes(100, 5000).await.unwrap();
+        assert_eq!(b.object_names(POOL).len(), 1);
+        img.flush().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn out_of_range() {
+        let (_b, img) = image(8192, 4096).await;
+        assert!(matches!(
+            img.read(8000, 193).await,
+            Err(ImageError::OutOfRange {
+                offset: 8000,
+                len: 193,
+                size: 8192
+            })
+        ));
+        assert!(img.write(u64::MAX, &[1]).await.is_err());
+        assert!(img.write_zeroes(0, 8193).await.is_err());
+        assert!(img.read(8192, 0).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn resize_shrink_grow_reads_zeros() {
+        let (b, img) = image(40960, 4096).await;
+        img.write(0, &vec![7; 40960]).await.unwrap();
+        img.resize(10240).await.unwrap();
+        assert!(img.read(10240, 1).await.is_err());
+        assert_eq!(b.object_names(POOL).len(), 1 + 3);
+        img.resize(40960).await.unwrap();
+        let r = img.read(0, 40960).await.unwrap();
+        assert_eq!(&r[..10240], &vec![7; 10240][..]);
+        assert!(r[10240..].iter().all(|&x| x == 0));
+        let reopened = Image::open(b.clone(), POOL, "vol").await.unwrap();
+        assert_eq!(reopened.size_bytes(), 40960);
+    }
+
+    #[tokio::test]
+    async fn remove_tolerates_missing() {
+        let (b, img) = image(1 << 20, 4096).await;
+        img.write(4096 * 3, &[1; 10]).await.unwrap();
+        let mut last = (0, 0);
+        Image::remove(b.clone(), POOL, "vol", |d, t| last = (d, t))
+            .await
+            .unwrap();
+        assert_eq!(last, (256, 256));
+        assert!(b.object_names(POOL).is_empty());
+        assert!(matches!(
+            Image::remove(b.clone(), POOL, "vol", |_, _| {}).await,
+            Err(ImageError::NotFound(_))
+        ));
+    }
+
+    /// Checks that no data object holds bytes at or past the image end.
+    fn check_nothing_past_end(b: &MemoryBackend, img: &Image<MemoryBackend>) {
+        let (size, os) = (img.size_bytes(), img.object_size_bytes());
+        for name in b.object_names(POOL) {
+            if let Some(index) = parse_data_object("vol", &name) {
+                let start = index * os;
+                assert!(start < size, "{name} past the end {size}");
+                let len = b.object_len(POOL, &name).unwrap_or(0);
+                assert!(start + len <= size, "{name} holds bytes past {size}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Random writes, zeroing, discards and resizes against a `Vec` model.
+        #[test]
+        fn model_based(ops in proptest::collection::vec(
+            (0u8..5, 0u64..70_000, 0u64..20_000, 1u8..=255), 1..30)) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let (b, img) = image(64 << 10, 4096).await;
+                let mut model = vec![0u8; 64 << 10];
+                for (kind, off, len, byte) in ops {
+                    let size = model.len() as u64;
+                    let off = off % (size + 1);
+                    let len = len.min(size - off);
+                    let (o, l) = (off as usize, len as usize);
+                    match kind {
+                        0 | 1 => {
+                            img.write(off, &vec![byte; l]).await.unwrap();
+                            model[o..o + l].fill(byte);
+                        }
+                        2 => {
+                            img.write_zeroes(off, len).await.unwrap();
+                            model[o..o + l].fill(0);
+                        }
+                        3 => {
+                            img.discard(off, len).await.unwrap();
+                            model[o..o + l].fill(0);
+                        }
+                        _ => {
+                            let new_size = (off + len) / 512 * 512;
+                            img.resize(new_size).await.unwrap();
+                            model.resize(new_size as usize, 0);
+                        }
+                    }
+                    assert_eq!(img.read(0, model.len() as u64).await.unwrap(), model);
+                    check_nothing_past_end(&b, &img);
+                }
+            });
+        }
+    }
+
+    #[tokio::test]
+    async fn large_discard_lists_instead_of_blind_deletes() {
+        let (b, img) = image(8 << 20, 4096).await;
+        img.write(5 << 20, &[9; 8192]).await.unwrap();
+        img.discard(0, 8 << 20).await.unwrap();
+        let c = b.counts();
+        assert_eq!(c.lists, 1);
+        assert_eq!(c.deletes, 2);
+        assert_eq!(b.object_names(POOL).len(), 1);
+    }
+}

@@ -1,0 +1,273 @@
+//! Listener loops, configuration and statistics.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, BufReader};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::device::Exports;
+use crate::{handshake, transmission};
+
+/// Server tuning. Invalid values are rejected by [`NbdServer::new`] (a caller bug).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Largest READ/WRITE payload accepted, advertised as the maximum block size.
+    /// Bounds the memory one request can pin. Default 32 MiB; must be in 512..=2^30.
+    pub max_request_bytes: u32,
+    /// Device operations run concurrently per connection; when reached, the server stops
+    /// reading that socket (backpressure). Default 64; must be >= 1.
+    pub requests_in_flight_per_connection: usize,
+    /// Advertised preferred block size. Default 4096; a power of two <= max_request_bytes.
+    pub preferred_block_bytes: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_request_bytes: 32 * 1024 * 1024,
+            requests_in_flight_per_connection: 64,
+            preferred_block_bytes: 4096,
+        }
+    }
+}
+
+/// A snapshot of the server counters (monotonic except `connections_active`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    pub connections_accepted: u64,
+    pub connections_active: u64,
+    /// Connections that reached the transmission phase.
+    pub sessions_started: u64,
+    pub requests_read: u64,
+    pub requests_write: u64,
+    pub requests_flush: u64,
+    pub requests_trim: u64,
+    pub requests_write_zeroes: u64,
+    pub requests_cache: u64,
+    pub requests_block_status: u64,
+    pub requests_disc: u64,
+    /// Requests with an unknown command type.
+    pub requests_unknown: u64,
+    /// Payload bytes sent to clients by READ.
+    pub bytes_read: u64,
+    /// Payload bytes received from clients by WRITE.
+    pub bytes_written: u64,
+    /// Requests answered with an error (validation or device error).
+    pub error_replies: u64,
+    /// Connections dropped because the client broke the protocol.
+    pub protocol_errors: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub connections_accepted: AtomicU64,
+    pub connections_active: AtomicU64,
+    pub sessions_started: AtomicU64,
+    pub requests_read: AtomicU64,
+    pub requests_write: AtomicU64,
+    pub requests_flush: AtomicU64,
+    pub requests_trim: AtomicU64,
+    pub requests_write_zeroes: AtomicU64,
+    pub requests_cache: AtomicU64,
+    pub requests_block_status: AtomicU64,
+    pub requests_disc: AtomicU64,
+    pub requests_unknown: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub error_replies: AtomicU64,
+    pub protocol_errors: AtomicU64,
+}
+
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Decrements `connections_active` when a connection task ends, however it ends.
+struct ActiveGuard<'a>(&'a AtomicU64);
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An NBD server for the exports of `E`.
+pub struct NbdServer<E: Exports> {
+    pub(crate) exports: Arc<E>,
+    pub(crate) config: ServerConfig,
+    pub(crate) counters: Counters,
+}
+
+/// Resolves once the watch value is `true`. A dropped sender never resolves.
+pub(crate) async fn wait_shutdown(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl<E: Exports> NbdServer<E> {
+    /// Panics if `config` is invalid (see [`ServerConfig`] field docs).
+    pub fn new(exports: Arc<E>, config: ServerConfig) -> Self {
+        assert!(
+            (512..=1 << 30).contains(&config.max_request_bytes),
+            "max_request_bytes {} outside 512..=2^30",
+            config.max_request_bytes
+        );
+        assert!(
+            config.preferred_block_bytes.is_power_of_two()
+                && config.preferred_block_bytes <= config.max_request_bytes,
+            "preferred_block_bytes {} must be a power of two <= max_request_bytes",
+            config.preferred_block_bytes
+        );
+        assert!(
+            (1..=1 << 20).contains(&config.requests_in_flight_per_connection),
+            "requests_in_flight_per_connection must be in 1..=2^20"
+        );
+        NbdServer {
+            exports,
+            config,
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ServerStats {
+            connections_accepted: g(&c.connections_accepted),
+            connections_active: g(&c.connections_active),
+            sessions_started: g(&c.sessions_started),
+            requests_read: g(&c.requests_read),
+            requests_write: g(&c.requests_write),
+            requests_flush: g(&c.requests_flush),
+            requests_trim: g(&c.requests_trim),
+            requests_write_zeroes: g(&c.requests_write_zeroes),
+            requests_cache: g(&c.requests_cache),
+            requests_block_status: g(&c.requests_block_status),
+            requests_disc: g(&c.requests_disc),
+            requests_unknown: g(&c.requests_unknown),
+            bytes_read: g(&c.bytes_read),
+            bytes_written: g(&c.bytes_written),
+            error_replies: g(&c.error_replies),
+            protocol_errors: g(&c.protocol_errors),
+        }
+    }
+
+    /// Accepts TCP connections until `shutdown` turns true, then waits for every
+    /// connection to finish its in-flight requests. Accept errors (e.g. EMFILE) are
+    /// logged and retried; they do not end the server.
+    pub async fn serve_tcp(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: watch::Receiver<bool>,
+    ) -> io::Result<()> {
+        self.serve_loop(
+            || async {
+                let (s, peer) = listener.accept().await?;
+                // Small replies (write acks) must not wait for Nagle.
+                if let Err(e) = s.set_nodelay(true) {
+                    debug!(error = %e, "set_nodelay failed");
+                }
+                Ok((s, peer.to_string()))
+            },
+            shutdown,
+        )
+        .await
+    }
+
+    /// Like [`NbdServer::serve_tcp`], on a Unix-domain socket.
+    pub async fn serve_unix(
+        self: Arc<Self>,
+        listener: tokio::net::UnixListener,
+        shutdown: watch::Receiver<bool>,
+    ) -> io::Result<()> {
+        self.serve_loop(
+            || async {
+                let (s, peer) = listener.accept().await?;
+                Ok((s, format!("{peer:?}")))
+            },
+            shutdown,
+        )
+        .await
+    }
+
+    async fn serve_loop<S, F, Fut>(
+        self: Arc<Self>,
+        mut accept: F,
+        shutdown: watch::Receiver<bool>,
+    ) -> io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = io::Result<(S, String)>>,
+    {
+        let mut stop = shutdown.clone();
+        let mut conns = JoinSet::new();
+        loop {
+            tokio::select! {
+                biased;
+                _ = wait_shutdown(&mut stop) => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                r = accept() => match r {
+                    Ok((stream, peer)) => {
+                        debug!(%peer, "nbd connection accepted");
+                        let server = self.clone();
+                        let sd = shutdown.clone();
+                        conns.spawn(async move {
+                            if let Err(e) = server.serve_connection(stream, sd).await {
+                                debug!(%peer, error = %e, "nbd connection ended with error");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "nbd accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+        info!(connections = conns.len(), "nbd server shutting down");
+        while conns.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    /// Serves one already-accepted connection (any byte stream) to completion: handshake,
+    /// then transmission until the client disconnects, breaks the protocol, or `shutdown`
+    /// turns true.
+    pub async fn serve_connection<S>(
+        self: &Arc<Self>,
+        stream: S,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        bump(&self.counters.connections_accepted, 1);
+        bump(&self.counters.connections_active, 1);
+        let _active = ActiveGuard(&self.counters.connections_active);
+        let (rd, mut wr) = tokio::io::split(stream);
+        let mut rd = BufReader::with_capacity(256 * 1024, rd);
+        let session = tokio::select! {
+            r = handshake::negotiate(self, &mut rd, &mut wr) => r?,
+            _ = wait_shutdown(&mut shutdown) => None,
+        };
+        let Some(session) = session else {
+            return Ok(());
+        };
+        bump(&self.counters.sessions_started, 1);
+        transmission::run(self.clone(), session, rd, wr, shutdown).await
+    }
+}

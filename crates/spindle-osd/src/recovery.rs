@@ -1,0 +1,679 @@
+//! Peering and recovery of the placement groups this daemon is primary of.
+//!
+//! Peering (per interval, i.e. per change of the up set) gathers every copy's log,
+//! picks the newest *complete* copy as authoritative, and computes for every other copy
+//! the objects it misses: from the logs when they overlap (log-based catch-up), from full
+//! listings otherwise (backfill). Copies that miss anything are first marked `incomplete`
+//! (persisted in their store), then the group becomes **active** at once: client I/O does
+//! not wait for recovery. Recovery then runs in the background, throttled, one object at a
+//! time per group; a client operation on an object that some copy still misses recovers
+//! that object first (on demand). When nothing is missing, every recovered copy is marked
+//! complete again (which resets its log: it may have gaps where objects arrived by state).
+//!
+//! Invariants:
+//! - an incomplete copy is never authoritative, and is always compared by listing;
+//! - an object is removed from the missing set only after every copy that missed it
+//!   acknowledged the authoritative state durably; writes to an object wait while it is
+//!   missing anywhere, so a replica never applies a partial write to a stale base;
+//! - a copy is marked complete only after all its missing objects were recovered, on the
+//!   same connection (after the pushes), so the mark never overtakes data;
+//! - a copy outside the up set (a stray) is removed only after the group's primary says
+//!   the group is clean at the same epoch.
+
+use crate::{ver, Osd, PgState, Phase};
+use spindle_proto::msg::Ver;
+use spindle_proto::Msg;
+use spindle_store::PgId;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+use crate::sync::{plan, LogInfo, SyncPlan};
+
+/// Objects some copies of a placement group still miss (on its primary).
+pub(crate) struct Recovery {
+    /// The authoritative copy: the source of objects the primary itself misses.
+    pub source: u32,
+    /// At least one copy is backfilled (compared by listing) rather than caught up by log.
+    pub backfill: bool,
+    /// Object name -> (daemons missing it, size in bytes as far as known).
+    pub missing: BTreeMap<String, (Vec<u32>, u64)>,
+    /// Objects being recovered right now (by the background task or on demand).
+    pub in_progress: HashSet<String>,
+    /// Copies marked incomplete for this recovery (marked complete at the end).
+    pub incomplete: Vec<u32>,
+    /// Woken whenever an object leaves `in_progress`.
+    pub notify: Arc<Notify>,
+}
+
+impl Recovery {
+    pub fn missing_bytes(&self) -> u64 {
+        self.missing
+            .values()
+            .map(|(osds, size)| size * osds.len() as u64)
+            .sum()
+    }
+    pub fn missing_copies(&self) -> u64 {
+        self.missing
+            .values()
+            .map(|(osds, _)| osds.len() as u64)
+            .sum()
+    }
+}
+
+/// Global pacing of background recovery: at most `ops` objects at once and
+/// `bytes_per_sec` (0 = unlimited).
+pub(crate) struct Throttle {
+    pub permits: tokio::sync::Semaphore,
+    pub bytes_per_sec: u64,
+    next_free: std::sync::Mutex<Instant>,
+}
+
+impl Throttle {
+    pub fn new(ops: usize, bytes_per_sec: u64) -> Throttle {
+        Throttle {
+            permits: tokio::sync::Semaphore::new(ops.max(1)),
+            bytes_per_sec,
+            next_free: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Waits until `bytes` more may be recovered under the rate limit.
+    pub async fn pace(&self, bytes: u64) {
+        if self.bytes_per_sec == 0 {
+            return;
+        }
+        let start = {
+            let mut next = self.next_free.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            let start = (*next).max(now);
+            *next = start + Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec as f64);
+            start
+        };
+        tokio::time::sleep_until(start.into()).await;
+    }
+}
+
+enum Step {
+    Done,
+    Wait(Arc<Notify>),
+    Recover { osds: Vec<u32>, source: u32 },
+}
+
+impl Osd {
+    /// The group's state if it is still active in the interval that began at `since`.
+    fn pg_entry_valid(
+        pgs: &mut HashMap<(u32, u32), PgState>,
+        pgid: PgId,
+        since: u64,
+    ) -> Option<&mut PgState> {
+        pgs.get_mut(&(pgid.pool, pgid.pg))
+            .filter(|st| st.since == since && st.phase == Phase::Active)
+    }
+
+    /// Peers a placement group at `epoch`: on success it is active (maybe recovering).
+    pub(crate) async fn peer(&self, pool: u32, pg: u32, epoch: u64) -> Result<(), String> {
+        let pgid = PgId { pool, pg };
+        let acting = {
+            let pgs = crate::lock(&self.inner.pgs);
+            match pgs.get(&(pool, pg)) {
+                Some(st)
+                    if st.epoch == epoch
+                        && matches!(st.phase, Phase::Peering | Phase::Incomplete) =>
+                {
+                    st.acting.clone()
+                }
+                _ => return Ok(()),
+            }
+        };
+        let me = self.inner.id;
+        // 1. Gather every copy's log.
+        let mut infos: Vec<(u32, LogInfo)> = vec![(me, self.local_log_info(pgid))];
+        for &peer in acting.iter().filter(|&&p| p != me) {
+            match self
+                .call_peer(peer, epoch, &Msg::PgQuery { pool, pg })
+                .await?
+            {
+                Msg::PgInfo {
+                    last_version,
+                    log_tail,
+                    log,
+                    incomplete,
+                } => infos.push((
+                    peer,
+                    LogInfo {
+                        last_version,
+                        log_tail,
+                        log,
+                        incomplete,
+                    },
+                )),
+                other => return Err(format!("osd.{peer}: unexpected {}", other.name())),
+            }
+        }
+        // 2. The newest complete copy is authoritative (ties: prefer myself).
+        let Some((auth_id, auth)) = infos
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, info))| !info.incomplete)
+            .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
+            .map(|(_, (id, info))| (*id, info.clone()))
+        else {
+            let mut pgs = crate::lock(&self.inner.pgs);
+            if let Some(st) = pgs.get_mut(&(pool, pg)) {
+                if st.epoch == epoch {
+                    st.phase = Phase::Incomplete;
+                }
+            }
+            return Err("no complete copy is up (waiting for one to return)".into());
+        };
+        // 3. What each other copy misses.
+        let mut missing: BTreeMap<String, (Vec<u32>, u64)> = BTreeMap::new();
+        let mut backfill = false;
+        let mut auth_listing: Option<HashMap<String, (Ver, u64)>> = None;
+        let mut newest = auth.last_version;
+        for (id, info) in infos.iter().filter(|(id, _)| *id != auth_id) {
+            newest = newest.max(info.last_version);
+            let names: BTreeSet<String> = match plan(&auth, info) {
+                SyncPlan::InSync => continue,
+                SyncPlan::Objects(names) => names,
+                SyncPlan::Backfill => {
+                    backfill = true;
+                    if auth_listing.is_none() {
+                        auth_listing = Some(self.listing_sizes(auth_id, epoch, pgid).await?);
+                    }
+                    let a = auth_listing.as_ref().ok_or("no listing")?;
+                    let s = self.listing_sizes(*id, epoch, pgid).await?;
+                    let mut names = BTreeSet::new();
+                    for (name, (v, _)) in a {
+                        if s.get(name).map(|x| x.0) != Some(*v) {
+                            names.insert(name.clone());
+                        }
+                    }
+                    names.extend(s.keys().filter(|n| !a.contains_key(*n)).cloned());
+                    names
+                }
+            };
+            for name in names {
+                let size = auth_listing
+                    .as_ref()
+                    .and_then(|a| a.get(&name).map(|x| x.1))
+                    .or_else(|| {
+                        (auth_id == me)
+                            .then(|| self.inner.store.stat(pgid, &name))
+                            .flatten()
+                            .map(|m| m.size_bytes)
+                    })
+                    .unwrap_or(0);
+                missing
+                    .entry(name)
+                    .or_insert((Vec::new(), size))
+                    .0
+                    .push(*id);
+            }
+        }
+        // 4. Mark every copy that misses something incomplete, durably, before serving.
+        let mut incomplete: Vec<u32> = missing
+            .values()
+            .flat_map(|(osds, _)| osds.iter().copied())
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect();
+        incomplete.sort_unstable();
+        for &id in &incomplete {
+            self.mark_copy(id, epoch, pgid, true).await?;
+        }
+        let copies = missing.values().map(|(o, _)| o.len()).sum::<usize>();
+        if copies > 0 {
+            if backfill {
+                self.inner.backfills.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.inner.log_recoveries.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::info!(
+                "osd.{me}: pg {pool}.{pg:x} epoch {epoch}: {} object copies to recover on {:?} \
+                 from osd.{auth_id} ({})",
+                copies,
+                incomplete,
+                if backfill { "backfill" } else { "log" }
+            );
+        }
+        // 5. Activate (only if nothing changed meanwhile) and recover in the background.
+        let since;
+        let start_task = {
+            let mut pgs = crate::lock(&self.inner.pgs);
+            let Some(st) = pgs.get_mut(&(pool, pg)) else {
+                return Ok(());
+            };
+            if st.epoch != epoch || !matches!(st.phase, Phase::Peering | Phase::Incomplete) {
+                return Ok(());
+            }
+            st.phase = Phase::Active;
+            st.last = newest;
+            since = st.since;
+            if missing.is_empty() {
+                st.recovery = None;
+                false
+            } else {
+                st.recovery = Some(Recovery {
+                    source: auth_id,
+                    backfill,
+                    missing,
+                    in_progress: HashSet::new(),
+                    incomplete,
+                    notify: Arc::new(Notify::new()),
+                });
+                true
+            }
+        };
+        if start_task {
+            let osd = self.clone();
+            tokio::spawn(async move { osd.recovery_loop(pgid, since).await });
+        }
+        Ok(())
+    }
+
+    async fn mark_copy(
+        &self,
+        osd: u32,
+        epoch: u64,
+        pgid: PgId,
+        incomplete: bool,
+    ) -> Result<(), String> {
+        if osd == self.inner.id {
+            return self
+                .inner
+                .store
+                .mark_pg(pgid, incomplete)
+                .await
+                .map_err(|e| e.to_string());
+        }
+        let msg = Msg::PgMark {
+            pool: pgid.pool,
+            pg: pgid.pg,
+            incomplete,
+        };
+        crate::expect_ok(self.call_peer(osd, epoch, &msg).await?)
+    }
+
+    /// Listing with versions and sizes (of this daemon or a peer).
+    async fn listing_sizes(
+        &self,
+        osd: u32,
+        epoch: u64,
+        pgid: PgId,
+    ) -> Result<HashMap<String, (Ver, u64)>, String> {
+        if osd == self.inner.id {
+            return Ok(self
+                .inner
+                .store
+                .list(pgid)
+                .into_iter()
+                .map(|(n, m)| (n, (ver(m.version), m.size_bytes)))
+                .collect());
+        }
+        let msg = Msg::PgList {
+            pool: pgid.pool,
+            pg: pgid.pg,
+        };
+        match self.call_peer(osd, epoch, &msg).await? {
+            Msg::ObjReply { listing, .. } => Ok(listing
+                .into_iter()
+                .map(|l| (l.name, (l.version, l.size_bytes)))
+                .collect()),
+            other => Err(format!("osd.{osd}: unexpected {}", other.name())),
+        }
+    }
+
+    /// Whether some copy of the group misses `name` (so an operation on it must wait).
+    pub(crate) fn object_missing(&self, pgid: PgId, name: &str, me_only: bool) -> bool {
+        let pgs = crate::lock(&self.inner.pgs);
+        pgs.get(&(pgid.pool, pgid.pg))
+            .and_then(|st| st.recovery.as_ref())
+            .and_then(|r| r.missing.get(name))
+            .is_some_and(|(osds, _)| !me_only || osds.contains(&self.inner.id))
+    }
+
+    /// Whether this daemon (the primary) misses any object of the group.
+    pub(crate) fn primary_misses_objects(&self, pgid: PgId) -> Option<u32> {
+        let pgs = crate::lock(&self.inner.pgs);
+        let rec = pgs.get(&(pgid.pool, pgid.pg))?.recovery.as_ref()?;
+        rec.incomplete
+            .contains(&self.inner.id)
+            .then_some(rec.source)
+    }
+
+    /// Makes sure no copy misses `name` any more (recovering it now if needed).
+    pub(crate) async fn ensure_recovered(
+        &self,
+        pgid: PgId,
+        since: u64,
+        name: &str,
+    ) -> Result<(), String> {
+        loop {
+            let step = {
+                let mut pgs = crate::lock(&self.inner.pgs);
+                let st =
+                    Self::pg_entry_valid(&mut pgs, pgid, since).ok_or("placement group changed")?;
+                match st.recovery.as_mut() {
+                    None => Step::Done,
+                    Some(rec) => match rec.missing.get(name) {
+                        None => Step::Done,
+                        Some(_) if rec.in_progress.contains(name) => Step::Wait(rec.notify.clone()),
+                        Some((osds, _)) => {
+                            let osds = osds.clone();
+                            rec.in_progress.insert(name.to_string());
+                            Step::Recover {
+                                osds,
+                                source: rec.source,
+                            }
+                        }
+                    },
+                }
+            };
+            match step {
+                Step::Done => return Ok(()),
+                Step::Wait(notify) => {
+                    // Bounded wait: a lost wake-up costs at most the timeout.
+                    let _ =
+                        tokio::time::timeout(Duration::from_millis(50), notify.notified()).await;
+                }
+                Step::Recover { osds, source } => {
+                    let result = self.recover_copies(pgid, name, &osds, source).await;
+                    let mut pgs = crate::lock(&self.inner.pgs);
+                    if let Some(rec) = pgs
+                        .get_mut(&(pgid.pool, pgid.pg))
+                        .filter(|st| st.since == since)
+                        .and_then(|st| st.recovery.as_mut())
+                    {
+                        rec.in_progress.remove(name);
+                        if let Ok(bytes) = result {
+                            rec.missing.remove(name);
+                            self.inner
+                                .recovered_objects
+                                .fetch_add(osds.len() as u64, Ordering::Relaxed);
+                            self.inner
+                                .recovered_bytes
+                                .fetch_add(bytes * osds.len() as u64, Ordering::Relaxed);
+                        }
+                        rec.notify.notify_waiters();
+                    }
+                    return result.map(|_| ());
+                }
+            }
+        }
+    }
+
+    /// Copies the authoritative state of `name` to every daemon in `osds` (pulling it to
+    /// myself first if I am one of them). Returns the object's size.
+    async fn recover_copies(
+        &self,
+        pgid: PgId,
+        name: &str,
+        osds: &[u32],
+        source: u32,
+    ) -> Result<u64, String> {
+        let me = self.inner.id;
+        let store = &self.inner.store;
+        // Messages carry the current epoch: the interval (same up set) may span several.
+        let epoch = self.epoch();
+        if osds.contains(&me) {
+            let state = self.pull(source, epoch, pgid, name).await?;
+            store
+                .recover_object(pgid, name, state)
+                .await
+                .map_err(|e| format!("recovering {name} locally: {e}"))?;
+        }
+        let (state, bytes) = match store.stat(pgid, name) {
+            None => ((None, Vec::new()), 0),
+            Some(meta) => {
+                let data = store
+                    .read(pgid, name, 0, meta.size_bytes)
+                    .await
+                    .map_err(|e| format!("reading {name} to push: {e}"))?;
+                ((Some(ver(meta.version)), data), meta.size_bytes)
+            }
+        };
+        let peers: Vec<u32> = osds.iter().copied().filter(|&o| o != me).collect();
+        if !peers.is_empty() {
+            let msg = Msg::ObjState {
+                pool: pgid.pool,
+                pg: pgid.pg,
+                name: name.to_string(),
+                version: state.0,
+                data: state.1,
+            };
+            let calls = peers.iter().map(|&p| self.call_peer(p, epoch, &msg));
+            for r in futures_join_all(calls).await {
+                crate::expect_ok(r?)?;
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Background recovery of one placement group at `epoch` (stops when it changes).
+    pub(crate) async fn recovery_loop(&self, pgid: PgId, since: u64) {
+        let me = self.inner.id;
+        let mut delay_ms = 50;
+        loop {
+            let next = {
+                let mut pgs = crate::lock(&self.inner.pgs);
+                let Some(st) = Self::pg_entry_valid(&mut pgs, pgid, since) else {
+                    return;
+                };
+                let Some(rec) = st.recovery.as_ref() else {
+                    return;
+                };
+                if rec.missing.is_empty() {
+                    None
+                } else {
+                    Some(
+                        rec.missing
+                            .iter()
+                            .find(|(n, _)| !rec.in_progress.contains(*n))
+                            .map(|(n, (_, size))| (n.clone(), *size)),
+                    )
+                }
+            };
+            let (name, size) = match next {
+                None => break,
+                Some(None) => {
+                    // Everything left is being recovered on demand right now.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                Some(Some(x)) => x,
+            };
+            let permit = match self.inner.throttle.permits.acquire().await {
+                Ok(p) => p,
+                Err(_) => return,
+            };
+            self.inner.throttle.pace(size.max(4096)).await;
+            let r = self.ensure_recovered(pgid, since, &name).await;
+            drop(permit);
+            if let Err(e) = r {
+                if !self.interval_is(pgid, since) {
+                    return;
+                }
+                tracing::info!(
+                    "osd.{me}: pg {}.{:x}: recovering {name} failed: {e}; retrying",
+                    pgid.pool,
+                    pgid.pg
+                );
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                delay_ms = (delay_ms * 2).min(2000);
+            } else {
+                delay_ms = 50;
+            }
+        }
+        // Everything recovered: mark the copies complete (after their pushes, in order).
+        let incomplete = {
+            let pgs = crate::lock(&self.inner.pgs);
+            match pgs
+                .get(&(pgid.pool, pgid.pg))
+                .filter(|st| st.since == since)
+                .and_then(|st| st.recovery.as_ref())
+            {
+                Some(rec) => rec.incomplete.clone(),
+                None => return,
+            }
+        };
+        for id in incomplete {
+            let mut delay_ms = 50;
+            loop {
+                match self.mark_copy(id, self.epoch(), pgid, false).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        if !self.interval_is(pgid, since) {
+                            return;
+                        }
+                        tracing::info!("osd.{me}: marking osd.{id} complete failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                        delay_ms = (delay_ms * 2).min(2000);
+                    }
+                }
+            }
+        }
+        let mut pgs = crate::lock(&self.inner.pgs);
+        if let Some(st) = pgs
+            .get_mut(&(pgid.pool, pgid.pg))
+            .filter(|st| st.since == since)
+        {
+            if st.recovery.as_ref().is_some_and(|r| r.missing.is_empty()) {
+                st.recovery = None;
+                tracing::info!(
+                    "osd.{me}: pg {}.{:x} recovered (interval from epoch {since})",
+                    pgid.pool,
+                    pgid.pg
+                );
+            }
+        }
+    }
+
+    /// Whether the group is still in the interval that began at `since`.
+    pub(crate) fn interval_is(&self, pgid: PgId, since: u64) -> bool {
+        crate::lock(&self.inner.pgs)
+            .get(&(pgid.pool, pgid.pg))
+            .is_some_and(|st| st.since == since)
+    }
+
+    /// The start of the group's current interval, if this daemon is its primary.
+    pub(crate) fn interval_of(&self, pgid: PgId) -> Option<u64> {
+        crate::lock(&self.inner.pgs)
+            .get(&(pgid.pool, pgid.pg))
+            .map(|st| st.since)
+    }
+
+    /// Whether this daemon, as primary, has the group clean at `epoch`.
+    pub(crate) fn pg_is_clean(&self, pgid: PgId, epoch: u64) -> bool {
+        let pgs = crate::lock(&self.inner.pgs);
+        pgs.get(&(pgid.pool, pgid.pg)).is_some_and(|st| {
+            st.epoch == epoch
+                && st.phase == Phase::Active
+                && st.recovery.is_none()
+                && st.acting.len() as u32 >= st.size
+        })
+    }
+
+    /// Periodically removes copies of groups this daemon no longer belongs to, once
+    /// their primary reports the group clean.
+    pub(crate) async fn stray_loop(&self) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(self.inner.config.stray_check_ms)).await;
+            if let Err(e) = self.remove_strays().await {
+                tracing::debug!("osd.{}: stray check: {e}", self.inner.id);
+            }
+        }
+    }
+
+    async fn remove_strays(&self) -> Result<(), String> {
+        let me = self.inner.id;
+        for pgid in self.inner.store.pgs() {
+            let Some(ms) = self.map_state() else {
+                return Ok(());
+            };
+            let epoch = ms.map.epoch;
+            let primary = match ms.placement.pg(pgid.pool, pgid.pg) {
+                // The pool is gone: nothing can ever need this copy.
+                None if !ms.map.pools.contains_key(&pgid.pool) => None,
+                None => continue,
+                Some(m) if m.up.contains(&me) || m.raw.contains(&me) => continue,
+                Some(m) => match m.primary() {
+                    Some(p) => Some(p),
+                    None => continue,
+                },
+            };
+            if let Some(primary) = primary {
+                let msg = Msg::PgCleanQuery {
+                    pool: pgid.pool,
+                    pg: pgid.pg,
+                };
+                match self.call_peer(primary, epoch, &msg).await {
+                    Ok(Msg::Ok) => {}
+                    _ => continue,
+                }
+            }
+            // Re-check right before removing: still a stray at the same epoch.
+            {
+                let Some(ms) = self.map_state() else {
+                    return Ok(());
+                };
+                if ms.map.epoch != epoch {
+                    continue;
+                }
+                if let Some(m) = ms.placement.pg(pgid.pool, pgid.pg) {
+                    if m.up.contains(&me) || m.raw.contains(&me) {
+                        continue;
+                    }
+                }
+                crate::lock(&self.inner.removing).insert(pgid);
+            }
+            let objects = self.inner.store.pg_info(pgid).object_count;
+            let r = self.inner.store.remove_pg(pgid).await;
+            crate::lock(&self.inner.removing).remove(&pgid);
+            match r {
+                Ok(()) => {
+                    self.inner.strays_removed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        "osd.{me}: removed stray copy of pg {}.{:x} ({objects} objects)",
+                        pgid.pool,
+                        pgid.pg
+                    );
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs futures concurrently; outputs in input order (avoids a dependency for one use).
+async fn futures_join_all<F: std::future::Future>(
+    futs: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let mut pending: Vec<_> = futs.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut results: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all_done = true;
+        for (slot, result) in pending.iter_mut().zip(results.iter_mut()) {
+            if let Some(f) = slot.as_mut() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *result = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => all_done = false,
+                }
+            }
+        }
+        if all_done {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    results.into_iter().flatten().collect()
+}

@@ -1,0 +1,231 @@
+//! `spindle image`: block images striped over objects (`create`, `ls`, `info`, `resize`,
+//! `rm`). Images live in a pool (`--pool`, default `default`); the cluster is found
+//! through `--dir`/`--mon` like every cluster command.
+
+use crate::cluster_cmd::{ObjArgs, Target};
+use crate::daemon::runtime;
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use spindle_client::image::{ImageInfo, OBJECT_SIZE_BYTES_DEFAULT, SECTOR_BYTES};
+use spindle_client::Image;
+use std::io::Write;
+use std::sync::Arc;
+
+/// Image subcommands.
+#[derive(Subcommand)]
+pub enum ImageCommand {
+    /// Create a thin image (no data object is written until data is).
+    Create {
+        name: String,
+        /// Volume size: bytes or with a K/M/G/T suffix (powers of 1024); multiple of 512.
+        #[arg(long, value_parser = parse_size_bytes)]
+        size: u64,
+        /// Size of one data object: a power of two in 4K..=32M.
+        #[arg(long, value_parser = parse_size_bytes, default_value_t = OBJECT_SIZE_BYTES_DEFAULT)]
+        object_size: u64,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// List the images of a pool.
+    Ls {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Size, object size and creation time of an image.
+    Info {
+        name: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Grow or shrink an image (shrinking deletes the data past the new end).
+    Resize {
+        name: String,
+        /// New size (as for `create`).
+        #[arg(long, value_parser = parse_size_bytes)]
+        size: u64,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Delete an image and all its data objects.
+    Rm {
+        name: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+}
+
+/// Parses `10G`, `512M`, `4K`, `4KiB`, `1T` or plain bytes (suffixes are powers of 1024).
+pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(digits_end);
+    if digits.is_empty() {
+        return Err(format!(
+            "{text:?}: expected a number with an optional K/M/G/T suffix"
+        ));
+    }
+    let n: u64 = digits.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        "P" | "PB" | "PIB" => 50,
+        other => return Err(format!("{text:?}: unknown size suffix {other:?}")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?}: too large"))
+}
+
+/// `10 GiB`-style rendering (exact when a whole number of the unit).
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 5] = [
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ];
+    for (unit, shift) in UNITS {
+        let one = 1u64 << shift;
+        if bytes >= one {
+            if bytes.is_multiple_of(one) {
+                return format!("{} {unit}", bytes >> shift);
+            }
+            return format!("{:.1} {unit}", bytes as f64 / one as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+fn check_volume_size(size_bytes: u64) -> anyhow::Result<()> {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(SECTOR_BYTES) {
+        bail!("--size {size_bytes}: must be a positive multiple of {SECTOR_BYTES} bytes");
+    }
+    Ok(())
+}
+
+fn print_info(info: &ImageInfo) {
+    println!("image:       {}", info.name);
+    println!("pool:        {}", info.pool);
+    println!(
+        "size:        {} ({} bytes)",
+        format_size(info.size_bytes),
+        info.size_bytes
+    );
+    println!(
+        "object size: {} ({} objects)",
+        format_size(info.object_size_bytes),
+        info.object_count
+    );
+    println!("created:     {} (unix seconds)", info.created_unix_secs);
+    println!("format:      {}", info.format_version);
+}
+
+/// Runs one `spindle image` subcommand.
+pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let client = Arc::new(target.client().await?);
+        match command {
+            ImageCommand::Create {
+                name,
+                size,
+                object_size,
+                obj,
+            } => {
+                check_volume_size(size)?;
+                let img = Image::create(client, &obj.pool, &name, size, object_size)
+                    .await
+                    .with_context(|| format!("creating image {name}"))?;
+                let info = img.info();
+                println!(
+                    "created image {name} ({}, {} objects of {})",
+                    format_size(info.size_bytes),
+                    info.object_count,
+                    format_size(info.object_size_bytes)
+                );
+            }
+            ImageCommand::Ls { json, obj } => {
+                let list = Image::list(&*client, &obj.pool).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&list)?);
+                } else {
+                    for i in list {
+                        println!(
+                            "{}\t{}\t{}",
+                            i.name,
+                            format_size(i.size_bytes),
+                            format_size(i.object_size_bytes)
+                        );
+                    }
+                }
+            }
+            ImageCommand::Info { name, json, obj } => {
+                let info = Image::open(client, &obj.pool, &name).await?.info();
+                if json {
+                    println!("{}", serde_json::to_string(&info)?);
+                } else {
+                    print_info(&info);
+                }
+            }
+            ImageCommand::Resize { name, size, obj } => {
+                check_volume_size(size)?;
+                let img = Image::open(client, &obj.pool, &name).await?;
+                let old = img.size_bytes();
+                img.resize(size)
+                    .await
+                    .with_context(|| format!("resizing image {name}"))?;
+                println!(
+                    "resized image {name}: {} -> {}",
+                    format_size(old),
+                    format_size(size)
+                );
+            }
+            ImageCommand::Rm { name, obj } => {
+                let mut shown = false;
+                Image::remove(client, &obj.pool, &name, |done, total| {
+                    // A counter line on stderr for images with more than a handful of
+                    // objects.
+                    if total > 64 {
+                        let mut err = std::io::stderr();
+                        let _ = write!(err, "\rremoving {name}: {done}/{total} objects");
+                        let _ = err.flush();
+                        shown = true;
+                    }
+                })
+                .await
+                .with_context(|| format!("removing image {name}"))?;
+                if shown {
+                    eprintln!();
+                }
+                println!("removed image {name}");
+            }
+        }
+        anyhow::Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size_bytes("10G"), Ok(10 << 30));
+        assert_eq!(parse_size_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_size_bytes("4K"), Ok(4096));
+        assert_eq!(parse_size_bytes("4kib"), Ok(4096));
+        assert_eq!(parse_size_bytes("1536"), Ok(1536));
+        assert!(parse_size_bytes("G").is_err());
+        assert!(parse_size_bytes("1X").is_err());
+        assert!(parse_size_bytes("99999999999P").is_err());
+        assert_eq!(format_size(10 << 30), "10 GiB");
+        assert_eq!(format_size(1536), "1.5 KiB");
+        assert_eq!(format_size(100), "100 B");
+    }
+}

@@ -1,0 +1,401 @@
+//! `spindle nbd`: serves every block image of a pool over NBD (Network Block Device), so
+//! any NBD client (`nbdinfo`, `qemu-img`, `qemu-io`, `nbdcopy`, fio's `nbd` engine, the
+//! kernel's `nbd-client`) can use Spindle images as disks.
+//!
+//! # Adapter design
+//!
+//! * [`ImageDevice`] implements [`spindle_nbd::BlockDevice`] over one
+//!   `Arc<BlockLayer<Client>>` (LRU cache + coalescing scheduler over an [`Image`]).
+//! * [`ImageExports`] implements [`spindle_nbd::Exports`] over a pool: `list` is
+//!   [`Image::list`]; `open(name)` opens the image once and caches the device, so every
+//!   connection to an image shares ONE block layer (one cache, one write tracker).
+//!
+//! # Semantics
+//!
+//! * Every Spindle client write is acknowledged only when it is durable on all up
+//!   replicas, so a completed NBD WRITE is already stable: FUA needs nothing extra, and
+//!   FLUSH only has to wait for the writes still in flight ([`BlockLayer::flush`]).
+//! * Multi-connection consistency (`NBD_FLAG_CAN_MULTI_CONN`) holds because all
+//!   connections of an export go through the same block layer and completed writes are
+//!   durable: a FLUSH on any connection covers writes completed on every connection.
+//! * TRIM discards (reads return zeros), WRITE_ZEROES writes zeros (or discards whole
+//!   objects; the image is thin either way).
+//! * An image resized while it is exported keeps its old size until the server restarts.
+
+use crate::cluster_cmd::Target;
+use crate::daemon::{init_logging, runtime};
+use anyhow::{bail, Context};
+use clap::Args;
+use spindle_client::{BlockConfig, BlockLayer, Client, Image, ImageError};
+use spindle_nbd::{BlockDevice, DeviceError, ExportInfo, Exports, NbdServer, ServerConfig};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Mutex};
+
+/// Default NBD port (IANA-assigned 10809).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+
+/// How long a graceful shutdown waits for connections to drain before flushing anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Arguments of `spindle nbd`.
+#[derive(Args)]
+pub struct NbdArgs {
+    /// TCP address to listen on (port 0 = any free port; the chosen one is printed).
+    #[arg(long, default_value = DEFAULT_LISTEN, conflicts_with = "socket")]
+    pub listen: String,
+    /// Listen on this Unix-domain socket instead of TCP (a stale socket file is replaced).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Pool whose images are exported (each as an export named after the image).
+    #[arg(long, default_value = "default")]
+    pub pool: String,
+    /// Read cache per exported image, in MiB (0 disables the cache).
+    #[arg(long, default_value_t = 32)]
+    pub cache_mib: u64,
+    /// Dispatch every request at once instead of holding and merging adjacent ones.
+    #[arg(long)]
+    pub no_coalesce: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// Maps an image error to the NBD errno family. `out_of_range` is what a range error
+/// becomes (EINVAL for reads, ENOSPC for writes past the end, as the NBD spec asks).
+fn device_error(e: ImageError, out_of_range: fn(String) -> DeviceError) -> DeviceError {
+    match e {
+        e @ ImageError::OutOfRange { .. } => out_of_range(e.to_string()),
+        e => DeviceError::Io(format!("{e:#}")),
+    }
+}
+
+/// One image exported over NBD: a thin adapter over the shared block layer.
+pub struct ImageDevice {
+    layer: Arc<BlockLayer<Client>>,
+}
+
+impl ImageDevice {
+    /// Wraps a block layer.
+    pub fn new(layer: Arc<BlockLayer<Client>>) -> Self {
+        ImageDevice { layer }
+    }
+
+    /// The block layer (for statistics).
+    pub fn layer(&self) -> &Arc<BlockLayer<Client>> {
+        &self.layer
+    }
+}
+
+impl BlockDevice for ImageDevice {
+    fn size_bytes(&self) -> u64 {
+        self.layer.size_bytes()
+    }
+
+    /// True: all connections share this device's block layer and completed writes are
+    /// durable, so FLUSH on one connection covers writes completed on the others.
+    fn multi_conn_consistent(&self) -> bool {
+        true
+    }
+
+    async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, DeviceError> {
+        self.layer
+            .read(offset, u64::from(len))
+            .await
+            .map_err(|e| device_error(e, DeviceError::Invalid))
+    }
+
+    /// `fua` needs no extra work: a write completes only once durable on all up replicas.
+    async fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> Result<(), DeviceError> {
+        self.layer
+            .write(offset, &data)
+            .await
+            .map_err(|e| device_error(e, DeviceError::NoSpace))
+    }
+
+    async fn flush(&self) -> Result<(), DeviceError> {
+        self.layer
+            .flush()
+            .await
+            .map_err(|e| device_error(e, DeviceError::Invalid))
+    }
+
+    async fn trim(&self, offset: u64, len: u32) -> Result<(), DeviceError> {
+        self.layer
+            .discard(offset, u64::from(len))
+            .await
+            .map_err(|e| device_error(e, DeviceError::NoSpace))
+    }
+
+    /// `may_trim` is ignored: the block layer zeroes (and may deallocate whole objects)
+    /// either way, and reads of the range return zeros in both cases.
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        _may_trim: bool,
+        _fua: bool,
+    ) -> Result<(), DeviceError> {
+        self.layer
+            .write_zeroes(offset, u64::from(len))
+            .await
+            .map_err(|e| device_error(e, DeviceError::NoSpace))
+    }
+}
+
+/// Every image of one pool, each as an export named after the image. Devices are opened
+/// on first use and shared by every later connection.
+pub struct ImageExports {
+    client: Arc<Client>,
+    pool: String,
+    config: BlockConfig,
+    /// Image name -> its device (opened once; held across the open so concurrent first
+    /// connections cannot create two block layers for one image).
+    open: Mutex<HashMap<String, Arc<ImageDevice>>>,
+}
+
+impl ImageExports {
+    /// Exports the images of `pool`, each behind a block layer configured by `config`.
+    pub fn new(client: Arc<Client>, pool: impl Into<String>, config: BlockConfig) -> Self {
+        ImageExports {
+            client,
+            pool: pool.into(),
+            config,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The devices opened so far (name, device), sorted by name.
+    pub async fn opened(&self) -> Vec<(String, Arc<ImageDevice>)> {
+        let mut v: Vec<_> = self
+            .open
+            .lock()
+            .await
+            .iter()
+            .map(|(n, d)| (n.clone(), d.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Flushes every opened device; returns the first error.
+    pub async fn flush_all(&self) -> Result<(), DeviceError> {
+        let mut first = Ok(());
+        for (_, dev) in self.opened().await {
+            if let Err(e) = dev.flush().await {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+impl Exports for ImageExports {
+    type Device = ImageDevice;
+
+    async fn list(&self) -> Result<Vec<ExportInfo>, DeviceError> {
+        let images = Image::list(&*self.client, &self.pool)
+            .await
+            .map_err(|e| DeviceError::Io(format!("{e:#}")))?;
+        Ok(images
+            .into_iter()
+            .map(|i| ExportInfo {
+                description: format!(
+                    "spindle image {}/{} ({} objects of {} KiB)",
+                    i.pool,
+                    i.name,
+                    i.object_count,
+                    i.object_size_bytes / 1024
+                ),
+                name: i.name,
+                size_bytes: i.size_bytes,
+            })
+            .collect())
+    }
+
+    /// Opens `name`; "" (the default export) is the pool's only image, if it has exactly one.
+    async fn open(&self, name: &str) -> Result<Arc<ImageDevice>, DeviceError> {
+        let name = if name.is_empty() {
+            let images = Image::list(&*self.client, &self.pool)
+                .await
+                .map_err(|e| DeviceError::Io(format!("{e:#}")))?;
+            match images.as_slice() {
+                [only] => only.name.clone(),
+                _ => {
+                    return Err(DeviceError::Invalid(format!(
+                        "no default export: pool {} has {} images; name one",
+                        self.pool,
+                        images.len()
+                    )))
+                }
+            }
+        } else {
+            name.to_string()
+        };
+        let mut open = self.open.lock().await;
+        if let Some(dev) = open.get(&name) {
+            return Ok(dev.clone());
+        }
+        let image = Image::open(self.client.clone(), &self.pool, &name)
+            .await
+            .map_err(|e| match e {
+                ImageError::NotFound(_) | ImageError::InvalidName(_) => {
+                    DeviceError::Invalid(e.to_string())
+                }
+                e => DeviceError::Io(format!("{e:#}")),
+            })?;
+        let layer = BlockLayer::new(Arc::new(image), self.config.clone())
+            .map_err(|e| DeviceError::Io(e.to_string()))?;
+        let dev = Arc::new(ImageDevice::new(Arc::new(layer)));
+        open.insert(name, dev.clone());
+        Ok(dev)
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn termination() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+/// Prints how to reach the exports at `uri_base` (e.g. `nbd://127.0.0.1:10809`), given
+/// a function that turns an export name into its URI.
+fn print_usage(listening: &str, uri: &dyn Fn(&str) -> String, images: &[String]) {
+    println!("spindle nbd: serving on {listening}");
+    if images.is_empty() {
+        println!("  (no images yet: `spindle image create NAME --size 10G`; new images are served at once)");
+    }
+    for name in images {
+        println!("  export {name}: {}", uri(name));
+    }
+    let example = images.first().map(String::as_str).unwrap_or("IMAGE");
+    let u = uri(example);
+    println!("connect with:");
+    println!("  nbdinfo --list '{}'", uri(""));
+    println!("  qemu-img info '{u}'");
+    println!(
+        "  fio --name=t --ioengine=nbd --uri='{u}' --rw=randwrite --bs=4k --iodepth=16 --runtime=10 --time_based"
+    );
+    println!("  sudo nbd-client -N {example} ... /dev/nbd0   (kernel client)");
+    println!("stop with Ctrl-C or SIGTERM (in-flight requests are answered and flushed)");
+}
+
+/// `spindle nbd`.
+pub fn run(args: NbdArgs) -> anyhow::Result<()> {
+    init_logging();
+    runtime()?.block_on(serve(args))
+}
+
+async fn serve(args: NbdArgs) -> anyhow::Result<()> {
+    let client = Arc::new(args.target.client().await?);
+    let config = BlockConfig {
+        cache_capacity_bytes: args
+            .cache_mib
+            .checked_mul(1 << 20)
+            .context("--cache-mib is too large")?,
+        coalesce_enabled: !args.no_coalesce,
+        ..BlockConfig::default()
+    };
+    let images: Vec<String> = Image::list(&*client, &args.pool)
+        .await
+        .with_context(|| format!("cannot list the images of pool {}", args.pool))?
+        .into_iter()
+        .map(|i| i.name)
+        .collect();
+    let exports = Arc::new(ImageExports::new(client, args.pool.clone(), config));
+    let server = Arc::new(NbdServer::new(exports.clone(), ServerConfig::default()));
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let serving = if let Some(path) = &args.socket {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                bail!("{} exists and is not a socket", path.display());
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("cannot remove the stale socket {}", path.display()))?;
+        }
+        let listener = tokio::net::UnixListener::bind(path)
+            .with_context(|| format!("cannot listen on {}", path.display()))?;
+        let sock = path.display().to_string();
+        print_usage(
+            &format!("unix:{sock}"),
+            &|name| format!("nbd+unix:///{name}?socket={sock}"),
+            &images,
+        );
+        tokio::spawn(server.clone().serve_unix(listener, stop_rx))
+    } else {
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr().context("listener address")?;
+        print_usage(
+            &addr.to_string(),
+            &|name| format!("nbd://{addr}/{name}"),
+            &images,
+        );
+        tokio::spawn(server.clone().serve_tcp(listener, stop_rx))
+    };
+    {
+        use std::io::Write;
+        // The banner tells scripts the server is ready; make sure it is out.
+        let _ = std::io::stdout().flush();
+    }
+
+    let mut serving = serving;
+    tokio::select! {
+        r = termination() => r?,
+        r = &mut serving => {
+            r.context("server task failed")?.context("server failed")?;
+            bail!("the server stopped unexpectedly");
+        }
+    }
+    eprintln!("spindle nbd: shutting down: answering in-flight requests, then flushing");
+    let _ = stop_tx.send(true);
+    match tokio::time::timeout(DRAIN_TIMEOUT, &mut serving).await {
+        Ok(r) => r.context("server task failed")?.context("server failed")?,
+        Err(_) => {
+            eprintln!(
+                "spindle nbd: connections still open after {DRAIN_TIMEOUT:?}; flushing anyway"
+            );
+            serving.abort();
+        }
+    }
+    exports
+        .flush_all()
+        .await
+        .map_err(|e| anyhow::anyhow!("final flush failed: {e}"))?;
+    let s = server.stats();
+    eprintln!(
+        "spindle nbd: stopped: {} connections, {} reads ({} bytes), {} writes ({} bytes), {} flushes, {} trims, {} write-zeroes, {} error replies",
+        s.connections_accepted,
+        s.requests_read,
+        s.bytes_read,
+        s.requests_write,
+        s.bytes_written,
+        s.requests_flush,
+        s.requests_trim,
+        s.requests_write_zeroes,
+        s.error_replies
+    );
+    for (name, dev) in exports.opened().await {
+        let b = dev.layer().stats();
+        eprintln!(
+            "  {name}: cache hits {} misses {} evictions {}",
+            b.cache_hits, b.cache_misses, b.cache_evictions
+        );
+    }
+    if let Some(path) = &args.socket {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}

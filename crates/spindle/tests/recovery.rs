@@ -1,0 +1,328 @@
+//! Recovery, rebalancing and scrub with real processes on 127.0.0.1: a lost daemon's
+//! data is re-created on the survivors, a new daemon takes its share, a returning daemon
+//! catches up by log (or is backfilled), scrub finds and repairs a corrupt replica, and
+//! daemons killed during recovery lose nothing.
+
+mod common;
+
+use common::{
+    content, run_ok, size_log_uniform, spindle, verify_all, verify_on_replicas, walk, write_all,
+    Cluster, POOL,
+};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+fn random_objects(n: usize, max_bytes: u64, seed: u64) -> BTreeMap<String, (u64, usize)> {
+    let mut rng = seed | 1;
+    (0..n)
+        .map(|i| {
+            let len = size_log_uniform(&mut rng, max_bytes);
+            (format!("obj-{seed}-{i:05}"), (seed, len))
+        })
+        .collect()
+}
+
+fn counter_sum(s: &serde_json::Value, name: &str) -> u64 {
+    s["osds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| o["counters"][name].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Object copies held by the daemons that are up (a down daemon's counters are stale).
+fn copies_on_up_daemons(s: &serde_json::Value) -> u64 {
+    s["osds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["up"] == true)
+        .map(|o| o["counters"]["objects"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+fn counter(s: &serde_json::Value, osd: u32, name: &str) -> u64 {
+    s["osds"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|o| o["id"] == osd)
+        .map(|o| o["counters"][name].as_u64().unwrap_or(0))
+        .unwrap_or(0)
+}
+
+fn osd_cmd(c: &Cluster, args: &[&str]) -> String {
+    run_ok(spindle().arg("osd").args(args).arg("--dir").arg(&c.dir))
+}
+
+fn start(tag: &str, osds: u32, extra: &[&str]) -> Cluster {
+    let dir = {
+        let base = std::env::var_os("SPINDLE_TEST_TMP")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        base.join(format!("spindle-test-{tag}-{}-{nanos}", std::process::id()))
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = Cluster { dir, osds };
+    let mut args = vec!["--osds".to_string(), osds.to_string()];
+    args.extend(["--pg-count".to_string(), "32".to_string()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    c.up_with(&args);
+    c
+}
+
+/// 4 daemons, 3 copies: lose one (SIGKILL + out), recovery re-creates every copy on the 3
+/// survivors (checked on disk); then lose a second one: everything still reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_daemon_is_replaced_and_a_second_loss_loses_nothing() {
+    let c = start("replace", 4, &["--out-after-ms", "0"]);
+    let client = c.client().await;
+    let objects = random_objects(1000, 64 << 10, 11);
+    write_all(&client, &objects).await;
+    let victim = 1;
+    c.kill_osd(victim);
+    osd_cmd(&c, &["out", &victim.to_string()]);
+    c.wait_clean();
+    let s = c.status();
+    assert!(
+        counter_sum(&s, "recovered_objects") > 0,
+        "nothing was recovered: {s}"
+    );
+    verify_all(&client, &objects).await;
+    let second = 2;
+    c.kill_osd(second);
+    verify_all(&client, &objects).await;
+    run_ok(spindle().arg("down").arg("--dir").arg(&c.dir));
+    // Every object has 3 good copies on the daemons that survived the first loss.
+    verify_on_replicas(&c, &[0, 2, 3], 32, &objects, 3).await;
+}
+
+/// A fifth daemon joins: about a fifth of the copies move to it, the old copies are
+/// removed, nothing is lost, the cluster returns to clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_daemon_takes_its_share_and_old_copies_are_removed() {
+    let c = start("add", 4, &[]);
+    let client = c.client().await;
+    let objects = random_objects(600, 16 << 10, 22);
+    write_all(&client, &objects).await;
+    let out = osd_cmd(&c, &["add"]);
+    assert!(out.contains("added osd.4"), "{out}");
+    let total = 3 * objects.len() as u64;
+    // Clean, and the stray copies left behind on the old daemons are gone.
+    c.wait_for(
+        "clean with exactly 3 copies of everything",
+        Duration::from_secs(90),
+        |s| {
+            s["pgs"]["clean"] == 32
+                && s["osds"].as_array().is_some_and(|a| a.len() == 5)
+                && copies_on_up_daemons(s) == total
+        },
+    );
+    let s = c.status();
+    let share = counter(&s, 4, "objects") as f64 / total as f64;
+    // Equal weights: 1/5 expected; CRUSH over 32 PGs is lumpy, so allow a wide band.
+    assert!(
+        (0.08..=0.35).contains(&share),
+        "osd.4 holds {:.1}% of the copies: {s}",
+        share * 100.0
+    );
+    assert!(counter_sum(&s, "strays_removed") > 0, "{s}");
+    verify_all(&client, &objects).await;
+    run_ok(spindle().arg("down").arg("--dir").arg(&c.dir));
+    verify_on_replicas(&c, &[0, 1, 2, 3, 4], 32, &objects, 3).await;
+}
+
+/// A daemon stopped briefly catches up from the placement-group logs (no backfill); one
+/// that missed more than the log holds is backfilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_absence_catches_up_by_log_long_absence_is_backfilled() {
+    let c = start("catchup", 3, &["--out-after-ms", "0"]);
+    run_ok(
+        spindle()
+            .args(["pool", "create", "one", "--size", "3", "--pg-count", "1"])
+            .arg("--dir")
+            .arg(&c.dir),
+    );
+    let client = c.client().await;
+    let before = random_objects(50, 8 << 10, 33);
+    write_all(&client, &before).await;
+    // Short: a few writes while osd.2 is away.
+    c.kill_osd(2);
+    c.wait_osd_up(2, false);
+    let short = random_objects(40, 8 << 10, 34);
+    write_all(&client, &short).await;
+    let s0 = c.status();
+    c.start_osd(2);
+    c.wait_clean();
+    let s1 = c.status();
+    assert_eq!(
+        counter_sum(&s1, "backfills"),
+        counter_sum(&s0, "backfills"),
+        "a short absence caused a backfill: {s1}"
+    );
+    assert!(counter_sum(&s1, "log_recoveries") > counter_sum(&s0, "log_recoveries"));
+    verify_all(&client, &short).await;
+    // Long: more writes to the single-PG pool than its log keeps (4096 entries).
+    c.kill_osd(2);
+    c.wait_osd_up(2, false);
+    let many: Vec<String> = (0..4200).map(|i| format!("many-{i}")).collect();
+    let mut tasks = Vec::new();
+    for chunk in many.chunks(many.len() / 8 + 1) {
+        let client = client.clone();
+        let chunk = chunk.to_vec();
+        tasks.push(tokio::spawn(async move {
+            for n in chunk {
+                client
+                    .write_full("one", &n, content(&n, 1, 64))
+                    .await
+                    .unwrap_or_else(|e| panic!("write {n}: {e}"));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let s2 = c.status();
+    c.start_osd(2);
+    c.wait_clean();
+    let s3 = c.status();
+    assert!(
+        counter_sum(&s3, "backfills") > counter_sum(&s2, "backfills"),
+        "a long absence did not backfill: {s3}"
+    );
+    run_ok(spindle().arg("down").arg("--dir").arg(&c.dir));
+    // osd.2 has every object of both pools again.
+    let mut one = BTreeMap::new();
+    for n in &many {
+        one.insert(n.clone(), (1u64, 64usize));
+    }
+    let store =
+        spindle_store::Store::open(spindle_store::StoreConfig::new(c.osd_dir(2).join("store")))
+            .unwrap();
+    let pool_one = 2; // created after "default" (id 1)
+    for (n, (g, len)) in &one {
+        let pgid = spindle_store::PgId {
+            pool: pool_one,
+            pg: 0,
+        };
+        let data = store
+            .read(pgid, n, 0, 1 << 20)
+            .await
+            .unwrap_or_else(|e| panic!("osd.2 lacks {n}: {e}"));
+        assert!(data == content(n, *g, *len), "{n} differs on osd.2");
+    }
+    store.shutdown().unwrap();
+    let mut all = before.clone();
+    all.extend(short.clone());
+    verify_on_replicas(&c, &[0, 1, 2], 32, &all, 3).await;
+}
+
+/// Bytes flipped in one replica's data file: scrub finds the bad copy and repairs it, and
+/// the replica then holds correct data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrub_finds_and_repairs_a_corrupt_replica() {
+    let c = Cluster::start("scrub", 3, 32);
+    let client = c.client().await;
+    let name = "scrubbed";
+    let data = content(name, 9, 1 << 20);
+    client.write_full(POOL, name, data.clone()).await.unwrap();
+    let clean = run_ok(spindle().args(["scrub", "--json", "--dir"]).arg(&c.dir));
+    let v: serde_json::Value = serde_json::from_str(&clean).unwrap();
+    assert_eq!(v[0]["objects"], 1, "{clean}");
+    assert_eq!(v[0]["inconsistent"], 0, "{clean}");
+    let pg = spindle_map::object_pg(name, 32);
+    let mapping = spindle_map::Placement::compute(&client.map())
+        .pg(1, pg)
+        .unwrap()
+        .clone();
+    let replica = mapping.up[1];
+    let mut flipped = 0;
+    for f in walk(&c.osd_dir(replica).join("store").join("objects")) {
+        let mut bytes = std::fs::read(&f).unwrap();
+        if bytes.len() > 5000 {
+            bytes[777] ^= 0xff;
+            std::fs::write(&f, &bytes).unwrap();
+            flipped += 1;
+        }
+    }
+    assert_eq!(flipped, 1, "expected one data file on osd.{replica}");
+    let out = run_ok(
+        spindle()
+            .args(["scrub", "default", "--json", "--dir"])
+            .arg(&c.dir),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["inconsistent"], 1, "{out}");
+    assert_eq!(v[0]["repaired"], 1, "{out}");
+    let primary = mapping.up[0];
+    c.wait_for("scrub counters", Duration::from_secs(10), |s| {
+        counter(s, primary, "scrub_repaired") == 1 && counter(s, primary, "scrub_inconsistent") == 1
+    });
+    // A second scrub finds nothing.
+    let again = run_ok(spindle().args(["scrub", "--json", "--dir"]).arg(&c.dir));
+    let v: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(v[0]["inconsistent"], 0, "{again}");
+    run_ok(spindle().arg("down").arg("--dir").arg(&c.dir));
+    // The replica's own copy is good again.
+    let store = spindle_store::Store::open(spindle_store::StoreConfig::new(
+        c.osd_dir(replica).join("store"),
+    ))
+    .unwrap();
+    let got = store
+        .read(spindle_store::PgId { pool: 1, pg }, name, 0, 2 << 20)
+        .await
+        .unwrap_or_else(|e| panic!("osd.{replica} copy still bad: {e}"));
+    assert!(got == data);
+    store.shutdown().unwrap();
+}
+
+/// Daemons SIGKILLed (and restarted) at random moments while recovery runs: no object is
+/// lost and recovery finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_killed_during_recovery_lose_nothing() {
+    // Throttled so that recovery lasts long enough to be interrupted.
+    let c = start(
+        "chaos",
+        5,
+        &[
+            "--out-after-ms",
+            "0",
+            "--recovery-bytes-per-sec",
+            "4000000",
+            "--recovery-ops-max",
+            "1",
+        ],
+    );
+    let client = c.client().await;
+    let objects = random_objects(800, 64 << 10, 55);
+    write_all(&client, &objects).await;
+    c.kill_osd(0);
+    osd_cmd(&c, &["out", "0"]);
+    let mut rng = 0x5eed_u64;
+    for round in 0..4 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        tokio::time::sleep(Duration::from_millis(200 + rng % 800)).await;
+        let victim = 1 + (rng % 4) as u32;
+        eprintln!("round {round}: killing osd.{victim}");
+        c.kill_osd(victim);
+        tokio::time::sleep(Duration::from_millis(300 + (rng >> 8) % 700)).await;
+        c.start_osd(victim);
+        c.wait_osd_up(victim, true);
+    }
+    c.wait_clean();
+    verify_all(&client, &objects).await;
+    let total = 3 * objects.len() as u64;
+    c.wait_for("stray copies removed", Duration::from_secs(60), |s| {
+        copies_on_up_daemons(s) == total
+    });
+    run_ok(spindle().arg("down").arg("--dir").arg(&c.dir));
+    verify_on_replicas(&c, &[1, 2, 3, 4], 32, &objects, 3).await;
+}
