@@ -12,13 +12,13 @@
 //! ```
 //!
 //! # Cache
-//! Granularity: aligned extents of `cache_extent_bytes` (default 64 KiB, clamped to the
-//! object size so an extent never spans two objects). Chosen over 4 KiB pages because
-//! (a) a 32 MiB cache needs only 512 entries, so the LRU bookkeeping stays cheap under one
-//! lock, (b) a miss fetches the whole extent in one object read, which is read-ahead for
-//! the sequential small reads DeLiBA targets (16 x 4 KiB reads -> 1 backend op), and
-//! (c) the cost, up to 60 KiB of extra transfer per random 4 KiB miss, is small next to
-//! a network round trip. Write-through: writes invalidate the extents they touch (they
+//! Granularity: aligned extents of `cache_extent_bytes` (default 4 KiB, clamped to the
+//! object size so an extent never spans two objects). Consecutive missing extents of one
+//! read (within one object) are fetched with one backend read and then cached extent by
+//! extent, so a large read costs one object operation per object, not one per extent.
+//! Measured (fio 4k randread QD16 over NBD, 3 daemons): 64 KiB extents made every random
+//! 4 KiB miss move 16x the data and ran at 5.2k IOPS; 4 KiB extents avoid that
+//! amplification. A 32 MiB cache is 8,192 entries under one lock. Write-through: writes invalidate the extents they touch (they
 //! never update them in place) and are acknowledged after the backend acknowledged them.
 //!
 //! Invariant (no stale data): an extent is inserted only if no write to it started
@@ -58,7 +58,7 @@ use tokio::sync::{oneshot, watch};
 /// Default cache size (as the in-kernel RBD driver and DeLiBA).
 pub const CACHE_CAPACITY_BYTES_DEFAULT: u64 = 32 << 20;
 /// Default cache extent.
-pub const CACHE_EXTENT_BYTES_DEFAULT: u64 = 64 << 10;
+pub const CACHE_EXTENT_BYTES_DEFAULT: u64 = 4 << 10;
 /// Smallest cache extent.
 pub const CACHE_EXTENT_BYTES_MIN: u64 = 4 << 10;
 /// Largest cache extent.
@@ -71,6 +71,26 @@ pub const COALESCE_BYTES_MAX_DEFAULT: u64 = 1 << 20;
 pub const HOLD_US_MAX_DEFAULT: u64 = 2000;
 /// EWMA weight of a new latency sample is 1 / 2^this.
 const EWMA_SHIFT: u32 = 3;
+/// Longest backend read one cache-miss run turns into.
+const READ_RUN_BYTES_MAX: u64 = 4 << 20;
+
+/// One missing extent of a read.
+struct Miss {
+    extent: u64,
+    e_start: u64,
+    e_len: u64,
+    /// The part of the extent the caller asked for.
+    from: u64,
+    to: u64,
+    ticket: FillTicket,
+}
+
+/// Consecutive missing extents within one object, fetched with one backend read.
+struct MissRun {
+    start: u64,
+    end: u64,
+    misses: Vec<Miss>,
+}
 
 /// Configuration of a [`BlockLayer`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -85,6 +105,10 @@ pub struct BlockConfig {
     pub coalesce_bytes_max: u64,
     /// Upper bound of the hold in microseconds.
     pub hold_us_max: u64,
+    /// Hold only when it can pay: not for a lone request (queue depth 1), and only on
+    /// occasional probes while held batches rarely attract neighbours. false = DeLiBA's
+    /// plain rule (always hold min(mean latency / 2, `hold_us_max`)).
+    pub adaptive_hold: bool,
 }
 
 impl Default for BlockConfig {
@@ -95,6 +119,7 @@ impl Default for BlockConfig {
             coalesce_enabled: true,
             coalesce_bytes_max: COALESCE_BYTES_MAX_DEFAULT,
             hold_us_max: HOLD_US_MAX_DEFAULT,
+            adaptive_hold: true,
         }
     }
 }
@@ -395,6 +420,31 @@ struct SchedState {
     merged_requests: u64,
     backend_ops: u64,
     delay_total_us: u64,
+    /// How often a held batch attracted a neighbour (EWMA, fixed point of 2^16).
+    merge_rate_ewma: u32,
+}
+
+/// Fixed-point 1.0 of `merge_rate_ewma`.
+const MERGE_RATE_ONE: u32 = 1 << 16;
+/// Below this merge rate holding costs latency for nothing: hold only every
+/// `HOLD_PROBE_EVERY`th request, to notice when merging pays again.
+const MERGE_RATE_MIN: u32 = MERGE_RATE_ONE / 20;
+const HOLD_PROBE_EVERY: u64 = 16;
+
+impl SchedState {
+    fn record_merge(&mut self, merged: bool) {
+        let r = self.merge_rate_ewma;
+        self.merge_rate_ewma = if merged {
+            r + ((MERGE_RATE_ONE - r) >> 4)
+        } else {
+            r - (r >> 4)
+        };
+    }
+
+    /// Something else is queued or running: a neighbour may still arrive.
+    fn busy(&self) -> bool {
+        !self.open.is_empty() || self.running.values().any(|v| !v.is_empty())
+    }
 }
 
 struct Scheduler<B: ObjectBackend> {
@@ -404,7 +454,23 @@ struct Scheduler<B: ObjectBackend> {
 }
 
 impl<B: ObjectBackend> Scheduler<B> {
+    /// The hold of DeLiBA's scheduler, min(mean latency / 2, cap), made adaptive: no hold
+    /// for a lone request (queue depth 1: no neighbour can arrive while it waits), and
+    /// mostly none while held batches rarely attract neighbours (random I/O), with a probe
+    /// every `HOLD_PROBE_EVERY` requests so sequential phases turn it back on.
     fn hold(&self, s: &SchedState) -> Duration {
+        if self.config.adaptive_hold {
+            if !s.busy() {
+                return Duration::ZERO;
+            }
+            if s.merge_rate_ewma < MERGE_RATE_MIN && !s.requests.is_multiple_of(HOLD_PROBE_EVERY) {
+                return Duration::ZERO;
+            }
+        }
+        self.hold_bound(s)
+    }
+
+    fn hold_bound(&self, s: &SchedState) -> Duration {
         if !self.config.coalesce_enabled {
             return Duration::ZERO;
         }
@@ -463,6 +529,7 @@ impl<B: ObjectBackend> Scheduler<B> {
                 debug_assert!(dir != Dir::Write || b.data.len() as u64 == b.end - b.start);
                 let full = b.end - b.start >= max;
                 s.merges += 1;
+                s.record_merge(true);
                 if full {
                     if let Some(b) = s.open.remove(&object) {
                         self.dispatch(&mut s, b);
@@ -496,6 +563,9 @@ impl<B: ObjectBackend> Scheduler<B> {
                 let mut s = lock(&this.state);
                 if s.open.get(&object).is_some_and(|b| b.id == id) {
                     if let Some(b) = s.open.remove(&object) {
+                        if b.waiters.len() == 1 {
+                            s.record_merge(false);
+                        }
                         this.dispatch(&mut s, b);
                     }
                 }
@@ -718,9 +788,11 @@ impl<B: ObjectBackend> BlockLayer<B> {
             return Ok(out);
         };
         let ext = self.extent_bytes();
+        let object_bytes = self.image.object_size_bytes();
         let end = offset + len;
         let mut out = vec![0u8; len as usize];
-        let mut misses = Vec::new();
+        // Runs of consecutive missing extents within one object: one backend read each.
+        let mut runs: Vec<MissRun> = Vec::new();
         for extent in offset / ext..=(end - 1) / ext {
             let e_start = extent * ext;
             let e_end = (e_start + ext).min(size);
@@ -730,17 +802,51 @@ impl<B: ObjectBackend> BlockLayer<B> {
             if let Some(ticket) =
                 cache.lookup(extent, e_end - e_start, (from - e_start) as usize, dst)
             {
-                let rx = self
-                    .sched
-                    .submit(Dir::Read, e_start, e_end - e_start, Vec::new(), None);
-                misses.push((extent, e_start, from, to, ticket, rx));
+                let miss = Miss {
+                    extent,
+                    e_start,
+                    e_len: e_end - e_start,
+                    from,
+                    to,
+                    ticket,
+                };
+                match runs.last_mut() {
+                    Some(run)
+                        if run.end == e_start
+                            && !e_start.is_multiple_of(object_bytes)
+                            && run.end - run.start < READ_RUN_BYTES_MAX =>
+                    {
+                        run.end = e_end;
+                        run.misses.push(miss);
+                    }
+                    _ => runs.push(MissRun {
+                        start: e_start,
+                        end: e_end,
+                        misses: vec![miss],
+                    }),
+                }
             }
         }
-        for (extent, e_start, from, to, ticket, rx) in misses {
+        let pending: Vec<_> = runs
+            .into_iter()
+            .map(|run| {
+                let rx =
+                    self.sched
+                        .submit(Dir::Read, run.start, run.end - run.start, Vec::new(), None);
+                (run, rx)
+            })
+            .collect();
+        for (run, rx) in pending {
             let data = receive(rx).await?;
-            out[(from - offset) as usize..(to - offset) as usize]
-                .copy_from_slice(&data[(from - e_start) as usize..(to - e_start) as usize]);
-            cache.insert(extent, ticket, data);
+            debug_assert_eq!(data.len() as u64, run.end - run.start);
+            for m in run.misses {
+                let base = (m.e_start - run.start) as usize;
+                let piece = &data[base..base + m.e_len as usize];
+                out[(m.from - offset) as usize..(m.to - offset) as usize].copy_from_slice(
+                    &piece[(m.from - m.e_start) as usize..(m.to - m.e_start) as usize],
+                );
+                cache.insert(m.extent, m.ticket, piece.to_vec());
+            }
         }
         Ok(out)
     }
@@ -838,7 +944,7 @@ impl<B: ObjectBackend> BlockLayer<B> {
         st.sched_backend_ops = s.backend_ops;
         st.sched_delay_total_us = s.delay_total_us;
         st.sched_latency_ewma_us = s.latency_ewma_us;
-        st.sched_hold_us = self.sched.hold(&s).as_micros() as u64;
+        st.sched_hold_us = self.sched.hold_bound(&s).as_micros() as u64;
         st
     }
 }

@@ -202,6 +202,8 @@ struct Inner {
     log_recoveries: AtomicU64,
     strays_removed: AtomicU64,
     scrub: scrub::ScrubCounters,
+    /// Client operations received (recovery yields while this moves).
+    client_ops: AtomicU64,
 }
 
 /// A running storage daemon.
@@ -261,6 +263,7 @@ impl Osd {
                 log_recoveries: Default::default(),
                 strays_removed: Default::default(),
                 scrub: Default::default(),
+                client_ops: Default::default(),
                 config,
             }),
         };
@@ -966,6 +969,7 @@ impl Osd {
     ) {
         let epoch = ms.map.epoch;
         let pgid = PgId { pool, pg };
+        self.inner.client_ops.fetch_add(1, Ordering::Relaxed);
         let Some(mapping) = ms.placement.pg(pool, pg) else {
             reply.send(
                 rid,

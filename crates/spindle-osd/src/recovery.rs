@@ -96,6 +96,11 @@ impl Throttle {
     }
 }
 
+/// While clients are active, background recovery pauses this many times as long as each
+/// object took (so it keeps about a fifth of its unloaded rate and the clients the rest).
+const RECOVERY_YIELD_FACTOR: u32 = 4;
+const RECOVERY_YIELD_MAX_MS: u64 = 200;
+
 enum Step {
     Done,
     Wait(Arc<Notify>),
@@ -491,7 +496,16 @@ impl Osd {
                 Err(_) => return,
             };
             self.inner.throttle.pace(size.max(4096)).await;
+            let client_ops_before = self.inner.client_ops.load(Ordering::Relaxed);
+            let started = Instant::now();
             let r = self.ensure_recovered(pgid, since, &name).await;
+            // Yield to clients: while client operations arrive, each recovery slot keeps a
+            // duty cycle of 1 / (1 + RECOVERY_YIELD_FACTOR) (the slot stays taken while it
+            // pauses, so other groups cannot fill the gap).
+            if self.inner.client_ops.load(Ordering::Relaxed) != client_ops_before {
+                let pause = started.elapsed() * RECOVERY_YIELD_FACTOR;
+                tokio::time::sleep(pause.min(Duration::from_millis(RECOVERY_YIELD_MAX_MS))).await;
+            }
             drop(permit);
             if let Err(e) = r {
                 if !self.interval_is(pgid, since) {

@@ -29,7 +29,7 @@ pub struct BenchRecoveryArgs {
     #[arg(long, default_value_t = 5)]
     pub osds: u32,
     /// Data written before the failures (1 MiB objects, 3 copies each).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 3072)]
     pub fill_mib: u64,
     /// Length of the before and after windows of the loaded run.
     #[arg(long, default_value_t = 8)]

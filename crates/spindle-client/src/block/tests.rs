@@ -252,6 +252,8 @@ async fn ordering_of_overlapping_requests() {
         let config = BlockConfig {
             cache_capacity_bytes: 0,
             coalesce_enabled,
+            // DeLiBA's plain hold, so that every round exercises held batches.
+            adaptive_hold: false,
             ..BlockConfig::default()
         };
         let (_b, bl) = layer(backend, 1 << 20, 64 << 10, config).await;
@@ -393,4 +395,29 @@ fn futures_are_send(
     is_send(&Image::create(client.clone(), "p", "n", 512, 4096));
     is_send(&Image::list(&*client, "p"));
     is_send(&Image::remove(client, "p", "n", |_, _| {}));
+}
+
+/// The adaptive hold never delays a lone request (queue depth 1: nothing can merge with
+/// it), while DeLiBA's plain rule holds every request once a latency is known.
+#[tokio::test]
+async fn adaptive_hold_does_not_delay_a_lone_request() {
+    for adaptive_hold in [true, false] {
+        let backend = MemoryBackend::with_latency(2000, 0, 3);
+        let config = BlockConfig {
+            cache_capacity_bytes: 0,
+            adaptive_hold,
+            ..BlockConfig::default()
+        };
+        let (_b, bl) = layer(backend, 1 << 20, 64 << 10, config).await;
+        for i in 0..10u64 {
+            bl.write(i * 4096, &[7; 4096]).await.unwrap();
+        }
+        let s = bl.stats();
+        assert_eq!(s.sched_merges, 0);
+        if adaptive_hold {
+            assert_eq!(s.sched_delay_total_us, 0, "{s:?}");
+        } else {
+            assert!(s.sched_delay_total_us > 0, "{s:?}");
+        }
+    }
 }
