@@ -717,8 +717,15 @@ impl<B: ObjectBackend> Image<B> {
                 let buf = data[start..start + c.len as usize].to_vec();
                 let off = c.offset;
                 let ticket = ticket.clone();
+                let whole_object = off == 0 && buf.len() as u64 == h.object_size_bytes;
                 async move {
-                    let r = backend.write_object(&pool, &object, off, buf).await;
+                    // A whole object is replaced, not patched: the daemons write it straight
+                    // to a fresh file instead of through their journal.
+                    let r = if whole_object {
+                        backend.write_full_object(&pool, &object, buf).await
+                    } else {
+                        backend.write_object(&pool, &object, off, buf).await
+                    };
                     drop(ticket);
                     r.map_err(ImageError::Backend)
                 }
