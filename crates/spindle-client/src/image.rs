@@ -31,7 +31,6 @@ use std::future::Future;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::Notify;
-use tokio::task::JoinSet;
 
 /// Current header format version.
 pub const IMAGE_FORMAT_VERSION: u32 = 1;
@@ -401,48 +400,17 @@ fn chunks(offset: u64, len: u64, object_size_bytes: u64, size_bytes: u64) -> Vec
     out
 }
 
-/// Runs `futures` with at most [`PARALLEL_OPS_MAX`] in flight; results in input order.
-async fn run_bounded<T, F>(mut futures: Vec<F>) -> Result<Vec<T>, ImageError>
+/// Runs `futures` with at most [`PARALLEL_OPS_MAX`] in flight; results in input order;
+/// stops at the first error.
+async fn run_bounded<T, F>(futures: Vec<F>) -> Result<Vec<T>, ImageError>
 where
-    T: Send + 'static,
-    F: Future<Output = Result<T, ImageError>> + Send + 'static,
+    F: Future<Output = Result<T, ImageError>>,
 {
-    let count = futures.len();
-    if count == 1 {
-        // Common case (one object): no task.
-        if let Some(f) = futures.pop() {
-            return f.await.map(|v| vec![v]);
-        }
-    }
-    let mut results: Vec<Option<T>> = (0..count).map(|_| None).collect();
-    let mut set = JoinSet::new();
-    let mut pending = futures.into_iter().enumerate();
-    let mut first_error = None;
-    loop {
-        while set.len() < PARALLEL_OPS_MAX && first_error.is_none() {
-            let Some((i, f)) = pending.next() else { break };
-            set.spawn(async move { (i, f.await) });
-        }
-        let Some(joined) = set.join_next().await else {
-            break;
-        };
-        match joined {
-            Ok((i, Ok(v))) => results[i] = Some(v),
-            Ok((_, Err(e))) => {
-                first_error.get_or_insert(e);
-            }
-            Err(e) => {
-                first_error.get_or_insert(ImageError::Task(e.to_string()));
-            }
-        }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    results
-        .into_iter()
-        .map(|r| r.ok_or_else(|| ImageError::Task("missing result".to_string())))
-        .collect()
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    stream::iter(futures)
+        .buffered(PARALLEL_OPS_MAX)
+        .try_collect()
+        .await
 }
 
 /// Tracks mutations in flight so `flush` can wait for those started before it.

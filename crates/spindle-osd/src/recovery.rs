@@ -220,13 +220,12 @@ impl Osd {
             }
         }
         // 4. Mark every copy that misses something incomplete, durably, before serving.
-        let mut incomplete: Vec<u32> = missing
+        let incomplete: Vec<u32> = missing
             .values()
             .flat_map(|(osds, _)| osds.iter().copied())
             .collect::<BTreeSet<u32>>()
             .into_iter()
             .collect();
-        incomplete.sort_unstable();
         for &id in &incomplete {
             self.mark_copy(id, epoch, pgid, true).await?;
         }
@@ -451,7 +450,7 @@ impl Osd {
                 data: state.1,
             };
             let calls = peers.iter().map(|&p| self.call_peer(p, epoch, &msg));
-            for r in futures_join_all(calls).await {
+            for r in futures::future::join_all(calls).await {
                 crate::expect_ok(r?)?;
             }
         }
@@ -661,33 +660,4 @@ impl Osd {
         }
         Ok(())
     }
-}
-
-/// Runs futures concurrently; outputs in input order (avoids a dependency for one use).
-async fn futures_join_all<F: std::future::Future>(
-    futs: impl IntoIterator<Item = F>,
-) -> Vec<F::Output> {
-    let mut pending: Vec<_> = futs.into_iter().map(|f| Some(Box::pin(f))).collect();
-    let mut results: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut all_done = true;
-        for (slot, result) in pending.iter_mut().zip(results.iter_mut()) {
-            if let Some(f) = slot.as_mut() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        *result = Some(v);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => all_done = false,
-                }
-            }
-        }
-        if all_done {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    results.into_iter().flatten().collect()
 }

@@ -166,7 +166,6 @@ struct Load {
     stop: AtomicBool,
     phase: AtomicUsize,
     lat_us: Mutex<[Vec<u64>; 3]>,
-    phase_secs: Mutex<[f64; 3]>,
 }
 
 fn p99_ms(v: &mut [u64]) -> f64 {
@@ -268,7 +267,6 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
             stop: AtomicBool::new(false),
             phase: AtomicUsize::new(0),
             lat_us: Mutex::new([Vec::new(), Vec::new(), Vec::new()]),
-            phase_secs: Mutex::new([0.0; 3]),
         });
         let mut workers = Vec::new();
         for w in 0..args.concurrency {
@@ -318,9 +316,6 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
         let after_secs = t2.elapsed().as_secs_f64();
         for w in workers {
             w.await??;
-        }
-        if let Ok(mut s) = load.phase_secs.lock() {
-            *s = [before_secs, busy_secs, after_secs];
         }
         let mut lat = load
             .lat_us

@@ -57,24 +57,7 @@ fn osd_cmd(c: &Cluster, args: &[&str]) -> String {
 }
 
 fn start(tag: &str, osds: u32, extra: &[&str]) -> Cluster {
-    let dir = {
-        let base = std::env::var_os("SPINDLE_TEST_TMP")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        base.join(format!("spindle-test-{tag}-{}-{nanos}", std::process::id()))
-    };
-    std::fs::create_dir_all(&dir).unwrap();
-    let c = Cluster { dir, osds };
-    let mut args = vec!["--osds".to_string(), osds.to_string()];
-    args.extend(["--pg-count".to_string(), "32".to_string()]);
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    c.up_with(&args);
-    c
+    Cluster::start_with(tag, osds, 32, extra)
 }
 
 /// 4 daemons, 3 copies: lose one (SIGKILL + out), recovery re-creates every copy on the 3

@@ -46,15 +46,18 @@ pub fn run_ok(cmd: &mut Command) -> String {
 impl Cluster {
     /// `spindle up --osds N` in a fresh directory; returns once every PG is clean.
     pub fn start(tag: &str, osds: u32, pg_count: u32) -> Cluster {
+        Self::start_with(tag, osds, pg_count, &[])
+    }
+
+    /// Like [`Cluster::start`], with more `spindle up` flags (daemon settings).
+    pub fn start_with(tag: &str, osds: u32, pg_count: u32, extra: &[&str]) -> Cluster {
         let dir = unique_dir(tag);
         std::fs::create_dir_all(&dir).expect("create test dir");
         let c = Cluster { dir, osds };
-        c.up_with(&[
-            "--osds",
-            &osds.to_string(),
-            "--pg-count",
-            &pg_count.to_string(),
-        ]);
+        let (osds, pg_count) = (osds.to_string(), pg_count.to_string());
+        let mut args = vec!["--osds", &osds, "--pg-count", &pg_count];
+        args.extend_from_slice(extra);
+        c.up_with(&args);
         c
     }
 
