@@ -204,6 +204,28 @@ struct Inner {
     scrub: scrub::ScrubCounters,
     /// Client operations received (recovery yields while this moves).
     client_ops: AtomicU64,
+    /// Local store transactions queued but not yet applied, per PG (writes and recovery
+    /// pushes). A PG's log is only reported once they drained: peering must see every
+    /// write that may still be acknowledged.
+    inflight: Mutex<HashMap<PgId, u32>>,
+}
+
+/// Counts one in-flight store transaction of a PG until dropped.
+struct InflightGuard {
+    inner: Arc<Inner>,
+    pgid: PgId,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        let mut map = lock(&self.inner.inflight);
+        if let Some(n) = map.get_mut(&self.pgid) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.pgid);
+            }
+        }
+    }
 }
 
 /// A running storage daemon.
@@ -220,6 +242,9 @@ impl Service for Osd {
         self.handle_request(inc, reply)
     }
 }
+
+/// Longest wait for a PG's in-flight store transactions before peering retries.
+const INFLIGHT_DRAIN_MS: u64 = 10_000;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -264,6 +289,7 @@ impl Osd {
                 strays_removed: Default::default(),
                 scrub: Default::default(),
                 client_ops: Default::default(),
+                inflight: Mutex::new(HashMap::new()),
                 config,
             }),
         };
@@ -593,6 +619,29 @@ impl Osd {
         }
     }
 
+    fn inflight_begin(&self, pgid: PgId) -> InflightGuard {
+        *lock(&self.inner.inflight).entry(pgid).or_insert(0) += 1;
+        InflightGuard {
+            inner: self.inner.clone(),
+            pgid,
+        }
+    }
+
+    /// Waits until no store transaction of `pgid` is in flight (bounded).
+    async fn inflight_drain(&self, pgid: PgId) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(INFLIGHT_DRAIN_MS);
+        while lock(&self.inner.inflight).contains_key(&pgid) {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "pg {}.{:x}: store transactions still in flight after {INFLIGHT_DRAIN_MS} ms",
+                    pgid.pool, pgid.pg
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+
     fn local_log_info(&self, pgid: PgId) -> LogInfo {
         let info = self.inner.store.pg_info(pgid);
         LogInfo {
@@ -781,6 +830,7 @@ impl Osd {
                 version: v,
                 mutation,
             } => {
+                let guard = self.inflight_begin(PgId { pool, pg });
                 let commit = self.inner.store.apply(
                     PgId { pool, pg },
                     &name,
@@ -788,7 +838,9 @@ impl Osd {
                     to_store_mutation(mutation),
                 );
                 tokio::spawn(async move {
-                    let msg = match commit.await {
+                    let committed = commit.await;
+                    drop(guard);
+                    let msg = match committed {
                         Ok(()) => Msg::Ok,
                         Err(e) => store_error_reply(&e),
                     };
@@ -796,17 +848,23 @@ impl Osd {
                 });
             }
             Msg::PgQuery { pool, pg } => {
-                let info = self.local_log_info(PgId { pool, pg });
-                reply.send(
-                    rid,
-                    epoch,
-                    &Msg::PgInfo {
-                        last_version: info.last_version,
-                        log_tail: info.log_tail,
-                        log: info.log,
-                        incomplete: info.incomplete,
-                    },
-                );
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let pgid = PgId { pool, pg };
+                    let msg = match osd.inflight_drain(pgid).await {
+                        Ok(()) => {
+                            let info = osd.local_log_info(pgid);
+                            Msg::PgInfo {
+                                last_version: info.last_version,
+                                log_tail: info.log_tail,
+                                log: info.log,
+                                incomplete: info.incomplete,
+                            }
+                        }
+                        Err(e) => Msg::error(ErrorCode::Again, e),
+                    };
+                    reply.send_owned(rid, epoch, msg);
+                });
             }
             Msg::PgMark {
                 pool,
@@ -845,7 +903,15 @@ impl Osd {
                 });
             }
             Msg::PgList { pool, pg } => {
-                reply.send(rid, epoch, &self.listing_reply(PgId { pool, pg }));
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let pgid = PgId { pool, pg };
+                    let msg = match osd.inflight_drain(pgid).await {
+                        Ok(()) => osd.listing_reply(pgid),
+                        Err(e) => Msg::error(ErrorCode::Again, e),
+                    };
+                    reply.send_owned(rid, epoch, msg);
+                });
             }
             Msg::ObjPull { pool, pg, name } => {
                 let store = self.inner.store.clone();
@@ -880,13 +946,16 @@ impl Osd {
                 version: v,
                 data,
             } => {
+                let guard = self.inflight_begin(PgId { pool, pg });
                 let commit = self.inner.store.recover_object(
                     PgId { pool, pg },
                     &name,
                     v.map(|v| (data, version(v))),
                 );
                 tokio::spawn(async move {
-                    let msg = match commit.await {
+                    let committed = commit.await;
+                    drop(guard);
+                    let msg = match committed {
                         Ok(()) => Msg::Ok,
                         Err(e) => store_error_reply(&e),
                     };
@@ -1171,6 +1240,7 @@ impl Osd {
             }
         }
         st.last = v;
+        let inflight = self.inflight_begin(pgid);
         let commit = self
             .inner
             .store
@@ -1179,6 +1249,7 @@ impl Osd {
         Ok(StartedWrite {
             version: v,
             commit,
+            inflight,
             pending,
             pgid,
             name: name.to_string(),
@@ -1192,6 +1263,7 @@ impl Osd {
         };
         let timeout = self.inner.config.replica_timeout_ms;
         let local = w.commit.await;
+        drop(w.inflight);
         let mut failure = None;
         for p in w.pending {
             match p.wait(timeout).await {
@@ -1305,6 +1377,8 @@ impl Osd {
 struct StartedWrite {
     version: Ver,
     commit: spindle_store::Commit,
+    /// Held until the local commit resolved (peering waits for it).
+    inflight: InflightGuard,
     pending: Vec<PendingReply>,
     pgid: PgId,
     name: String,

@@ -134,7 +134,9 @@ impl Osd {
             }
         };
         let me = self.inner.id;
-        // 1. Gather every copy's log.
+        // 1. Gather every copy's log - each after its in-flight writes of the previous
+        // interval are applied, so a write that may still be acknowledged is seen.
+        self.inflight_drain(pgid).await?;
         let mut infos: Vec<(u32, LogInfo)> = vec![(me, self.local_log_info(pgid))];
         for &peer in acting.iter().filter(|&&p| p != me) {
             match self
