@@ -134,6 +134,7 @@ fn duplicate_client_error(e: &ClientError) -> ClientError {
         },
         ClientError::Command(s) => ClientError::Command(s.clone()),
         ClientError::Daemon(s) => ClientError::Daemon(s.clone()),
+        ClientError::Conflict(s) => ClientError::Conflict(s.clone()),
     }
 }
 

@@ -7,6 +7,7 @@
 //! `NotPrimary`, `Again` (peering) and connection failures wait for the next map and retry
 //! until the operation's timeout.
 
+use spindle_map::ec::EcLayout;
 use spindle_map::{object_pg, ClusterMap, Placement};
 use spindle_proto::msg::{Mutation, ObjOp, ObjectListing, Ver};
 use spindle_proto::net::{Incoming, NetError, Prepared, RpcConn};
@@ -45,6 +46,8 @@ pub enum ClientError {
     Command(String),
     #[error("daemon error: {0}")]
     Daemon(String),
+    #[error("the object changed during a read-modify-write: {0}")]
+    Conflict(String),
 }
 
 #[derive(Clone, Debug)]
@@ -95,6 +98,8 @@ struct Inner {
     mon: Mutex<Option<Arc<RpcConn>>>,
     osds: Mutex<HashMap<u32, Arc<RpcConn>>>,
     push_tx: mpsc::UnboundedSender<Incoming>,
+    /// Coding of each erasure-coded pool (by pool id), built on first use.
+    ec_layouts: Mutex<HashMap<u32, EcLayout>>,
 }
 
 /// A connection to a cluster. Cheap to clone; use from any number of tasks.
@@ -161,6 +166,7 @@ impl Client {
                 mon: Mutex::new(None),
                 osds: Mutex::new(HashMap::new()),
                 push_tx,
+                ec_layouts: Mutex::new(HashMap::new()),
             }),
         };
         client.subscribe(&mon);
@@ -451,6 +457,7 @@ impl Client {
                 ErrorCode::Corrupt => ClientError::Corrupt(message),
                 ErrorCode::Invalid => ClientError::Invalid(message),
                 ErrorCode::NoSuchPool => ClientError::NoSuchPool(message),
+                ErrorCode::Conflict => ClientError::Conflict(message),
                 _ => ClientError::Daemon(format!("{code:?}: {message}")),
             }),
             ok => Ok(ok),
@@ -474,7 +481,156 @@ impl Client {
         data: Vec<u8>,
     ) -> Result<Ver, ClientError> {
         check_size(0, data.len() as u64)?;
+        if let Some(layout) = self.ec_layout(pool)? {
+            let size = data.len() as u64;
+            let stripes = layout.stripes(size);
+            let shards = layout
+                .encode_stripes(&data, stripes)
+                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+            check_ec_payload(shards.len())?;
+            let m = Mutation::EcWrite {
+                object_size: size,
+                shard_offset: 0,
+                shard_len: stripes * layout.stripe_unit_bytes,
+                full: true,
+                expect: None,
+                data: shards,
+            };
+            return self.mutate(pool, name, m).await;
+        }
         self.mutate(pool, name, Mutation::WriteFull(data)).await
+    }
+
+    /// The coding of `pool` if it is erasure-coded.
+    fn ec_layout(&self, pool: &str) -> Result<Option<EcLayout>, ClientError> {
+        let ms = self.state();
+        let def = ms
+            .map
+            .pool_by_name(pool)
+            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
+        if !def.is_erasure() {
+            return Ok(None);
+        }
+        if let Some(l) = lock(&self.inner.ec_layouts).get(&def.id) {
+            return Ok(Some(l.clone()));
+        }
+        let layout = match EcLayout::for_pool(def) {
+            Some(Ok(l)) => l,
+            Some(Err(e)) => return Err(ClientError::Invalid(format!("pool {pool}: {e}"))),
+            None => return Ok(None),
+        };
+        lock(&self.inner.ec_layouts).insert(def.id, layout.clone());
+        Ok(Some(layout))
+    }
+
+    /// Reads `[offset, offset + len)` with the object's version and size; None if the
+    /// object does not exist.
+    async fn read_versioned(
+        &self,
+        pool: &str,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<(Ver, u64, Vec<u8>)>, ClientError> {
+        let reply = self
+            .op(pool, name, ObjOp::Read { offset, len }, None)
+            .await?;
+        match Self::check(reply, name) {
+            Ok(Msg::ObjReply {
+                version,
+                size_bytes,
+                data,
+                ..
+            }) => Ok(Some((version, size_bytes, data))),
+            Ok(other) => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
+            Err(ClientError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Read-modify-write of the stripes of an erasure-coded object touched by writing
+    /// `data` at `offset` (`truncate_to`: set the size instead). Only those stripes are
+    /// read, re-encoded and sent; the write is conditional on the version read, and
+    /// retried from the read if the object changed in between.
+    async fn ec_update(
+        &self,
+        pool: &str,
+        name: &str,
+        layout: &EcLayout,
+        offset: u64,
+        data: &[u8],
+        truncate_to: Option<u64>,
+    ) -> Result<Ver, ClientError> {
+        check_name(name)?;
+        let w = layout.stripe_width();
+        let su = layout.stripe_unit_bytes;
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            // Which stripes change, and the new size.
+            let (first, end, new_size, cut);
+            let current = match truncate_to {
+                Some(size) => {
+                    // Only the stripe holding the new end changes when shrinking into it.
+                    let s = size / w;
+                    let st = self.read_versioned(pool, name, s * w, w).await?;
+                    let old_size = st.as_ref().map_or(0, |x| x.1);
+                    new_size = size;
+                    if size < old_size && size % w != 0 {
+                        first = s;
+                        end = s + 1;
+                    } else {
+                        first = layout.stripes(size.min(old_size));
+                        end = first;
+                    }
+                    cut = true;
+                    st
+                }
+                None => {
+                    let (f, e) = layout.stripe_range(offset, data.len() as u64);
+                    let st = self.read_versioned(pool, name, f * w, (e - f) * w).await?;
+                    let old_size = st.as_ref().map_or(0, |x| x.1);
+                    new_size = old_size.max(offset + data.len() as u64);
+                    first = f;
+                    end = e;
+                    cut = false;
+                    st
+                }
+            };
+            let (expect, mut stripes_data) = match current {
+                Some((v, _, d)) => (Some(v), d),
+                None => (None, Vec::new()),
+            };
+            let span = ((end - first) * w) as usize;
+            stripes_data.resize(span, 0);
+            if cut {
+                // Bytes past the new end of the stripe become zeros.
+                let keep = (new_size.saturating_sub(first * w)).min(span as u64) as usize;
+                stripes_data[keep..].fill(0);
+            } else if !data.is_empty() {
+                let at = (offset - first * w) as usize;
+                stripes_data[at..at + data.len()].copy_from_slice(data);
+            }
+            let shards = layout
+                .encode_stripes(&stripes_data, end - first)
+                .map_err(|e| ClientError::Invalid(e.to_string()))?;
+            check_ec_payload(shards.len())?;
+            let m = Mutation::EcWrite {
+                object_size: new_size,
+                shard_offset: first * su,
+                shard_len: (end - first) * su,
+                full: false,
+                expect,
+                data: shards,
+            };
+            match self.mutate(pool, name, m).await {
+                Err(ClientError::Conflict(why)) if attempts < 50 => {
+                    tracing::debug!("{name}: {why}; retrying the read-modify-write");
+                    tokio::time::sleep(Duration::from_millis(attempts as u64)).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Writes `data` at `offset` (creates the object; gaps read as zeros).
@@ -486,6 +642,11 @@ impl Client {
         data: Vec<u8>,
     ) -> Result<Ver, ClientError> {
         check_size(offset, data.len() as u64)?;
+        if let Some(layout) = self.ec_layout(pool)? {
+            return self
+                .ec_update(pool, name, &layout, offset, &data, None)
+                .await;
+        }
         self.mutate(pool, name, Mutation::Write { offset, data })
             .await
     }
@@ -497,6 +658,11 @@ impl Client {
         size_bytes: u64,
     ) -> Result<Ver, ClientError> {
         check_size(size_bytes, 0)?;
+        if let Some(layout) = self.ec_layout(pool)? {
+            return self
+                .ec_update(pool, name, &layout, 0, &[], Some(size_bytes))
+                .await;
+        }
         self.mutate(pool, name, Mutation::Truncate { size_bytes })
             .await
     }
@@ -597,12 +763,29 @@ impl Client {
     }
 }
 
+/// An erasure-coded write's k + m shards must fit in one message.
+fn check_ec_payload(bytes: usize) -> Result<(), ClientError> {
+    if bytes > spindle_proto::msg::DATA_MAX {
+        return Err(ClientError::Invalid(format!(
+            "the encoded shards of this write are {bytes} bytes, more than one message \
+             carries ({} bytes): write it in parts",
+            spindle_proto::msg::DATA_MAX
+        )));
+    }
+    Ok(())
+}
+
 fn check_name(name: &str) -> Result<(), ClientError> {
     if name.is_empty() || name.len() > spindle_proto::msg::NAME_MAX {
         return Err(ClientError::Invalid(format!(
             "object names must be 1..={} bytes",
             spindle_proto::msg::NAME_MAX
         )));
+    }
+    if name.contains('\0') {
+        return Err(ClientError::Invalid(
+            "object names must not contain NUL bytes".into(),
+        ));
     }
     Ok(())
 }

@@ -47,6 +47,20 @@ impl ClusterMap {
                 PoolKind::Replicated { size, min_size } => {
                     w.u8(0).u32(size).u32(min_size);
                 }
+                PoolKind::Erasure {
+                    k,
+                    m,
+                    min_size,
+                    matrix,
+                    stripe_unit_bytes,
+                } => {
+                    w.u8(1)
+                        .u32(k)
+                        .u32(m)
+                        .u32(min_size)
+                        .u8(matrix)
+                        .u32(stripe_unit_bytes);
+                }
             }
             w.u32(pool.pg_count).i32(pool.crush_rule);
         }
@@ -94,6 +108,13 @@ impl ClusterMap {
                 0 => PoolKind::Replicated {
                     size: r.u32("pool size")?,
                     min_size: r.u32("pool min_size")?,
+                },
+                1 => PoolKind::Erasure {
+                    k: r.u32("pool k")?,
+                    m: r.u32("pool m")?,
+                    min_size: r.u32("pool min_size")?,
+                    matrix: r.u8("pool matrix")?,
+                    stripe_unit_bytes: r.u32("pool stripe unit")?,
                 },
                 k => {
                     return Err(MapDecodeError::Codec(CodecError::Invalid {

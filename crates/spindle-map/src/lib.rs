@@ -18,8 +18,9 @@
 mod codec;
 mod placement;
 
+pub mod ec;
 pub use codec::MapDecodeError;
-pub use placement::{object_pg, pg_crush_input, PgMapping, Placement};
+pub use placement::{object_pg, pg_crush_input, shard_pg, split_shard_pg, PgMapping, Placement};
 
 use spindle_crush::CrushMap;
 use std::collections::BTreeMap;
@@ -54,7 +55,25 @@ pub struct OsdInfo {
 pub enum PoolKind {
     /// `size` full copies; writes proceed while at least `min_size` are up.
     Replicated { size: u32, min_size: u32 },
+    /// Reed-Solomon: `k` data and `m` parity shards per object, placed positionally (CRUSH
+    /// `indep`: shard i on the i-th daemon of the result). Reads need `k` shards up, writes
+    /// `min_size`. `matrix` is a `spindle_ec::MatrixKind` code ([`EC_MATRIX_NAMES`]),
+    /// `stripe_unit_bytes` the bytes of one shard per stripe.
+    Erasure {
+        k: u32,
+        m: u32,
+        min_size: u32,
+        matrix: u8,
+        stripe_unit_bytes: u32,
+    },
 }
+
+/// Erasure-code matrices by wire code (index): the names `spindle ec` and pools use.
+pub const EC_MATRIX_NAMES: [&str; 3] = ["isal-rs", "isal-cauchy", "jerasure-van"];
+/// Largest stripe unit of an erasure-coded pool.
+pub const STRIPE_UNIT_MAX: u32 = 1 << 20;
+/// CRUSH rule of the embedded map used by erasure-coded pools (chooseleaf indep over hosts).
+pub const EMBEDDED_ERASURE_RULE: i32 = 1;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
@@ -72,12 +91,23 @@ impl Pool {
     pub fn size(&self) -> u32 {
         match self.kind {
             PoolKind::Replicated { size, .. } => size,
+            PoolKind::Erasure { k, m, .. } => k + m,
         }
     }
     pub fn min_size(&self) -> u32 {
         match self.kind {
-            PoolKind::Replicated { min_size, .. } => min_size,
+            PoolKind::Replicated { min_size, .. } | PoolKind::Erasure { min_size, .. } => min_size,
         }
+    }
+    /// Fewest copies (shards) up for reads: 1 for replicated pools, k for erasure-coded.
+    pub fn read_size(&self) -> u32 {
+        match self.kind {
+            PoolKind::Replicated { .. } => 1,
+            PoolKind::Erasure { k, .. } => k,
+        }
+    }
+    pub fn is_erasure(&self) -> bool {
+        matches!(self.kind, PoolKind::Erasure { .. })
     }
 }
 
@@ -146,11 +176,49 @@ impl ClusterMap {
                 "need 1 <= min_size ({min_size}) <= size ({size}) <= {POOL_SIZE_MAX}"
             )));
         }
-        if self.crush.rule(pool.crush_rule).is_none() {
+        let Some(rule) = self.crush.rule(pool.crush_rule) else {
             return Err(MapError::InvalidPool(format!(
                 "CRUSH rule {} does not exist",
                 pool.crush_rule
             )));
+        };
+        if let PoolKind::Erasure {
+            k,
+            m,
+            min_size,
+            matrix,
+            stripe_unit_bytes,
+        } = pool.kind
+        {
+            if k < 1 || m < 1 || min_size < k {
+                return Err(MapError::InvalidPool(format!(
+                    "erasure code needs k >= 1, m >= 1 and k <= min_size ({min_size}) <= k + m"
+                )));
+            }
+            if matrix as usize >= EC_MATRIX_NAMES.len() {
+                return Err(MapError::InvalidPool(format!("unknown matrix code {matrix}")));
+            }
+            if stripe_unit_bytes == 0
+                || stripe_unit_bytes > STRIPE_UNIT_MAX
+                || stripe_unit_bytes % 512 != 0
+            {
+                return Err(MapError::InvalidPool(format!(
+                    "stripe unit {stripe_unit_bytes} must be a multiple of 512 up to {STRIPE_UNIT_MAX}"
+                )));
+            }
+            let indep = rule.steps.iter().any(|s| {
+                matches!(
+                    s,
+                    spindle_crush::Step::ChooseIndep { .. }
+                        | spindle_crush::Step::ChooseLeafIndep { .. }
+                )
+            });
+            if !indep {
+                return Err(MapError::InvalidPool(format!(
+                    "CRUSH rule {} is not an indep rule (erasure-coded shards are positional)",
+                    pool.crush_rule
+                )));
+            }
         }
         Ok(())
     }
@@ -191,7 +259,9 @@ impl ClusterMap {
 
 /// The CRUSH map of an embedded cluster: one host bucket per daemon (so that the failure
 /// domain "host" separates copies even on one machine, and daemons can be added later),
-/// under root `default`, and rule 0 `replicated_rule` = chooseleaf firstn over hosts.
+/// under root `default`, rule 0 `replicated_rule` = chooseleaf firstn over hosts and rule 1
+/// `erasure_rule` = chooseleaf indep over hosts (Ceph's erasure-rule defaults: choose tries
+/// 100, chooseleaf tries 5).
 pub fn embedded_crush_map(osd_ids: &[u32]) -> Result<CrushMap, MapError> {
     let weighted: Vec<(u32, u32)> = osd_ids.iter().map(|&id| (id, 0x10000)).collect();
     embedded_crush_map_weighted(&weighted)
@@ -225,6 +295,24 @@ pub fn embedded_crush_map_weighted(osds: &[(u32, u32)]) -> Result<CrushMap, MapE
         .map_err(err)?;
     b.add_replicated_rule("replicated_rule", root, "host")
         .map_err(err)?;
+    let host_type = 1;
+    let erasure = b
+        .add_rule(
+            "erasure_rule",
+            spindle_crush::map::RULE_TYPE_ERASURE,
+            vec![
+                spindle_crush::Step::SetChooseLeafTries(5),
+                spindle_crush::Step::SetChooseTries(100),
+                spindle_crush::Step::Take { item: root },
+                spindle_crush::Step::ChooseLeafIndep {
+                    num: 0,
+                    type_id: host_type,
+                },
+                spindle_crush::Step::Emit,
+            ],
+        )
+        .map_err(err)?;
+    debug_assert_eq!(erasure, EMBEDDED_ERASURE_RULE);
     Ok(b.build())
 }
 

@@ -34,11 +34,44 @@ pub struct PgMapping {
     pub raw: Vec<u32>,
     /// `raw` without the daemons that are down: the acting set.
     pub up: Vec<u32>,
+    /// Erasure-coded pools only: daemon of each shard position (`size` entries; None where
+    /// CRUSH left a hole or the daemon is down). Empty for replicated pools.
+    pub shards: Vec<Option<u32>>,
 }
 
 impl PgMapping {
     pub fn primary(&self) -> Option<u32> {
         self.up.first().copied()
+    }
+    /// Shard position of `osd` in an erasure-coded group (None if not a member, or for a
+    /// replicated pool).
+    pub fn shard_of(&self, osd: u32) -> Option<u8> {
+        self.shards
+            .iter()
+            .position(|&d| d == Some(osd))
+            .map(|p| p as u8)
+    }
+}
+
+/// Placement-group id under which a daemon stores its copy: the group itself for
+/// replicated pools; for erasure-coded pools the shard position is folded into the high
+/// byte (`pg | (shard + 1) << 24`), so a daemon that moves to another position of a group
+/// never mistakes its old shard for the new one.
+pub fn shard_pg(pg: u32, shard: Option<u8>) -> u32 {
+    debug_assert!(pg < 1 << 24);
+    match shard {
+        None => pg,
+        Some(s) => pg | ((s as u32 + 1) << 24),
+    }
+}
+
+/// Inverse of [`shard_pg`]: (group, shard position).
+pub fn split_shard_pg(stored: u32) -> (u32, Option<u8>) {
+    let high = stored >> 24;
+    if high == 0 {
+        (stored, None)
+    } else {
+        (stored & 0x00ff_ffff, Some((high - 1) as u8))
     }
 }
 
@@ -73,7 +106,20 @@ impl Placement {
                     .map(|&d| d as u32)
                     .collect();
                 let up = raw.iter().copied().filter(|&d| map.is_up(d)).collect();
-                pgs.insert((pool.id, pg), PgMapping { raw, up });
+                let shards = if pool.is_erasure() {
+                    (0..size)
+                        .map(|i| {
+                            result
+                                .get(i)
+                                .filter(|&&d| d != ITEM_NONE && d >= 0)
+                                .map(|&d| d as u32)
+                                .filter(|&d| map.is_up(d))
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                pgs.insert((pool.id, pg), PgMapping { raw, up, shards });
             }
         }
         Placement {
@@ -201,5 +247,62 @@ mod tests {
                     c
                 });
         assert!(counts.iter().all(|&c| c > 50 && c < 160), "{counts:?}");
+    }
+}
+#[cfg(test)]
+mod ec_tests {
+    use super::*;
+    use crate::{embedded_crush_map, OsdInfo, PoolKind};
+
+    /// Erasure-coded groups get `size` positions from the indep rule; a position whose
+    /// daemon is down is a hole, and the others keep their positions.
+    #[test]
+    fn erasure_positions_keep_holes_for_down_daemons() {
+        let ids: Vec<u32> = (0..4).collect();
+        let osd = |id| OsdInfo {
+            id,
+            addr: String::new(),
+            pid: 0,
+            up: true,
+            in_cluster: true,
+            weight: 0x10000,
+            up_from: 1,
+        };
+        let mut m = ClusterMap {
+            cluster_id: 7,
+            epoch: 3,
+            osds: ids.iter().map(|&id| (id, osd(id))).collect(),
+            pools: Default::default(),
+            crush: embedded_crush_map(&ids).unwrap(),
+        };
+        let kind = PoolKind::Erasure {
+            k: 2,
+            m: 1,
+            min_size: 2,
+            matrix: 0,
+            stripe_unit_bytes: 4096,
+        };
+        m.add_pool("ec", kind, 16, crate::EMBEDDED_ERASURE_RULE)
+            .unwrap();
+        let all = Placement::compute(&m);
+        m.osds.get_mut(&3).unwrap().up = false;
+        let down = Placement::compute(&m);
+        for pg in 0..16 {
+            let a = all.pg(1, pg).unwrap();
+            let b = down.pg(1, pg).unwrap();
+            assert_eq!(a.shards.len(), 3);
+            assert!(a.shards.iter().all(Option::is_some), "{a:?}");
+            for (x, y) in a.shards.iter().zip(&b.shards) {
+                if *x == Some(3) {
+                    assert_eq!(*y, None);
+                } else {
+                    assert_eq!(x, y, "pg {pg}: a survivor moved while osd.3 is only down");
+                }
+            }
+            assert_eq!(b.primary(), b.shards.iter().flatten().next().copied());
+        }
+        assert_eq!(shard_pg(5, Some(2)), 5 | 3 << 24);
+        assert_eq!(split_shard_pg(shard_pg(5, Some(2))), (5, Some(2)));
+        assert_eq!(split_shard_pg(5), (5, None));
     }
 }

@@ -333,6 +333,55 @@ impl Monitor {
                 })?;
                 Ok(json!({"pool": name, "id": id, "epoch": epoch}))
             }
+            ["pool", "create-ec", name, k, m, min_size, matrix, stripe_unit, pg_count] => {
+                let (k, m, min_size, stripe_unit_bytes, pg_count) = (
+                    parse_u32(k, "k")?,
+                    parse_u32(m, "m")?,
+                    parse_u32(min_size, "min_size")?,
+                    parse_u32(stripe_unit, "stripe unit")?,
+                    parse_u32(pg_count, "pg count")?,
+                );
+                let matrix = spindle_map::EC_MATRIX_NAMES
+                    .iter()
+                    .position(|n| n == matrix)
+                    .ok_or_else(|| {
+                        format!(
+                            "unknown matrix '{matrix}' (one of {})",
+                            spindle_map::EC_MATRIX_NAMES.join(", ")
+                        )
+                    })? as u8;
+                let name = name.to_string();
+                let (id, epoch) = self.update(|map| {
+                    // The first rule placing positionally (the embedded map's erasure_rule).
+                    let rule = (0..map.crush.rules.len() as i32)
+                        .find(|&r| {
+                            map.crush.rule(r).is_some_and(|rule| {
+                                rule.steps.iter().any(|s| {
+                                    matches!(
+                                        s,
+                                        spindle_crush::Step::ChooseIndep { .. }
+                                            | spindle_crush::Step::ChooseLeafIndep { .. }
+                                    )
+                                })
+                            })
+                        })
+                        .ok_or("the CRUSH map has no indep rule for erasure-coded pools")?;
+                    map.add_pool(
+                        &name,
+                        PoolKind::Erasure {
+                            k,
+                            m,
+                            min_size,
+                            matrix,
+                            stripe_unit_bytes,
+                        },
+                        pg_count,
+                        rule,
+                    )
+                    .map_err(|e| e.to_string())
+                })?;
+                Ok(json!({"pool": name, "id": id, "epoch": epoch}))
+            }
             ["pool", "rm", name] => {
                 let name = name.to_string();
                 let (id, epoch) =
@@ -450,7 +499,12 @@ impl Monitor {
                 let Some(mapping) = st.placement.pg(pool.id, pg) else {
                     continue;
                 };
-                let slot = if (mapping.up.len() as u32) < pool.min_size() {
+                let serving = if pool.is_erasure() {
+                    pool.read_size()
+                } else {
+                    pool.min_size()
+                };
+                let slot = if (mapping.up.len() as u32) < serving {
                     6
                 } else {
                     let primary = mapping.up[0];
@@ -488,7 +542,15 @@ impl Monitor {
             pools.push(json!({
                 "id": pool.id,
                 "name": pool.name,
-                "type": "replicated",
+                "type": if pool.is_erasure() { "erasure" } else { "replicated" },
+                "erasure": match pool.kind {
+                    PoolKind::Erasure { k, m, matrix, stripe_unit_bytes, .. } => json!({
+                        "k": k, "m": m,
+                        "matrix": spindle_map::EC_MATRIX_NAMES.get(matrix as usize),
+                        "stripe_unit": stripe_unit_bytes,
+                    }),
+                    PoolKind::Replicated { .. } => serde_json::Value::Null,
+                },
                 "size": pool.size(),
                 "min_size": pool.min_size(),
                 "pg_count": pool.pg_count,

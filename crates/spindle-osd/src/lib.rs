@@ -18,6 +18,7 @@
 //!   placement;
 //! - bad requests get error replies; nothing a peer sends can panic the daemon.
 
+mod ec;
 mod recovery;
 mod scrub;
 mod sync;
@@ -109,7 +110,17 @@ fn to_store_mutation(m: WireMutation) -> Mutation {
         WireMutation::Write { offset, data } => Mutation::Write { offset, data },
         WireMutation::Truncate { size_bytes } => Mutation::Truncate { size_bytes },
         WireMutation::Delete => Mutation::Delete,
+        // Never reaches a replicated copy (client_op and the RepWrite handler refuse it);
+        // an empty truncate of offset 0 would be wrong, so make it an invalid write.
+        WireMutation::EcWrite { .. } | WireMutation::EcPatch { .. } => Mutation::Write {
+            offset: u64::MAX,
+            data: vec![0],
+        },
     }
+}
+
+fn is_shard_mutation(m: &WireMutation) -> bool {
+    matches!(m, WireMutation::EcWrite { .. } | WireMutation::EcPatch { .. })
 }
 fn log_to_wire(log: &[LogEntry]) -> Vec<LogEntryMsg> {
     log.iter()
@@ -208,6 +219,13 @@ struct Inner {
     /// pushes). A PG's log is only reported once they drained: peering must see every
     /// write that may still be acknowledged.
     inflight: Mutex<HashMap<PgId, u32>>,
+    /// Coding of erasure-coded pools (by pool id).
+    ec_layouts: Mutex<HashMap<u32, spindle_map::ec::EcLayout>>,
+    /// Per stored erasure-coded group: the queue applying its shard writes in order.
+    shard_queues: Mutex<HashMap<PgId, mpsc::UnboundedSender<ec::ShardJob>>>,
+    /// Per object of an erasure-coded group this daemon is primary of: one operation at a
+    /// time.
+    ec_locks: Mutex<HashMap<(PgId, String), Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Counts one in-flight store transaction of a PG until dropped.
@@ -290,6 +308,9 @@ impl Osd {
                 scrub: Default::default(),
                 client_ops: Default::default(),
                 inflight: Mutex::new(HashMap::new()),
+                ec_layouts: Mutex::new(HashMap::new()),
+                shard_queues: Mutex::new(HashMap::new()),
+                ec_locks: Mutex::new(HashMap::new()),
                 config,
             }),
         };
@@ -514,7 +535,13 @@ impl Osd {
                     .iter()
                     .map(|id| (*id, ms.map.osds.get(id).map_or(0, |o| o.up_from)))
                     .collect();
-                let min_ok = mapping.up.len() as u32 >= pool.min_size();
+                // Erasure-coded groups serve reads with k shards (writes check min_size).
+                let min_ok = mapping.up.len() as u32
+                    >= if pool.is_erasure() {
+                        pool.read_size()
+                    } else {
+                        pool.min_size()
+                    };
                 let entry = pgs.entry((pool_id, pg)).or_insert_with(|| PgState {
                     epoch: 0,
                     since: 0,
@@ -590,7 +617,11 @@ impl Osd {
                     (Phase::Inactive, _) => PgStateCode::Inactive,
                     (Phase::Incomplete, _) => PgStateCode::Incomplete,
                 },
-                objects: self.inner.store.pg_info(PgId { pool, pg }).object_count,
+                objects: self
+                    .inner
+                    .store
+                    .pg_info(self.copy_pgid(PgId { pool, pg }, self.inner.id))
+                    .object_count,
                 missing_objects: st.recovery.as_ref().map_or(0, |r| r.missing_copies()),
                 missing_bytes: st.recovery.as_ref().map_or(0, |r| r.missing_bytes()),
             })
@@ -768,6 +799,7 @@ impl Osd {
             | Msg::PgMark { .. }
             | Msg::PgCleanQuery { .. }
             | Msg::ScrubPg { .. }
+            | Msg::ShardRead { .. }
             | Msg::ScrubQuery { .. } => {
                 if inc.epoch < epoch {
                     reply.send(
@@ -803,6 +835,7 @@ impl Osd {
             | Msg::ObjState { pool, pg, .. }
             | Msg::PgSetLog { pool, pg, .. }
             | Msg::PgMark { pool, pg, .. }
+            | Msg::ShardRead { pool, pg, .. }
             | Msg::ScrubQuery { pool, pg, .. } => Some(PgId {
                 pool: *pool,
                 pg: *pg,
@@ -822,6 +855,45 @@ impl Osd {
         match inc.msg {
             Msg::ObjRequest { pool, pg, name, op } => {
                 self.client_op(&ms, rid, pool, pg, name, op, reply)
+            }
+            Msg::RepWrite {
+                pool,
+                pg,
+                name,
+                version: v,
+                mutation,
+            } if spindle_map::split_shard_pg(pg).1.is_some() => {
+                // A shard of an erasure-coded group: through the group's ordered queue.
+                let done = self.queue_shard_write(PgId { pool, pg }, name, v, mutation);
+                tokio::spawn(async move {
+                    let msg = done
+                        .await
+                        .unwrap_or_else(|_| Msg::error(ErrorCode::Internal, "shard write dropped"));
+                    reply.send_owned(rid, epoch, msg);
+                });
+            }
+            Msg::ShardRead {
+                pool,
+                pg,
+                name,
+                version: want,
+                offset,
+                len,
+            } => {
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let msg = osd
+                        .shard_read(PgId { pool, pg }, &name, want, offset, len)
+                        .await;
+                    reply.send_owned(rid, epoch, msg);
+                });
+            }
+            Msg::RepWrite { ref mutation, .. } if is_shard_mutation(mutation) => {
+                reply.send(
+                    rid,
+                    epoch,
+                    &Msg::error(ErrorCode::Invalid, "shard write to a replicated group"),
+                );
             }
             Msg::RepWrite {
                 pool,
@@ -1070,6 +1142,22 @@ impl Osd {
             return;
         }
         let osd = self.clone();
+        if let Some(layout) = self.ec_layout_of(&ms.map, pool) {
+            let mapping = mapping.clone();
+            tokio::spawn(async move {
+                osd.ec_client_op(epoch, pgid, mapping, layout, name, op, reply, rid)
+                    .await
+            });
+            return;
+        }
+        if matches!(&op, ObjOp::Mutate(m) if is_shard_mutation(m)) {
+            reply.send(
+                rid,
+                epoch,
+                &Msg::error(ErrorCode::Invalid, "erasure-coded write to a replicated pool"),
+            );
+            return;
+        }
         // Operations on an object some copy still misses wait for its recovery (reads and
         // stats only when this daemon itself misses it).
         let wait_for = match &op {

@@ -46,6 +46,12 @@ pub(crate) struct Recovery {
     pub incomplete: Vec<u32>,
     /// Woken whenever an object leaves `in_progress`.
     pub notify: Arc<Notify>,
+    /// Erasure-coded groups: other daemons holding a copy of some shard position (copies
+    /// left from before a position moved), usable as decode sources: (position, daemon).
+    pub ec_strays: Vec<(usize, u32)>,
+    /// Erasure-coded groups: members whose shard copy existed before this interval (an
+    /// empty, new copy cannot tell whether a version was ever written).
+    pub ec_established: Vec<u32>,
 }
 
 impl Recovery {
@@ -136,11 +142,20 @@ impl Osd {
         let me = self.inner.id;
         // 1. Gather every copy's log - each after its in-flight writes of the previous
         // interval are applied, so a write that may still be acknowledged is seen.
-        self.inflight_drain(pgid).await?;
-        let mut infos: Vec<(u32, LogInfo)> = vec![(me, self.local_log_info(pgid))];
+        let own = self.copy_pgid(pgid, me);
+        self.inflight_drain(own).await?;
+        let mut infos: Vec<(u32, LogInfo)> = vec![(me, self.local_log_info(own))];
         for &peer in acting.iter().filter(|&&p| p != me) {
+            let copy = self.copy_pgid(pgid, peer);
             match self
-                .call_peer(peer, epoch, &Msg::PgQuery { pool, pg })
+                .call_peer(
+                    peer,
+                    epoch,
+                    &Msg::PgQuery {
+                        pool,
+                        pg: copy.pg,
+                    },
+                )
                 .await?
             {
                 Msg::PgInfo {
@@ -160,6 +175,9 @@ impl Osd {
                 other => return Err(format!("osd.{peer}: unexpected {}", other.name())),
             }
         }
+        // Erasure-coded: which members had a copy before, and which other daemons still
+        // hold a shard of some position (decode sources while positions move).
+        let (ec_strays, ec_established) = self.ec_peer_sources(pgid, epoch, &infos).await;
         // 2. The newest complete copy is authoritative (ties: prefer myself).
         let Some((auth_id, auth)) = infos
             .iter()
@@ -209,7 +227,7 @@ impl Osd {
                     .and_then(|a| a.get(&name).map(|x| x.1))
                     .or_else(|| {
                         (auth_id == me)
-                            .then(|| self.inner.store.stat(pgid, &name))
+                            .then(|| self.inner.store.stat(own, &name))
                             .flatten()
                             .map(|m| m.size_bytes)
                     })
@@ -270,6 +288,8 @@ impl Osd {
                     in_progress: HashSet::new(),
                     incomplete,
                     notify: Arc::new(Notify::new()),
+                    ec_strays,
+                    ec_established,
                 });
                 true
             }
@@ -288,6 +308,7 @@ impl Osd {
         pgid: PgId,
         incomplete: bool,
     ) -> Result<(), String> {
+        let pgid = self.copy_pgid(pgid, osd);
         if osd == self.inner.id {
             return self
                 .inner
@@ -311,6 +332,7 @@ impl Osd {
         epoch: u64,
         pgid: PgId,
     ) -> Result<HashMap<String, (Ver, u64)>, String> {
+        let pgid = self.copy_pgid(pgid, osd);
         if osd == self.inner.id {
             return Ok(self
                 .inner
@@ -421,6 +443,12 @@ impl Osd {
         osds: &[u32],
         source: u32,
     ) -> Result<u64, String> {
+        if self
+            .map_state()
+            .is_some_and(|ms| ms.map.pools.get(&pgid.pool).is_some_and(|p| p.is_erasure()))
+        {
+            return self.ec_recover(pgid, name, osds).await;
+        }
         let me = self.inner.id;
         let store = &self.inner.store;
         // Messages carry the current epoch: the interval (same up set) may span several.
@@ -610,11 +638,17 @@ impl Osd {
                 return Ok(());
             };
             let epoch = ms.map.epoch;
-            let primary = match ms.placement.pg(pgid.pool, pgid.pg) {
+            let (group, shard) = spindle_map::split_shard_pg(pgid.pg);
+            let member = |m: &spindle_map::PgMapping| match shard {
+                None => m.up.contains(&me) || m.raw.contains(&me),
+                // A shard copy belongs only at its own position.
+                Some(s) => m.shard_of(me) == Some(s),
+            };
+            let primary = match ms.placement.pg(pgid.pool, group) {
                 // The pool is gone: nothing can ever need this copy.
                 None if !ms.map.pools.contains_key(&pgid.pool) => None,
                 None => continue,
-                Some(m) if m.up.contains(&me) || m.raw.contains(&me) => continue,
+                Some(m) if member(m) => continue,
                 Some(m) => match m.primary() {
                     Some(p) => Some(p),
                     None => continue,
@@ -623,7 +657,7 @@ impl Osd {
             if let Some(primary) = primary {
                 let msg = Msg::PgCleanQuery {
                     pool: pgid.pool,
-                    pg: pgid.pg,
+                    pg: group,
                 };
                 match self.call_peer(primary, epoch, &msg).await {
                     Ok(Msg::Ok) => {}
@@ -638,8 +672,8 @@ impl Osd {
                 if ms.map.epoch != epoch {
                     continue;
                 }
-                if let Some(m) = ms.placement.pg(pgid.pool, pgid.pg) {
-                    if m.up.contains(&me) || m.raw.contains(&me) {
+                if let Some(m) = ms.placement.pg(pgid.pool, group) {
+                    if member(m) {
                         continue;
                     }
                 }

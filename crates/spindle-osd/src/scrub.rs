@@ -74,12 +74,13 @@ impl Osd {
     ) -> Result<Vec<(u32, BTreeMap<String, ScrubEntry>)>, String> {
         let mut maps = Vec::with_capacity(copies.len());
         for &osd in copies {
+            let copy = self.copy_pgid(pgid, osd);
             let entries = if osd == self.inner.id {
-                self.scrub_entries(pgid, names).await
+                self.scrub_entries(copy, names).await
             } else {
                 let msg = Msg::ScrubQuery {
-                    pool: pgid.pool,
-                    pg: pgid.pg,
+                    pool: copy.pool,
+                    pg: copy.pg,
                     names: names.to_vec(),
                 };
                 match self.call_peer(osd, epoch, &msg).await? {
@@ -120,6 +121,11 @@ impl Osd {
             }
             (st.acting.clone(), st.since)
         };
+        // Shards of an erasure-coded group differ by design: compare versions, sizes and
+        // each shard's own checksums, not digests.
+        let erasure = self
+            .map_state()
+            .is_some_and(|ms| ms.map.pools.get(&pgid.pool).is_some_and(|p| p.is_erasure()));
         let mut maps = self.scrub_maps(pgid, epoch, &copies, &[]).await?;
         // Objects whose versions differ may have a write in flight: look again once.
         let unsettled: Vec<String> = unsettled_names(&maps);
@@ -164,7 +170,7 @@ impl Osd {
                     Some(e) => {
                         e.ok && e.version == reference.version
                             && e.size_bytes == reference.size_bytes
-                            && e.digest == reference.digest
+                            && (erasure || e.digest == reference.digest)
                     }
                     None => false,
                 };
@@ -225,6 +231,8 @@ impl Osd {
                         in_progress: HashSet::new(),
                         incomplete: Vec::new(),
                         notify: Arc::new(Notify::new()),
+                        ec_strays: Vec::new(),
+                        ec_established: copies.clone(),
                     });
                     true
                 }

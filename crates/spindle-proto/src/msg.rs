@@ -30,6 +30,30 @@ pub enum Mutation {
     Write { offset: u64, data: Vec<u8> },
     Truncate { size_bytes: u64 },
     Delete,
+    /// Client -> primary of an erasure-coded pool: the client-encoded shards of a byte range
+    /// of stripes. `data` holds k + m segments of `shard_len` bytes each (shard i's bytes
+    /// from `shard_offset`); the object's size becomes `object_size`. `full`: the segments
+    /// are the whole object (no old content kept). `expect`: the version the client read
+    /// the untouched parts of the stripes at (a partial write is refused with `Conflict`
+    /// when the object changed since; None = the object did not exist).
+    EcWrite {
+        object_size: u64,
+        shard_offset: u64,
+        shard_len: u64,
+        full: bool,
+        expect: Option<Ver>,
+        data: Vec<u8>,
+    },
+    /// Primary -> one shard copy: write a new version of a shard slot object =
+    /// (the other slot's content at version `base`, or nothing) resized to `shard_size`,
+    /// with `data` at `shard_offset`, followed by the shard trailer for `object_size`.
+    EcPatch {
+        base: Option<Ver>,
+        object_size: u64,
+        shard_size: u64,
+        shard_offset: u64,
+        data: Vec<u8>,
+    },
 }
 
 /// What a client asks of an object (or, for `List`, of a placement group).
@@ -144,6 +168,9 @@ pub enum ErrorCode {
     NoSuchPool = 9,
     /// Anything else.
     Internal = 10,
+    /// The object changed since the version a conditional write was based on: re-read and
+    /// retry.
+    Conflict = 11,
 }
 
 impl ErrorCode {
@@ -159,6 +186,7 @@ impl ErrorCode {
             8 => Self::Io,
             9 => Self::NoSuchPool,
             10 => Self::Internal,
+            11 => Self::Conflict,
             _ => {
                 return Err(CodecError::Invalid {
                     what: "error code",
@@ -252,6 +280,16 @@ pub enum Msg {
         pg: u32,
         name: String,
     },
+    /// Read a byte range of a shard slot object, which must be at `version` (reply
+    /// `ObjReply`; a different version is `Conflict`, a missing object `NotFound`).
+    ShardRead {
+        pool: u32,
+        pg: u32,
+        name: String,
+        version: Ver,
+        offset: u64,
+        len: u64,
+    },
     /// Install the full state of an object (`version == None`: it must not exist).
     ObjState {
         pool: u32,
@@ -333,6 +371,7 @@ mod tag {
     pub const SCRUB_RESULT: u16 = 51;
     pub const SCRUB_QUERY: u16 = 52;
     pub const SCRUB_MAP: u16 = 53;
+    pub const SHARD_READ: u16 = 60;
     pub const OK: u16 = 40;
     pub const ERROR: u16 = 41;
 }
@@ -361,7 +400,56 @@ fn put_mutation(w: &mut Writer, m: &Mutation) {
         Mutation::Delete => {
             w.u8(3);
         }
+        Mutation::EcWrite {
+            object_size,
+            shard_offset,
+            shard_len,
+            full,
+            expect,
+            ..
+        } => {
+            w.u8(4)
+                .u64(*object_size)
+                .u64(*shard_offset)
+                .u64(*shard_len)
+                .u8(*full as u8);
+            put_opt_ver(w, *expect);
+        }
+        Mutation::EcPatch {
+            base,
+            object_size,
+            shard_size,
+            shard_offset,
+            ..
+        } => {
+            w.u8(5);
+            put_opt_ver(w, *base);
+            w.u64(*object_size).u64(*shard_size).u64(*shard_offset);
+        }
     }
+}
+fn put_opt_ver(w: &mut Writer, v: Option<Ver>) {
+    match v {
+        Some(v) => {
+            w.u8(1);
+            put_ver(w, v);
+        }
+        None => {
+            w.u8(0);
+        }
+    }
+}
+fn get_opt_ver(r: &mut Reader) -> Result<Option<Ver>, CodecError> {
+    Ok(match r.u8("version present")? {
+        0 => None,
+        1 => Some(get_ver(r)?),
+        v => {
+            return Err(CodecError::Invalid {
+                what: "version present",
+                value: v as u64,
+            })
+        }
+    })
 }
 fn get_mutation(r: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<Mutation, CodecError> {
     Ok(match r.u8("mutation")? {
@@ -374,6 +462,31 @@ fn get_mutation(r: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<Mutation, 
             size_bytes: r.u64("size")?,
         },
         3 => Mutation::Delete,
+        4 => {
+            let object_size = r.u64("object size")?;
+            let shard_offset = r.u64("shard offset")?;
+            let shard_len = r.u64("shard length")?;
+            let full = r.u8("full")? != 0;
+            let expect = get_opt_ver(r)?;
+            Mutation::EcWrite {
+                object_size,
+                shard_offset,
+                shard_len,
+                full,
+                expect,
+                data: take_bulk(bulk),
+            }
+        }
+        5 => {
+            let base = get_opt_ver(r)?;
+            Mutation::EcPatch {
+                base,
+                object_size: r.u64("object size")?,
+                shard_size: r.u64("shard size")?,
+                shard_offset: r.u64("shard offset")?,
+                data: take_bulk(bulk),
+            }
+        }
         v => {
             return Err(CodecError::Invalid {
                 what: "mutation",
@@ -438,6 +551,7 @@ impl Msg {
             Msg::PgInfo { .. } => PG_INFO,
             Msg::PgList { .. } => PG_LIST,
             Msg::ObjPull { .. } => OBJ_PULL,
+            Msg::ShardRead { .. } => SHARD_READ,
             Msg::ObjState { .. } => OBJ_STATE,
             Msg::PgSetLog { .. } => PG_SET_LOG,
             Msg::PgMark { .. } => PG_MARK,
@@ -468,6 +582,7 @@ impl Msg {
             Msg::PgInfo { .. } => "pg_info",
             Msg::PgList { .. } => "pg_list",
             Msg::ObjPull { .. } => "obj_pull",
+            Msg::ShardRead { .. } => "shard_read",
             Msg::ObjState { .. } => "obj_state",
             Msg::PgSetLog { .. } => "pg_set_log",
             Msg::PgMark { .. } => "pg_mark",
@@ -495,11 +610,17 @@ impl Msg {
     pub fn bulk(&self) -> &[u8] {
         match self {
             Msg::ObjRequest {
-                op: ObjOp::Mutate(Mutation::WriteFull(d) | Mutation::Write { data: d, .. }),
+                op: ObjOp::Mutate(Mutation::WriteFull(d)
+                    | Mutation::Write { data: d, .. }
+                    | Mutation::EcWrite { data: d, .. }
+                    | Mutation::EcPatch { data: d, .. }),
                 ..
             }
             | Msg::RepWrite {
-                mutation: Mutation::WriteFull(d) | Mutation::Write { data: d, .. },
+                mutation: Mutation::WriteFull(d)
+                    | Mutation::Write { data: d, .. }
+                    | Mutation::EcWrite { data: d, .. }
+                    | Mutation::EcPatch { data: d, .. },
                 ..
             }
             | Msg::ObjReply { data: d, .. }
@@ -512,11 +633,17 @@ impl Msg {
     pub fn take_bulk(&mut self) -> Vec<u8> {
         match self {
             Msg::ObjRequest {
-                op: ObjOp::Mutate(Mutation::WriteFull(d) | Mutation::Write { data: d, .. }),
+                op: ObjOp::Mutate(Mutation::WriteFull(d)
+                    | Mutation::Write { data: d, .. }
+                    | Mutation::EcWrite { data: d, .. }
+                    | Mutation::EcPatch { data: d, .. }),
                 ..
             }
             | Msg::RepWrite {
-                mutation: Mutation::WriteFull(d) | Mutation::Write { data: d, .. },
+                mutation: Mutation::WriteFull(d)
+                    | Mutation::Write { data: d, .. }
+                    | Mutation::EcWrite { data: d, .. }
+                    | Mutation::EcPatch { data: d, .. },
                 ..
             }
             | Msg::ObjReply { data: d, .. }
@@ -673,6 +800,18 @@ impl Msg {
             }
             Msg::ObjPull { pool, pg, name } => {
                 w.u32(*pool).u32(*pg).str(name);
+            }
+            Msg::ShardRead {
+                pool,
+                pg,
+                name,
+                version,
+                offset,
+                len,
+            } => {
+                w.u32(*pool).u32(*pg).str(name);
+                put_ver(&mut w, *version);
+                w.u64(*offset).u64(*len);
             }
             Msg::ObjState {
                 pool,
@@ -910,6 +1049,14 @@ impl Msg {
                 pool: r.u32("pool")?,
                 pg: r.u32("pg")?,
                 name: name(r)?,
+            },
+            SHARD_READ => Msg::ShardRead {
+                pool: r.u32("pool")?,
+                pg: r.u32("pg")?,
+                name: name(r)?,
+                version: get_ver(r)?,
+                offset: r.u64("offset")?,
+                len: r.u64("length")?,
             },
             OBJ_STATE => {
                 let pool = r.u32("pool")?;

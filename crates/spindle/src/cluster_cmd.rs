@@ -154,15 +154,23 @@ pub struct StatusArgs {
 
 #[derive(Subcommand)]
 pub enum PoolCommand {
-    /// Create a replicated pool.
+    /// Create a pool: replicated (`--size`), or erasure-coded (`--erasure k=4,m=2`).
     Create {
         name: String,
         #[arg(long, default_value_t = 3)]
         size: u32,
+        /// Copies (replicated) or shards (erasure-coded) that must be up for writes
+        /// (default: 2 for size >= 3, else 1; k + 1 for erasure-coded pools).
         #[arg(long)]
         min_size: Option<u32>,
         #[arg(long, default_value_t = 64)]
         pg_count: u32,
+        /// Erasure-code profile: `k=K,m=M[,matrix=isal-rs|isal-cauchy|jerasure-van]
+        /// [,stripe-unit=BYTES][,min-size=N]` (Reed-Solomon; defaults isal-rs, 4096,
+        /// k + 1). The client encodes; shard i lives on the i-th daemon of CRUSH's
+        /// `indep` result.
+        #[arg(long, conflicts_with = "size")]
+        erasure: Option<String>,
     },
     /// List pools.
     Ls {
@@ -559,9 +567,37 @@ pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
         match command {
             PoolCommand::Create {
                 name,
+                erasure: Some(profile),
+                min_size,
+                pg_count,
+                ..
+            } => {
+                let p = parse_erasure_profile(&profile, min_size)?;
+                let r = client
+                    .command(&[
+                        "pool",
+                        "create-ec",
+                        &name,
+                        &p.k.to_string(),
+                        &p.m.to_string(),
+                        &p.min_size.to_string(),
+                        &p.matrix,
+                        &p.stripe_unit.to_string(),
+                        &pg_count.to_string(),
+                    ])
+                    .await?;
+                println!(
+                    "created erasure-coded pool '{name}' (k={}, m={}, {}, stripe unit {} B, \
+                     min_size {}; id {}, epoch {})",
+                    p.k, p.m, p.matrix, p.stripe_unit, p.min_size, r["id"], r["epoch"]
+                );
+            }
+            PoolCommand::Create {
+                name,
                 size,
                 min_size,
                 pg_count,
+                erasure: None,
             } => {
                 let min_size = min_size.unwrap_or(if size >= 3 { 2 } else { 1 });
                 let r = client
@@ -585,8 +621,18 @@ pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
                     println!("{r}");
                 } else {
                     for p in r.as_array().into_iter().flatten() {
+                        let kind = match p["erasure"].as_object() {
+                            Some(e) => format!(
+                                "erasure k={} m={} {} su={}",
+                                e["k"],
+                                e["m"],
+                                e["matrix"].as_str().unwrap_or("?"),
+                                e["stripe_unit"]
+                            ),
+                            None => "replicated".to_string(),
+                        };
                         println!(
-                            "{}\t{}\tsize {}\tmin_size {}\tpgs {}",
+                            "{}\t{}\t{kind}\tsize {}\tmin_size {}\tpgs {}",
                             p["id"],
                             p["name"].as_str().unwrap_or(""),
                             p["size"],
@@ -602,6 +648,53 @@ pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
             }
         }
         anyhow::Ok(())
+    })
+}
+
+/// A parsed `--erasure` profile.
+#[derive(Debug, PartialEq)]
+pub struct ErasureProfile {
+    pub k: u32,
+    pub m: u32,
+    pub matrix: String,
+    pub stripe_unit: u32,
+    pub min_size: u32,
+}
+
+/// Parses `k=4,m=2[,matrix=..][,stripe-unit=..][,min-size=..]`.
+pub fn parse_erasure_profile(
+    text: &str,
+    min_size: Option<u32>,
+) -> anyhow::Result<ErasureProfile> {
+    let (mut k, mut m, mut matrix, mut stripe_unit, mut ms) =
+        (None, None, "isal-rs".to_string(), 4096u32, min_size);
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = part
+            .split_once('=')
+            .with_context(|| format!("'{part}' in the erasure profile is not key=value"))?;
+        let num = |v: &str| {
+            v.parse::<u32>()
+                .with_context(|| format!("{key} must be a number, got '{v}'"))
+        };
+        match key.trim() {
+            "k" => k = Some(num(value)?),
+            "m" => m = Some(num(value)?),
+            "matrix" => matrix = value.to_string(),
+            "stripe-unit" | "stripe_unit" => stripe_unit = num(value)?,
+            "min-size" | "min_size" => ms = Some(num(value)?),
+            other => anyhow::bail!(
+                "unknown erasure profile key '{other}' (k, m, matrix, stripe-unit, min-size)"
+            ),
+        }
+    }
+    let k = k.context("the erasure profile needs k=<data shards>")?;
+    let m = m.context("the erasure profile needs m=<parity shards>")?;
+    Ok(ErasureProfile {
+        k,
+        m,
+        matrix,
+        stripe_unit,
+        min_size: ms.unwrap_or((k + 1).min(k + m)),
     })
 }
 
