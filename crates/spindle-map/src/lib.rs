@@ -196,7 +196,9 @@ impl ClusterMap {
                 )));
             }
             if matrix as usize >= EC_MATRIX_NAMES.len() {
-                return Err(MapError::InvalidPool(format!("unknown matrix code {matrix}")));
+                return Err(MapError::InvalidPool(format!(
+                    "unknown matrix code {matrix}"
+                )));
             }
             if stripe_unit_bytes == 0
                 || stripe_unit_bytes > STRIPE_UNIT_MAX

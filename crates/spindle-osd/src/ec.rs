@@ -62,6 +62,13 @@ pub(crate) struct ShardJob {
     pub done: tokio::sync::oneshot::Sender<Msg>,
 }
 
+/// A shard copy's state of a slot object: its bytes (with trailer) and version.
+type ShardState = Option<(Vec<u8>, Ver)>;
+
+/// Per-object operation locks of the primary.
+pub(crate) type ObjectLocks =
+    std::collections::HashMap<(PgId, String), Arc<tokio::sync::Mutex<()>>>;
+
 /// The slot holding an object's current version on one copy.
 #[derive(Clone, Copy, Debug)]
 struct Current {
@@ -422,7 +429,11 @@ impl Osd {
                     );
                 }
                 let target = current.map_or(0, |c| 1 - c.slot);
-                let base = if full { None } else { current.map(|c| c.version) };
+                let base = if full {
+                    None
+                } else {
+                    current.map(|c| c.version)
+                };
                 let stored = slot_name(name, target);
                 let seg = shard_len as usize;
                 let written = self
@@ -611,6 +622,7 @@ impl Osd {
 
     /// Reads `len` bytes of `stored` (slot object of shard `pos`) at `offset`, at
     /// version `want`, from whichever daemon holds that shard.
+    #[allow(clippy::too_many_arguments)]
     async fn fetch_shard(
         &self,
         epoch: u64,
@@ -807,9 +819,10 @@ impl Osd {
                 tokio::spawn(async move {
                     match osd.ec_recover(pgid, &stored, &corrupt).await {
                         Ok(_) => {
-                            osd.inner
-                                .repaired
-                                .fetch_add(corrupt.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                            osd.inner.repaired.fetch_add(
+                                corrupt.len() as u64,
+                                std::sync::atomic::Ordering::Relaxed,
+                            );
                         }
                         Err(e) => tracing::error!("repairing {stored:?} failed: {e}"),
                     }
@@ -828,7 +841,10 @@ impl Osd {
     /// Objects of the group (from this daemon's copy) with their sizes.
     async fn ec_list(&self, pgid: PgId) -> Msg {
         if self.primary_misses_objects(pgid).is_some() {
-            return err(ErrorCode::Again, "the primary is still recovering its shards");
+            return err(
+                ErrorCode::Again,
+                "the primary is still recovering its shards",
+            );
         }
         let own = self.copy_pgid(pgid, self.inner.id);
         let store = &self.inner.store;
@@ -889,7 +905,13 @@ impl Osd {
             .map(|(d, _)| *d)
             .collect();
         let mut strays = Vec::new();
-        let up: Vec<u32> = ms.map.osds.values().filter(|o| o.up).map(|o| o.id).collect();
+        let up: Vec<u32> = ms
+            .map
+            .osds
+            .values()
+            .filter(|o| o.up)
+            .map(|o| o.id)
+            .collect();
         for pos in 0..mapping.shards.len() {
             for &d in &up {
                 if mapping.shards[pos] == Some(d) {
@@ -950,7 +972,7 @@ impl Osd {
         // Every up shard's state of the slot - the targets' too: a copy listed as missing
         // may hold the version already (its log lags after an earlier recovery), and then
         // it counts towards the k shards. An unreadable shard counts as absent.
-        let mut states: Vec<(usize, u32, Option<(Vec<u8>, Ver)>)> = Vec::new();
+        let mut states: Vec<(usize, u32, ShardState)> = Vec::new();
         for &(pos, d) in &members {
             let copy = PgId {
                 pool: pgid.pool,
@@ -959,7 +981,11 @@ impl Osd {
             let state = if d == me {
                 match self.inner.store.stat(copy, stored) {
                     None => None,
-                    Some(meta) => match self.inner.store.read(copy, stored, 0, meta.size_bytes).await
+                    Some(meta) => match self
+                        .inner
+                        .store
+                        .read(copy, stored, 0, meta.size_bytes)
+                        .await
                     {
                         Ok(data) => Some((data, ver(meta.version))),
                         Err(e) => {
@@ -978,8 +1004,7 @@ impl Osd {
                 }
             };
             let state = state.filter(|(data, _)| {
-                parse_trailer(&data[data.len().saturating_sub(TRAILER_BYTES as usize)..])
-                    .is_some()
+                parse_trailer(&data[data.len().saturating_sub(TRAILER_BYTES as usize)..]).is_some()
             });
             states.push((pos, d, state));
         }
@@ -994,7 +1019,7 @@ impl Osd {
                 None => (Vec::new(), members.iter().map(|(_, d)| *d).collect()),
             }
         };
-        let mut stray_states: Vec<(usize, Option<(Vec<u8>, Ver)>)> = Vec::new();
+        let mut stray_states: Vec<(usize, ShardState)> = Vec::new();
         for &(pos, d) in &strays {
             let copy = PgId {
                 pool: pgid.pool,
@@ -1033,7 +1058,8 @@ impl Osd {
         let Some(v) = newest else {
             // Nobody has it: it is deleted; make sure the targets agree.
             for &(pos, d) in members.iter().filter(|(_, d)| osds.contains(d)) {
-                self.push_shard(epoch, copy_of(pos), d, stored, None).await?;
+                self.push_shard(epoch, copy_of(pos), d, stored, None)
+                    .await?;
             }
             return Ok(0);
         };

@@ -120,7 +120,10 @@ fn to_store_mutation(m: WireMutation) -> Mutation {
 }
 
 fn is_shard_mutation(m: &WireMutation) -> bool {
-    matches!(m, WireMutation::EcWrite { .. } | WireMutation::EcPatch { .. })
+    matches!(
+        m,
+        WireMutation::EcWrite { .. } | WireMutation::EcPatch { .. }
+    )
 }
 fn log_to_wire(log: &[LogEntry]) -> Vec<LogEntryMsg> {
     log.iter()
@@ -225,7 +228,7 @@ struct Inner {
     shard_queues: Mutex<HashMap<PgId, mpsc::UnboundedSender<ec::ShardJob>>>,
     /// Per object of an erasure-coded group this daemon is primary of: one operation at a
     /// time.
-    ec_locks: Mutex<HashMap<(PgId, String), Arc<tokio::sync::Mutex<()>>>>,
+    ec_locks: Mutex<ec::ObjectLocks>,
 }
 
 /// Counts one in-flight store transaction of a PG until dropped.
@@ -1154,7 +1157,10 @@ impl Osd {
             reply.send(
                 rid,
                 epoch,
-                &Msg::error(ErrorCode::Invalid, "erasure-coded write to a replicated pool"),
+                &Msg::error(
+                    ErrorCode::Invalid,
+                    "erasure-coded write to a replicated pool",
+                ),
             );
             return;
         }
@@ -1271,6 +1277,8 @@ impl Osd {
     }
 
     /// Assigns the version, applies locally and queues replication, atomically per PG.
+    /// (The error is the reply to send; replies are built once, not boxed.)
+    #[allow(clippy::result_large_err)]
     fn start_write(
         &self,
         epoch: u64,

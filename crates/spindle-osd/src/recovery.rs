@@ -148,14 +148,7 @@ impl Osd {
         for &peer in acting.iter().filter(|&&p| p != me) {
             let copy = self.copy_pgid(pgid, peer);
             match self
-                .call_peer(
-                    peer,
-                    epoch,
-                    &Msg::PgQuery {
-                        pool,
-                        pg: copy.pg,
-                    },
-                )
+                .call_peer(peer, epoch, &Msg::PgQuery { pool, pg: copy.pg })
                 .await?
             {
                 Msg::PgInfo {

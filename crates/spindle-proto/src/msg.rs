@@ -27,8 +27,13 @@ pub struct Ver {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mutation {
     WriteFull(Vec<u8>),
-    Write { offset: u64, data: Vec<u8> },
-    Truncate { size_bytes: u64 },
+    Write {
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Truncate {
+        size_bytes: u64,
+    },
     Delete,
     /// Client -> primary of an erasure-coded pool: the client-encoded shards of a byte range
     /// of stripes. `data` holds k + m segments of `shard_len` bytes each (shard i's bytes
@@ -610,14 +615,18 @@ impl Msg {
     pub fn bulk(&self) -> &[u8] {
         match self {
             Msg::ObjRequest {
-                op: ObjOp::Mutate(Mutation::WriteFull(d)
-                    | Mutation::Write { data: d, .. }
-                    | Mutation::EcWrite { data: d, .. }
-                    | Mutation::EcPatch { data: d, .. }),
+                op:
+                    ObjOp::Mutate(
+                        Mutation::WriteFull(d)
+                        | Mutation::Write { data: d, .. }
+                        | Mutation::EcWrite { data: d, .. }
+                        | Mutation::EcPatch { data: d, .. },
+                    ),
                 ..
             }
             | Msg::RepWrite {
-                mutation: Mutation::WriteFull(d)
+                mutation:
+                    Mutation::WriteFull(d)
                     | Mutation::Write { data: d, .. }
                     | Mutation::EcWrite { data: d, .. }
                     | Mutation::EcPatch { data: d, .. },
@@ -633,14 +642,18 @@ impl Msg {
     pub fn take_bulk(&mut self) -> Vec<u8> {
         match self {
             Msg::ObjRequest {
-                op: ObjOp::Mutate(Mutation::WriteFull(d)
-                    | Mutation::Write { data: d, .. }
-                    | Mutation::EcWrite { data: d, .. }
-                    | Mutation::EcPatch { data: d, .. }),
+                op:
+                    ObjOp::Mutate(
+                        Mutation::WriteFull(d)
+                        | Mutation::Write { data: d, .. }
+                        | Mutation::EcWrite { data: d, .. }
+                        | Mutation::EcPatch { data: d, .. },
+                    ),
                 ..
             }
             | Msg::RepWrite {
-                mutation: Mutation::WriteFull(d)
+                mutation:
+                    Mutation::WriteFull(d)
                     | Mutation::Write { data: d, .. }
                     | Mutation::EcWrite { data: d, .. }
                     | Mutation::EcPatch { data: d, .. },

@@ -22,6 +22,78 @@ const CEPH_RBD_4K_RANDWRITE_QD16_IOPS: f64 = 626.0;
 const CEPH_RBD_4K_RANDREAD_QD16_IOPS: f64 = 3521.0;
 const CEPH_OSD_CPU_US_PER_4K_WRITE: f64 = 2638.9;
 const CEPH_OSD_CPU_US_PER_4K_READ: f64 = 235.1;
+// Erasure-coded anchors (same page, Ceph RBD on an EC 2+1 pool, fio rbd QD16): Ceph has
+// no rados bench figure for its EC pool, so the large-object anchors are its largest
+// sequential transfers (512k, MB/s converted to MiB/s).
+const CEPH_EC_WRITE_512K_QD16_MIBS: f64 = 182.2e6 / 1_048_576.0;
+const CEPH_EC_READ_512K_QD16_MIBS: f64 = 331.3e6 / 1_048_576.0;
+const CEPH_EC_4K_RANDWRITE_QD16_IOPS: f64 = 307.0;
+const CEPH_EC_4K_RANDREAD_QD16_IOPS: f64 = 1335.0;
+const CEPH_EC_OSD_CPU_US_PER_4K_WRITE: f64 = 6220.4;
+
+/// Reference figures for one kind of pool.
+struct Anchors {
+    write_4m: (&'static str, f64),
+    read_4m: (&'static str, f64),
+    write_4k: (&'static str, f64),
+    read_4k: (&'static str, f64),
+    cpu_write_4k: (&'static str, f64),
+}
+
+const REPLICATED_ANCHORS: Anchors = Anchors {
+    write_4m: ("Ceph 16 rados bench write 4M t16", CEPH_RADOS_WRITE_4M_MIBS),
+    read_4m: ("Ceph 16 rados bench seq t16", CEPH_RADOS_READ_4M_MIBS),
+    write_4k: (
+        "Ceph 16 RBD 4k randwrite QD16",
+        CEPH_RBD_4K_RANDWRITE_QD16_IOPS,
+    ),
+    read_4k: (
+        "Ceph 16 RBD 4k randread QD16",
+        CEPH_RBD_4K_RANDREAD_QD16_IOPS,
+    ),
+    cpu_write_4k: (
+        "Ceph 16 OSD CPU per 4k rep. write",
+        CEPH_OSD_CPU_US_PER_4K_WRITE,
+    ),
+};
+
+const ERASURE_ANCHORS: Anchors = Anchors {
+    write_4m: (
+        "Ceph 16 RBD EC2+1 512k write QD16",
+        CEPH_EC_WRITE_512K_QD16_MIBS,
+    ),
+    read_4m: (
+        "Ceph 16 RBD EC2+1 512k read QD16",
+        CEPH_EC_READ_512K_QD16_MIBS,
+    ),
+    write_4k: (
+        "Ceph 16 RBD EC2+1 4k randwrite QD16",
+        CEPH_EC_4K_RANDWRITE_QD16_IOPS,
+    ),
+    read_4k: (
+        "Ceph 16 RBD EC2+1 4k randread QD16",
+        CEPH_EC_4K_RANDREAD_QD16_IOPS,
+    ),
+    cpu_write_4k: (
+        "Ceph 16 OSD CPU per 4k EC write",
+        CEPH_EC_OSD_CPU_US_PER_4K_WRITE,
+    ),
+};
+
+/// Microseconds of this thread's CPU to encode `bytes` of objects with `layout` (the
+/// client-side kernel alone, same run: what the client CPU per MiB is compared with).
+fn encode_us_per_mib(layout: &spindle_map::ec::EcLayout) -> f64 {
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i * 2_654_435_761) as u8).collect();
+    let stripes = layout.stripes(data.len() as u64);
+    let start = Instant::now();
+    let mut rounds = 0u32;
+    while start.elapsed() < Duration::from_millis(300) || rounds < 3 {
+        let out = layout.encode_stripes(&data, stripes).unwrap_or_default();
+        std::hint::black_box(out);
+        rounds += 1;
+    }
+    start.elapsed().as_secs_f64() * 1e6 / (rounds as f64 * 4.0)
+}
 
 #[derive(Args)]
 pub struct BenchObjectsArgs {
@@ -187,6 +259,17 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
             anyhow::bail!("no pool '{}' (see `spindle pool ls`)", args.pool);
         }
         let pids = daemon_pids(&client).await;
+        let map = client.map();
+        let pool_def = map.pool_by_name(&args.pool).cloned();
+        let layout = pool_def
+            .as_ref()
+            .and_then(spindle_map::ec::EcLayout::for_pool)
+            .transpose()?;
+        let anchors = if layout.is_some() {
+            &ERASURE_ANCHORS
+        } else {
+            &REPLICATED_ANCHORS
+        };
         let sizes: Vec<(usize, &str)> =
             [(4usize << 20, "4 MiB", "4m"), (4usize << 10, "4 KiB", "4k")]
                 .into_iter()
@@ -245,15 +328,33 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
                     "write 4 MiB",
                     "MiB/s",
                     mibs(&w),
-                    "Ceph 16 rados bench write 4M t16",
-                    CEPH_RADOS_WRITE_4M_MIBS,
+                    anchors.write_4m.0,
+                    anchors.write_4m.1,
                 ));
+                if let Some(layout) = &layout {
+                    let mib = w.bytes as f64 / (1 << 20) as f64;
+                    results.push(BenchResult::lower_is_better(
+                        "client CPU per MiB written (encode+send)",
+                        "us",
+                        w.client_cpu_us / mib.max(1.0),
+                        "encode kernel alone, same run",
+                        encode_us_per_mib(layout),
+                    ));
+                }
                 results.push(BenchResult::lower_is_better(
                     "write 4 MiB mean latency",
                     "ms",
                     w.mean_ms(),
-                    "Ceph 16 rados bench write 4M t16",
-                    CEPH_RADOS_WRITE_4M_LAT_MS,
+                    if layout.is_some() {
+                        "(no Ceph EC figure)"
+                    } else {
+                        "Ceph 16 rados bench write 4M t16"
+                    },
+                    if layout.is_some() {
+                        f64::NAN
+                    } else {
+                        CEPH_RADOS_WRITE_4M_LAT_MS
+                    },
                 ));
                 results.push(BenchResult::lower_is_better(
                     "write 4 MiB p99 latency",
@@ -266,15 +367,23 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
                     "read 4 MiB",
                     "MiB/s",
                     mibs(&r),
-                    "Ceph 16 rados bench seq t16",
-                    CEPH_RADOS_READ_4M_MIBS,
+                    anchors.read_4m.0,
+                    anchors.read_4m.1,
                 ));
                 results.push(BenchResult::lower_is_better(
                     "read 4 MiB mean latency",
                     "ms",
                     r.mean_ms(),
-                    "Ceph 16 rados bench seq t16",
-                    CEPH_RADOS_READ_4M_LAT_MS,
+                    if layout.is_some() {
+                        "(no Ceph EC figure)"
+                    } else {
+                        "Ceph 16 rados bench seq t16"
+                    },
+                    if layout.is_some() {
+                        f64::NAN
+                    } else {
+                        CEPH_RADOS_READ_4M_LAT_MS
+                    },
                 ));
                 results.push(BenchResult::lower_is_better(
                     "read 4 MiB p99 latency",
@@ -288,8 +397,8 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
                     "write 4 KiB",
                     "ops/s",
                     iops(&w),
-                    "Ceph 16 RBD 4k randwrite QD16",
-                    CEPH_RBD_4K_RANDWRITE_QD16_IOPS,
+                    anchors.write_4k.0,
+                    anchors.write_4k.1,
                 ));
                 results.push(BenchResult::lower_is_better(
                     "write 4 KiB mean latency",
@@ -309,8 +418,8 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
                     "daemon CPU per 4 KiB write",
                     "us",
                     cpu_per_op(&w),
-                    "Ceph 16 OSD CPU per 4k rep. write",
-                    CEPH_OSD_CPU_US_PER_4K_WRITE,
+                    anchors.cpu_write_4k.0,
+                    anchors.cpu_write_4k.1,
                 ));
                 results.push(BenchResult::lower_is_better(
                     "client CPU per 4 KiB write",
@@ -323,8 +432,8 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
                     "read 4 KiB",
                     "ops/s",
                     iops(&r),
-                    "Ceph 16 RBD 4k randread QD16",
-                    CEPH_RBD_4K_RANDREAD_QD16_IOPS,
+                    anchors.read_4k.0,
+                    anchors.read_4k.1,
                 ));
                 results.push(BenchResult::lower_is_better(
                     "read 4 KiB mean latency",
@@ -344,8 +453,16 @@ pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
                     "daemon CPU per 4 KiB read",
                     "us",
                     cpu_per_op(&r),
-                    "Ceph 16 OSD CPU per 4k rep. read",
-                    CEPH_OSD_CPU_US_PER_4K_READ,
+                    if layout.is_some() {
+                        "(no Ceph EC figure)"
+                    } else {
+                        "Ceph 16 OSD CPU per 4k rep. read"
+                    },
+                    if layout.is_some() {
+                        f64::NAN
+                    } else {
+                        CEPH_OSD_CPU_US_PER_4K_READ
+                    },
                 ));
             }
         }

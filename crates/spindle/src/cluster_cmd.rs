@@ -662,10 +662,7 @@ pub struct ErasureProfile {
 }
 
 /// Parses `k=4,m=2[,matrix=..][,stripe-unit=..][,min-size=..]`.
-pub fn parse_erasure_profile(
-    text: &str,
-    min_size: Option<u32>,
-) -> anyhow::Result<ErasureProfile> {
+pub fn parse_erasure_profile(text: &str, min_size: Option<u32>) -> anyhow::Result<ErasureProfile> {
     let (mut k, mut m, mut matrix, mut stripe_unit, mut ms) =
         (None, None, "isal-rs".to_string(), 4096u32, min_size);
     for part in text.split(',').filter(|p| !p.is_empty()) {
