@@ -66,7 +66,7 @@ pub const CACHE_EXTENT_BYTES_MAX: u64 = 4 << 20;
 /// Generation slots of the cache (bounded memory for the stale-fill check).
 pub const CACHE_GENERATION_SLOTS: usize = 4096;
 /// Default largest merged object operation.
-pub const COALESCE_BYTES_MAX_DEFAULT: u64 = 1 << 20;
+pub const COALESCE_BYTES_MAX_DEFAULT: u64 = 4 << 20;
 /// Default cap of the hold (protects against a latency spike inflating the EWMA).
 pub const HOLD_US_MAX_DEFAULT: u64 = 2000;
 /// EWMA weight of a new latency sample is 1 / 2^this.

@@ -284,12 +284,11 @@ impl Osd {
         reply: Replier,
         rid: u64,
     ) {
-        let msg = self
-            .ec_client_op_inner(epoch, pgid, &mapping, &layout, &name, op)
+        self.ec_client_op_inner(epoch, pgid, &mapping, &layout, &name, op, reply, rid)
             .await;
-        reply.send_owned(rid, epoch, msg);
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn ec_client_op_inner(
         &self,
         epoch: u64,
@@ -298,15 +297,20 @@ impl Osd {
         layout: &EcLayout,
         name: &str,
         op: ObjOp,
-    ) -> Msg {
+        reply: Replier,
+        rid: u64,
+    ) {
         if let ObjOp::List = op {
-            return self.ec_list(pgid).await;
+            reply.send_owned(rid, epoch, self.ec_list(pgid).await);
+            return;
         }
         if name.contains('\0') || name.len() + 2 > spindle_proto::msg::NAME_MAX {
-            return err(
+            let msg = err(
                 ErrorCode::Invalid,
                 "object names of erasure-coded pools must be NUL-free and at most 1022 bytes",
             );
+            reply.send_owned(rid, epoch, msg);
+            return;
         }
         // One operation per object at a time.
         let lock = {
@@ -316,18 +320,31 @@ impl Osd {
                 .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
                 .clone()
         };
-        let result = {
-            let _held = lock.lock().await;
-            self.ec_locked_op(epoch, pgid, mapping, layout, name, op)
-                .await
-        };
         {
-            let mut locks = crate::lock(&self.inner.ec_locks);
-            if Arc::strong_count(&lock) == 2 {
-                locks.remove(&(pgid, name.to_string()));
+            let _held = lock.lock().await;
+            let (msg, trim) = self
+                .ec_locked_op(epoch, pgid, mapping, layout, name, op)
+                .await;
+            // The client has its answer; the old slot goes while the object stays locked
+            // (the next write would otherwise target it).
+            reply.send_owned(rid, epoch, msg);
+            if let Some(slot) = trim {
+                let old = slot_name(name, slot);
+                if let Err(m) = self
+                    .ec_replicate(epoch, pgid, mapping, &old, |_| WireMutation::Delete)
+                    .await
+                {
+                    tracing::info!(
+                        "osd.{}: trimming the old slot of {name} failed: {m:?}",
+                        self.inner.id
+                    );
+                }
             }
         }
-        result
+        let mut locks = crate::lock(&self.inner.ec_locks);
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(&(pgid, name.to_string()));
+        }
     }
 
     async fn ec_locked_op(
@@ -338,20 +355,20 @@ impl Osd {
         layout: &EcLayout,
         name: &str,
         op: ObjOp,
-    ) -> Msg {
+    ) -> (Msg, Option<u8>) {
         // Both slots must be present on every copy that should have them.
         let since = self.interval_of(pgid).unwrap_or(0);
         for slot in 0..2u8 {
             let stored = slot_name(name, slot);
             if self.object_missing(pgid, &stored, false) {
                 if let Err(e) = self.ensure_recovered(pgid, since, &stored).await {
-                    return err(ErrorCode::Again, e);
+                    return (err(ErrorCode::Again, e), None);
                 }
             }
         }
         let own = self.copy_pgid(pgid, self.inner.id);
         let current = self.current_slot(own, name);
-        match op {
+        let msg = match op {
             ObjOp::Stat => match current {
                 None => err(ErrorCode::NotFound, format!("{name}: no such object")),
                 Some(c) => match self.ec_object_size(epoch, pgid, mapping, name, c).await {
@@ -374,7 +391,10 @@ impl Osd {
             ObjOp::List => self.ec_list(pgid).await,
             ObjOp::Mutate(WireMutation::Delete) => {
                 let Some(c) = current else {
-                    return err(ErrorCode::NotFound, format!("{name}: no such object"));
+                    return (
+                        err(ErrorCode::NotFound, format!("{name}: no such object")),
+                        None,
+                    );
                 };
                 // The old slot first, the current one last: a crash in between leaves
                 // the object intact.
@@ -384,7 +404,7 @@ impl Osd {
                         .ec_replicate(epoch, pgid, mapping, &stored, |_| WireMutation::Delete)
                         .await
                     {
-                        return m;
+                        return (m, None);
                     }
                 }
                 Msg::ObjReply {
@@ -403,9 +423,12 @@ impl Osd {
                 data,
             }) => {
                 if !full && expect != current.map(|c| c.version) {
-                    return err(
-                        ErrorCode::Conflict,
-                        format!("{name} changed since the version the write is based on"),
+                    return (
+                        err(
+                            ErrorCode::Conflict,
+                            format!("{name} changed since the version the write is based on"),
+                        ),
+                        None,
                     );
                 }
                 let su = layout.stripe_unit_bytes;
@@ -418,7 +441,7 @@ impl Osd {
                     && shard_offset + shard_len <= shard_size
                     && (!full || (shard_offset == 0 && shard_len == shard_size));
                 if !valid {
-                    return err(
+                    let m = err(
                         ErrorCode::Invalid,
                         format!(
                             "erasure-coded write does not match the pool's layout {layout:?} \
@@ -427,6 +450,7 @@ impl Osd {
                             data.len()
                         ),
                     );
+                    return (m, None);
                 }
                 let target = current.map_or(0, |c| 1 - c.slot);
                 let base = if full {
@@ -450,34 +474,24 @@ impl Osd {
                     .await;
                 let v = match written {
                     Ok(v) => v,
-                    Err(m) => return m,
+                    Err(m) => return (m, None),
                 };
                 // Acknowledged everywhere: the previous version's slot can go.
-                if let Some(c) = current {
-                    let old = slot_name(name, c.slot);
-                    if let Err(m) = self
-                        .ec_replicate(epoch, pgid, mapping, &old, |_| WireMutation::Delete)
-                        .await
-                    {
-                        tracing::info!(
-                            "osd.{}: trimming the old slot of {name} failed: {m:?}",
-                            self.inner.id
-                        );
-                    }
-                }
-                Msg::ObjReply {
+                let reply = Msg::ObjReply {
                     version: v,
                     size_bytes: object_size,
                     data: Vec::new(),
                     listing: Vec::new(),
-                }
+                };
+                return (reply, current.map(|c| c.slot));
             }
             ObjOp::Mutate(_) => err(
                 ErrorCode::Invalid,
                 "this pool is erasure-coded: writes must come encoded by the client \
                  (write_full / write / truncate of the spindle client library)",
             ),
-        }
+        };
+        (msg, None)
     }
 
     /// Writes one slot object on every up shard: assigns the version, queues the local
@@ -973,6 +987,9 @@ impl Osd {
         // may hold the version already (its log lags after an earlier recovery), and then
         // it counts towards the k shards. An unreadable shard counts as absent.
         let mut states: Vec<(usize, u32, ShardState)> = Vec::new();
+        // Positions whose member could not answer (unreachable, or its copy unreadable):
+        // they may hold any version, so they never count as "does not have it".
+        let mut unanswered: Vec<usize> = Vec::new();
         for &(pos, d) in &members {
             let copy = PgId {
                 pool: pgid.pool,
@@ -990,6 +1007,7 @@ impl Osd {
                         Ok(data) => Some((data, ver(meta.version))),
                         Err(e) => {
                             tracing::warn!("osd.{me}: reading my shard {stored:?}: {e}");
+                            unanswered.push(pos);
                             None
                         }
                     },
@@ -999,13 +1017,18 @@ impl Osd {
                     Ok(s) => s.map(|(data, v)| (data, ver(v))),
                     Err(e) => {
                         tracing::info!("osd.{me}: shard {pos} of {stored:?}: {e}");
+                        unanswered.push(pos);
                         None
                     }
                 }
             };
-            let state = state.filter(|(data, _)| {
+            let valid = |data: &Vec<u8>| {
                 parse_trailer(&data[data.len().saturating_sub(TRAILER_BYTES as usize)..]).is_some()
-            });
+            };
+            if state.as_ref().is_some_and(|(data, _)| !valid(data)) {
+                unanswered.push(pos);
+            }
+            let state = state.filter(|(data, _)| valid(data));
             states.push((pos, d, state));
         }
         // Copies of positions held elsewhere (left from before a position moved).
@@ -1037,11 +1060,14 @@ impl Osd {
                         .map(|data| (data, ver(meta.version))),
                 }
             } else {
-                self.pull(d, epoch, copy, stored)
-                    .await
-                    .ok()
-                    .flatten()
-                    .map(|(data, v)| (data, ver(v)))
+                match self.pull(d, epoch, copy, stored).await {
+                    Ok(s) => s.map(|(data, v)| (data, ver(v))),
+                    Err(e) => {
+                        tracing::info!("osd.{me}: stray shard {pos} of {stored:?} on osd.{d}: {e}");
+                        unanswered.push(pos);
+                        None
+                    }
+                }
             };
             stray_states.push((pos, state));
         }
@@ -1086,10 +1112,13 @@ impl Osd {
         }
         let good: Vec<usize> = (0..layout.total()).filter(|&p| at_v[p].is_some()).collect();
         if good.len() < layout.k {
-            // Positions nobody can speak for: a hole, or a new copy with no stray.
+            // Positions nobody can speak for: a hole, a member that did not answer, or a
+            // new copy with no stray. Only if even counting all of them as holders the
+            // version stays below min_size was it never acknowledged.
             let unknown = (0..layout.total())
                 .filter(|&p| match mapping.shards.get(p).copied().flatten() {
                     None => true,
+                    Some(_) if unanswered.contains(&p) => true,
                     Some(d) => !established.contains(&d) && !strays.iter().any(|(sp, _)| *sp == p),
                 })
                 .count() as u32;
