@@ -61,6 +61,44 @@ const CEPH_REP3: [(&str, &str, u32, f64, f64, f64, f64); 32] = [
     ("512k", "randwrite", 16, 323.0, 170.0, 48889.9, 99090.4),
 ];
 
+/// Ceph 16.2.15 RBD on an erasure-coded 2+1 data pool, same setup and columns as
+/// `CEPH_REP3`. Source: `/work/shared/baselines/ceph.md`, "Appendix: every matrix point"
+/// rows "Ceph RBD EC 2+1" (IOPS, MB/s, mean and p99 clat), measured 2026-11-22.
+const CEPH_EC21: [(&str, &str, u32, f64, f64, f64, f64); 32] = [
+    ("4k", "read", 1, 1004.0, 4.1, 960.3, 2703.4),
+    ("4k", "write", 1, 101.0, 0.4, 9728.6, 25034.8),
+    ("4k", "randread", 1, 668.0, 2.7, 1442.5, 4948.0),
+    ("4k", "randwrite", 1, 144.0, 0.6, 6771.5, 13303.8),
+    ("64k", "read", 1, 280.0, 18.4, 3428.3, 13041.7),
+    ("64k", "write", 1, 160.0, 10.5, 6114.5, 14876.7),
+    ("64k", "randread", 1, 300.0, 19.6, 3191.6, 9240.6),
+    ("64k", "randwrite", 1, 109.0, 7.2, 8940.9, 23199.7),
+    ("128k", "read", 1, 677.0, 88.8, 1438.9, 4554.8),
+    ("128k", "write", 1, 194.0, 25.4, 5010.2, 10420.2),
+    ("128k", "randread", 1, 682.0, 89.4, 1430.8, 3457.0),
+    ("128k", "randwrite", 1, 144.0, 18.9, 6742.3, 14483.5),
+    ("512k", "read", 1, 423.0, 221.8, 2318.8, 5668.9),
+    ("512k", "write", 1, 174.0, 91.0, 5522.8, 9502.7),
+    ("512k", "randread", 1, 372.0, 195.2, 2634.7, 5865.5),
+    ("512k", "randwrite", 1, 142.0, 74.2, 6760.5, 12910.6),
+    ("4k", "read", 16, 1600.0, 6.6, 9941.3, 26869.8),
+    ("4k", "write", 16, 1778.0, 7.3, 8978.7, 19529.7),
+    ("4k", "randread", 16, 1335.0, 5.5, 11924.0, 36962.3),
+    ("4k", "randwrite", 16, 307.0, 1.3, 51866.4, 108527.6),
+    ("64k", "read", 16, 941.0, 61.7, 16925.1, 42729.5),
+    ("64k", "write", 16, 1199.0, 78.7, 13301.0, 25296.9),
+    ("64k", "randread", 16, 1343.0, 88.1, 11855.8, 38535.2),
+    ("64k", "randwrite", 16, 340.0, 22.4, 46770.1, 107479.0),
+    ("128k", "read", 16, 1100.0, 144.4, 14470.1, 35389.4),
+    ("128k", "write", 16, 927.0, 121.7, 17201.1, 34865.2),
+    ("128k", "randread", 16, 1169.0, 153.4, 13631.8, 40108.0),
+    ("128k", "randwrite", 16, 332.0, 43.7, 47844.6, 120062.0),
+    ("512k", "read", 16, 630.0, 331.3, 25284.7, 59506.7),
+    ("512k", "write", 16, 346.0, 182.2, 45968.7, 99090.4),
+    ("512k", "randread", 16, 682.0, 358.2, 23423.6, 62128.1),
+    ("512k", "randwrite", 16, 242.0, 127.5, 65317.4, 130547.7),
+];
+
 const BLOCK_SIZES: [&str; 4] = ["4k", "64k", "128k", "512k"];
 const PATTERNS: [&str; 4] = ["read", "write", "randread", "randwrite"];
 const DEPTHS: [u32; 2] = [1, 16];
@@ -73,6 +111,16 @@ const QUICK: [(&str, &str, u32); 5] = [
     ("512k", "read", 16),
 ];
 const CEPH_NAME: &str = "Ceph 16 RBD replicated x3";
+const CEPH_EC_NAME: &str = "Ceph 16 RBD EC 2+1";
+
+/// The Ceph anchor's name for an image on a replicated or an erasure-coded pool.
+fn ceph_name(erasure: bool) -> &'static str {
+    if erasure {
+        CEPH_EC_NAME
+    } else {
+        CEPH_NAME
+    }
+}
 
 /// Arguments of `spindle bench fio`.
 #[derive(Args)]
@@ -95,6 +143,10 @@ pub struct BenchFioArgs {
     /// Size of the benchmark image and of the nbdkit memory disk.
     #[arg(long, value_parser = crate::image_cmd::parse_size_bytes, default_value = "4G")]
     pub size: u64,
+    /// Object size of the benchmark image when it is created (default 4 MiB; smaller
+    /// objects suit random small writes on erasure-coded pools).
+    #[arg(long, value_parser = crate::image_cmd::parse_size_bytes)]
+    pub object_size: Option<u64>,
     /// Skip the sequential prefill (reads then hit never-written, all-zero ranges).
     #[arg(long)]
     pub no_prefill: bool,
@@ -141,7 +193,7 @@ pub struct Row {
     pub point: Point,
     pub spindle: Figures,
     pub nbdkit_memory: Option<Figures>,
-    pub ceph_rep3: Option<Figures>,
+    pub ceph: Option<Figures>,
     /// Spindle / Ceph (IOPS).
     pub iops_vs_ceph: Option<f64>,
     /// Spindle / Ceph (MB/s).
@@ -172,8 +224,9 @@ struct Report<'a> {
     results: &'a [BenchResult],
 }
 
-fn ceph(p: &Point) -> Option<Figures> {
-    CEPH_REP3
+fn ceph(p: &Point, erasure: bool) -> Option<Figures> {
+    let table = if erasure { &CEPH_EC21 } else { &CEPH_REP3 };
+    table
         .iter()
         .find(|(bs, rw, qd, ..)| *bs == p.bs && *rw == p.rw && *qd == p.iodepth)
         .map(
@@ -350,25 +403,30 @@ fn measure(uri: &str, p: &Point, runtime: u64, ramp: u64) -> anyhow::Result<Figu
     Ok(figures)
 }
 
-/// Creates the benchmark image (or reuses it, growing it to `size` if smaller).
-async fn ensure_image(args: &BenchFioArgs) -> anyhow::Result<()> {
+/// Creates the benchmark image (or reuses it, growing it to `size` if smaller); returns
+/// whether its pool is erasure-coded (the Ceph anchor is then Ceph's EC 2+1 image).
+async fn ensure_image(args: &BenchFioArgs) -> anyhow::Result<bool> {
     let client = Arc::new(args.target.client().await?);
+    let erasure = client
+        .map()
+        .pool_by_name(&args.pool)
+        .is_some_and(|p| p.is_erasure());
     match Image::create(
         client.clone(),
         &args.pool,
         &args.image,
         args.size,
-        OBJECT_SIZE_BYTES_DEFAULT,
+        args.object_size.unwrap_or(OBJECT_SIZE_BYTES_DEFAULT),
     )
     .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(erasure),
         Err(ImageError::Exists(_)) => {
             let img = Image::open(client, &args.pool, &args.image).await?;
             if img.size_bytes() < args.size {
                 img.resize(args.size).await?;
             }
-            Ok(())
+            Ok(erasure)
         }
         Err(e) => Err(e.into()),
     }
@@ -477,7 +535,8 @@ fn opt(x: Option<f64>, prec: usize) -> String {
     }
 }
 
-fn print_table(rows: &[Row], targets: &[TargetCheck]) {
+fn print_table(rows: &[Row], targets: &[TargetCheck], erasure: bool) {
+    let ceph_label = ceph_name(erasure);
     println!(
         "{:<18} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>7} {:>7} | {:>6} {:>6} {:>7} {:>7} | {:>6} {:>6} {:>6} {:>6}",
         "", "Spindle", "", "", "", "nbdkit", "memory", "", "", "Ceph RBD", "rep3", "", "", "S/Ceph", "S/Ceph", "Ceph/S", "S/nbdk"
@@ -489,7 +548,7 @@ fn print_table(rows: &[Row], targets: &[TargetCheck]) {
     for r in rows {
         let s = &r.spindle;
         let n = r.nbdkit_memory;
-        let c = r.ceph_rep3;
+        let c = r.ceph;
         println!(
             "{:<18} | {:>8.0} {:>8.1} {:>8.1} {:>8.1} | {:>8} {:>8} {:>7} {:>7} | {:>6} {:>6} {:>7} {:>7} | {:>6} {:>6} {:>6} {:>6}",
             r.point.label(),
@@ -511,7 +570,9 @@ fn print_table(rows: &[Row], targets: &[TargetCheck]) {
             opt(r.iops_vs_nbdkit, 2),
         );
     }
-    println!("(Ceph: {CEPH_NAME}, /work/shared/baselines/ceph.md; clat = mean completion latency)");
+    println!(
+        "(Ceph: {ceph_label}, /work/shared/baselines/ceph.md; clat = mean completion latency)"
+    );
     println!("targets:");
     for t in targets {
         println!(
@@ -533,7 +594,7 @@ pub fn run(args: BenchFioArgs) -> anyhow::Result<()> {
     if args.runtime_seconds == 0 {
         bail!("--runtime-seconds must be > 0");
     }
-    runtime()?.block_on(ensure_image(&args))?;
+    let erasure = runtime()?.block_on(ensure_image(&args))?;
     let pts = points(args.quick);
 
     // Spindle over its own `spindle nbd`.
@@ -612,13 +673,13 @@ pub fn run(args: BenchFioArgs) -> anyhow::Result<()> {
         .enumerate()
         .map(|(i, p)| {
             let s = spindle[i];
-            let c = ceph(p);
+            let c = ceph(p, erasure);
             let n = nbdkit.as_ref().map(|v| v[i]);
             Row {
                 point: p.clone(),
                 spindle: s,
                 nbdkit_memory: n,
-                ceph_rep3: c,
+                ceph: c,
                 iops_vs_ceph: c.and_then(|c| ratio(s.iops, c.iops)),
                 mbs_vs_ceph: c.and_then(|c| ratio(s.mb_per_s, c.mb_per_s)),
                 latency_vs_ceph: c.and_then(|c| ratio(c.clat_mean_us, s.clat_mean_us)),
@@ -629,19 +690,19 @@ pub fn run(args: BenchFioArgs) -> anyhow::Result<()> {
     let targets = targets(&rows);
     let mut results = Vec::new();
     for r in &rows {
-        if let Some(c) = r.ceph_rep3 {
+        if let Some(c) = r.ceph {
             results.push(BenchResult::higher_is_better(
                 format!("{} IOPS", r.point.label()),
                 "IOPS",
                 r.spindle.iops,
-                CEPH_NAME,
+                ceph_name(erasure),
                 c.iops,
             ));
             results.push(BenchResult::lower_is_better(
                 format!("{} clat mean", r.point.label()),
                 "µs",
                 r.spindle.clat_mean_us,
-                CEPH_NAME,
+                ceph_name(erasure),
                 c.clat_mean_us,
             ));
         }
@@ -659,6 +720,37 @@ pub fn run(args: BenchFioArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
-    print_table(&rows, &targets);
+    print_table(&rows, &targets, erasure);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both Ceph tables have every point of the matrix exactly once.
+    #[test]
+    fn ceph_tables_cover_the_matrix() {
+        for (name, table) in [("rep3", &CEPH_REP3), ("ec21", &CEPH_EC21)] {
+            for p in points(false) {
+                let n = table
+                    .iter()
+                    .filter(|(bs, rw, qd, ..)| *bs == p.bs && *rw == p.rw && *qd == p.iodepth)
+                    .count();
+                assert_eq!(n, 1, "{name}: {} appears {n} times", p.label());
+            }
+        }
+        // Spot checks against shared/baselines/ceph.md.
+        let ec = |bs: &str, rw: &str, qd: u32| {
+            let p = Point {
+                bs: bs.into(),
+                rw: rw.into(),
+                iodepth: qd,
+            };
+            ceph(&p, true).map(|f| (f.iops, f.mb_per_s))
+        };
+        assert_eq!(ec("4k", "randwrite", 16), Some((307.0, 1.3)));
+        assert_eq!(ec("512k", "write", 16), Some((346.0, 182.2)));
+        assert_eq!(ec("4k", "randread", 16), Some((1335.0, 5.5)));
+    }
 }
