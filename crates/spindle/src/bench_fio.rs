@@ -143,8 +143,8 @@ pub struct BenchFioArgs {
     /// Size of the benchmark image and of the nbdkit memory disk.
     #[arg(long, value_parser = crate::image_cmd::parse_size_bytes, default_value = "4G")]
     pub size: u64,
-    /// Object size of the benchmark image when it is created (default 4 MiB; smaller
-    /// objects suit random small writes on erasure-coded pools).
+    /// Object size of the benchmark image when it is created (default: the pool's, as
+    /// `spindle image create`: 4 MiB, or 64 KiB on an erasure-coded pool).
     #[arg(long, value_parser = crate::image_cmd::parse_size_bytes)]
     pub object_size: Option<u64>,
     /// Skip the sequential prefill (reads then hit never-written, all-zero ranges).
@@ -416,7 +416,9 @@ async fn ensure_image(args: &BenchFioArgs) -> anyhow::Result<bool> {
         &args.pool,
         &args.image,
         args.size,
-        args.object_size.unwrap_or(OBJECT_SIZE_BYTES_DEFAULT),
+        args.object_size
+            .or_else(|| spindle_client::image::default_object_size(&client.map(), &args.pool))
+            .unwrap_or(OBJECT_SIZE_BYTES_DEFAULT),
     )
     .await
     {

@@ -20,9 +20,10 @@ pub enum ImageCommand {
         /// Volume size: bytes or with a K/M/G/T suffix (powers of 1024); multiple of 512.
         #[arg(long, value_parser = parse_size_bytes)]
         size: u64,
-        /// Size of one data object: a power of two in 4K..=32M.
-        #[arg(long, value_parser = parse_size_bytes, default_value_t = OBJECT_SIZE_BYTES_DEFAULT)]
-        object_size: u64,
+        /// Size of one data object: a power of two in 4K..=32M (default 4M; 64K on an
+        /// erasure-coded pool, where small writes rewrite a shard of their object).
+        #[arg(long, value_parser = parse_size_bytes)]
+        object_size: Option<u64>,
         #[command(flatten)]
         obj: ObjArgs,
     },
@@ -139,6 +140,11 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 obj,
             } => {
                 check_volume_size(size)?;
+                let object_size = object_size
+                    .or_else(|| {
+                        spindle_client::image::default_object_size(&client.map(), &obj.pool)
+                    })
+                    .unwrap_or(OBJECT_SIZE_BYTES_DEFAULT);
                 let img = Image::create(client, &obj.pool, &name, size, object_size)
                     .await
                     .with_context(|| format!("creating image {name}"))?;

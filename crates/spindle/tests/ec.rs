@@ -428,3 +428,50 @@ async fn a_corrupt_shard_is_decoded_around_and_repaired() {
     let got = client.read_full(EC_POOL, name).await.unwrap();
     assert!(got == data);
 }
+
+/// A block image on an erasure-coded pool: created with the pool's default object size
+/// (64 KiB), random writes of 512 B..128 KiB (across object boundaries), zeroing and
+/// discard read back exactly, also with one daemon down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_on_an_erasure_coded_pool_reads_back_its_writes() {
+    let c = Cluster::start_with("ecimg", 3, 8, &["--out-after-ms", "0"]);
+    create_ec_pool(&c, "k=2,m=1,min-size=2");
+    let out = run_ok(
+        spindle()
+            .args([
+                "image", "create", "disk", "--size", "32M", "--pool", EC_POOL, "--dir",
+            ])
+            .arg(&c.dir),
+    );
+    assert!(out.contains("64 KiB"), "default object size on EC: {out}");
+    let client = std::sync::Arc::new(c.client().await);
+    let img = spindle_client::Image::open(client.clone(), EC_POOL, "disk")
+        .await
+        .unwrap();
+    let size = 32usize << 20;
+    let mut model = vec![0u8; size];
+    let mut rng = Rng(0x1a6e);
+    for round in 0..300 {
+        let len = (1 + rng.below(256) as usize) * 512;
+        let off = (rng.below(((size - len) / 512) as u64) as usize) * 512;
+        if round % 25 == 24 {
+            img.write_zeroes(off as u64, len as u64).await.unwrap();
+            model[off..off + len].fill(0);
+        } else {
+            let data = rng.bytes(len);
+            img.write(off as u64, &data).await.unwrap();
+            model[off..off + len].copy_from_slice(&data);
+        }
+    }
+    let check = |got: Vec<u8>, when: &str| {
+        assert!(
+            got == model,
+            "{when}: image differs at byte {:?}",
+            got.iter().zip(&model).position(|(a, b)| a != b)
+        );
+    };
+    check(img.read(0, size as u64).await.unwrap(), "all up");
+    c.kill_osd(1);
+    c.wait_osd_up(1, false);
+    check(img.read(0, size as u64).await.unwrap(), "osd.1 down");
+}
