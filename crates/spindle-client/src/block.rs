@@ -73,6 +73,12 @@ pub const HOLD_US_MAX_DEFAULT: u64 = 2000;
 const EWMA_SHIFT: u32 = 3;
 /// Longest backend read one cache-miss run turns into.
 const READ_RUN_BYTES_MAX: u64 = 4 << 20;
+/// Reads at least this long bypass the cache (neither looked up nor filled): a large
+/// read is rarely re-read soon, would evict the small hot extents the cache is for, and
+/// per-4 KiB-extent bookkeeping cost more than the read itself (512 KiB sequential reads:
+/// 128 lookups and inserts each). Always safe: the cache is write-through, so the
+/// backend is never behind it.
+const CACHE_BYPASS_READ_BYTES: u64 = 128 << 10;
 
 /// One missing extent of a read.
 struct Miss {
@@ -774,7 +780,11 @@ impl<B: ObjectBackend> BlockLayer<B> {
         if len == 0 {
             return Ok(Vec::new());
         }
-        let Some(cache) = &self.cache else {
+        let cache = self
+            .cache
+            .as_ref()
+            .filter(|_| len < CACHE_BYPASS_READ_BYTES);
+        let Some(cache) = cache else {
             let rxs: Vec<_> = self
                 .pieces(offset, len)
                 .into_iter()
