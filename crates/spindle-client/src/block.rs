@@ -405,6 +405,8 @@ struct Batch {
     /// Write bytes of `[start, end)` (empty for reads and zeroing).
     data: Vec<u8>,
     waiters: Vec<Waiter>,
+    /// Was held open for merging (only then does its wait count as added delay).
+    held: bool,
 }
 
 struct Running {
@@ -558,10 +560,13 @@ impl<B: ObjectBackend> Scheduler<B> {
             end,
             data,
             waiters: vec![waiter],
+            held: false,
         };
         if hold.is_zero() || dir == Dir::Zero || len >= max {
             self.dispatch(&mut s, batch);
         } else {
+            let mut batch = batch;
+            batch.held = true;
             s.open.insert(object, batch);
             let this = self.clone();
             tokio::spawn(async move {
@@ -610,8 +615,10 @@ impl<B: ObjectBackend> Scheduler<B> {
         if batch.waiters.len() > 1 {
             s.merged_requests += batch.waiters.len() as u64;
         }
-        for w in &batch.waiters {
-            s.delay_total_us += now.duration_since(w.submitted).as_micros() as u64;
+        if batch.held {
+            for w in &batch.waiters {
+                s.delay_total_us += now.duration_since(w.submitted).as_micros() as u64;
+            }
         }
         let this = self.clone();
         tokio::spawn(async move {

@@ -158,7 +158,9 @@ impl EcLayout {
             let at = ((stripe - first_stripe) * su + in_unit) as usize;
             let seg = segs[j];
             let avail = seg.len().saturating_sub(at).min(take as usize);
-            out.extend_from_slice(&seg[at..at + avail]);
+            if avail > 0 {
+                out.extend_from_slice(&seg[at..at + avail]);
+            }
             // Beyond the segment (never written) reads as zeros.
             out.resize(out.len() + (take as usize - avail), 0);
             pos += take;
@@ -285,6 +287,17 @@ mod tests {
                 &whole[shard * 2048 + 512..shard * 2048 + 1536]
             );
         }
+    }
+
+    #[test]
+    fn gather_past_short_segments_reads_zeros() {
+        let l = EcLayout::new(2, 1, MatrixKind::IsalRs, 512).unwrap();
+        let mut out = Vec::new();
+        // Segments shorter than the range asked (or empty): zeros, never a panic.
+        l.gather(&[&[7u8; 100][..], &[][..]], 0, 0, 2048, &mut out);
+        assert_eq!(out.len(), 2048);
+        assert_eq!(&out[..100], &[7u8; 100][..]);
+        assert!(out[100..].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -179,6 +179,12 @@ impl Osd {
                 shard_offset,
                 data,
             } => {
+                if *shard_size > spindle_proto::msg::DATA_MAX as u64 {
+                    return Err(err(
+                        ErrorCode::Invalid,
+                        format!("shard of {shard_size} bytes is larger than any object"),
+                    ));
+                }
                 let end = shard_offset
                     .checked_add(data.len() as u64)
                     .filter(|&e| e <= *shard_size)
@@ -434,7 +440,7 @@ impl Osd {
                 let su = layout.stripe_unit_bytes;
                 let shard_size = layout.shard_size(object_size);
                 let total = layout.total() as u64;
-                let valid = object_size <= spindle_proto::msg::DATA_MAX as u64 * 16
+                let valid = object_size <= spindle_proto::msg::DATA_MAX as u64
                     && shard_offset % su == 0
                     && shard_len % su == 0
                     && data.len() as u64 == shard_len * total
