@@ -1001,31 +1001,12 @@ impl Osd {
                 pool: pgid.pool,
                 pg: shard_pg(pgid.pg, Some(pos as u8)),
             };
-            let state = if d == me {
-                match self.inner.store.stat(copy, stored) {
-                    None => None,
-                    Some(meta) => match self
-                        .inner
-                        .store
-                        .read(copy, stored, 0, meta.size_bytes)
-                        .await
-                    {
-                        Ok(data) => Some((data, ver(meta.version))),
-                        Err(e) => {
-                            tracing::warn!("osd.{me}: reading my shard {stored:?}: {e}");
-                            unanswered.push(pos);
-                            None
-                        }
-                    },
-                }
-            } else {
-                match self.pull(d, epoch, copy, stored).await {
-                    Ok(s) => s.map(|(data, v)| (data, ver(v))),
-                    Err(e) => {
-                        tracing::info!("osd.{me}: shard {pos} of {stored:?}: {e}");
-                        unanswered.push(pos);
-                        None
-                    }
+            let state = match self.shard_state(epoch, copy, d, stored).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::info!("osd.{me}: shard {pos} of {stored:?} on osd.{d}: {e}");
+                    unanswered.push(pos);
+                    None
                 }
             };
             let valid = |data: &Vec<u8>| {
@@ -1054,25 +1035,12 @@ impl Osd {
                 pool: pgid.pool,
                 pg: shard_pg(pgid.pg, Some(pos as u8)),
             };
-            let state = if d == me {
-                match self.inner.store.stat(copy, stored) {
-                    None => None,
-                    Some(meta) => self
-                        .inner
-                        .store
-                        .read(copy, stored, 0, meta.size_bytes)
-                        .await
-                        .ok()
-                        .map(|data| (data, ver(meta.version))),
-                }
-            } else {
-                match self.pull(d, epoch, copy, stored).await {
-                    Ok(s) => s.map(|(data, v)| (data, ver(v))),
-                    Err(e) => {
-                        tracing::info!("osd.{me}: stray shard {pos} of {stored:?} on osd.{d}: {e}");
-                        unanswered.push(pos);
-                        None
-                    }
+            let state = match self.shard_state(epoch, copy, d, stored).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::info!("osd.{me}: stray shard {pos} of {stored:?} on osd.{d}: {e}");
+                    unanswered.push(pos);
+                    None
                 }
             };
             stray_states.push((pos, state));
@@ -1178,6 +1146,33 @@ impl Osd {
                 .await?;
         }
         Ok(bytes)
+    }
+
+    /// The state of slot `stored` in copy `copy` on `osd` (this daemon's store, or pulled);
+    /// Err when that copy cannot say (unreachable, or unreadable).
+    async fn shard_state(
+        &self,
+        epoch: u64,
+        copy: PgId,
+        osd: u32,
+        stored: &str,
+    ) -> Result<ShardState, String> {
+        if osd != self.inner.id {
+            return Ok(self
+                .pull(osd, epoch, copy, stored)
+                .await?
+                .map(|(data, v)| (data, ver(v))));
+        }
+        let Some(meta) = self.inner.store.stat(copy, stored) else {
+            return Ok(None);
+        };
+        let data = self
+            .inner
+            .store
+            .read(copy, stored, 0, meta.size_bytes)
+            .await
+            .map_err(|e| format!("reading my shard {stored:?}: {e}"))?;
+        Ok(Some((data, ver(meta.version))))
     }
 
     async fn push_shard(
