@@ -521,12 +521,18 @@ impl<B: ObjectBackend> Scheduler<B> {
             let union_end = b.end.max(end);
             let touches = offset <= b.end && b.start <= end;
             if b.dir == dir && dir != Dir::Zero && touches && union_end - union_start <= max {
-                if dir == Dir::Write {
-                    if union_start != b.start || union_end != b.end {
+                if dir == Dir::Write && offset == b.end {
+                    // Appending (sequential writes): grow in place (amortised doubling)
+                    // instead of copying the whole batch on every merge.
+                    b.data.extend_from_slice(&data);
+                } else if dir == Dir::Write {
+                    if union_start != b.start {
                         let mut merged = vec![0u8; (union_end - union_start) as usize];
                         let at = (b.start - union_start) as usize;
                         merged[at..at + b.data.len()].copy_from_slice(&b.data);
                         b.data = merged;
+                    } else if union_end != b.end {
+                        b.data.resize((union_end - union_start) as usize, 0);
                     }
                     let at = (offset - union_start) as usize;
                     b.data[at..at + data.len()].copy_from_slice(&data);

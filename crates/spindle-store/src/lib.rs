@@ -2,7 +2,7 @@
 //!
 //! Objects live in placement groups (`PgId`). Every change is a transaction that is first
 //! appended to a checksummed write-ahead journal, many transactions per flush (group
-//! commit: one O_DIRECT + O_DSYNC write per batch, through `spindle_io::Engine`), then applied
+//! commit: one O_DIRECT + O_DSYNC write per batch, on the worker thread), then applied
 //! to per-object data files (page cache) and to the in-memory metadata, and only then
 //! acknowledged. Small objects (`StoreConfig::inline_max_bytes`) have no data file: they
 //! are kept in memory after their journal write and stored in the redb database at the next

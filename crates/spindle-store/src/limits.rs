@@ -13,12 +13,6 @@ pub const MUTATION_BYTES_MAX: usize = 1 << 30;
 pub const BATCH_BYTES_MAX: usize = 64 << 20;
 /// Transactions per journal batch.
 pub const BATCH_TXNS_MAX: usize = 8192;
-/// Journal batch writes outstanding at once. 1 = the next batch forms while the current one
-/// is being written, so each flush carries everything that arrived meanwhile. Measured with
-/// `spindle bench objects` (3 replicas, 16 in flight, 4 KiB new objects, this 2-vCPU VM):
-/// 1 -> 6,100 writes/s at 190 us daemon CPU each; 4 -> 4,300 writes/s at 280 us (more,
-/// smaller flushes, each a virtio doorbell and a FUA).
-pub const JOURNAL_WRITES_IN_FLIGHT_MAX: usize = 1;
 /// Alignment (and padding unit) of journal batches: O_DIRECT block size.
 pub const JOURNAL_ALIGN: usize = 4096;
 /// The journal is pre-written with zeros this far ahead of the write position.

@@ -107,6 +107,10 @@ pub struct StoreStats {
     pub journal_bytes: u64,
     pub checkpoints: u64,
     pub corruptions_detected: u64,
+    /// Reads of data files served from the page cache on the caller's thread.
+    pub file_reads_cached: u64,
+    /// Reads of data files that needed the disk (through the I/O engine).
+    pub file_reads_engine: u64,
     pub objects: u64,
     pub data_bytes: u64,
 }
