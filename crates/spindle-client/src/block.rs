@@ -6,7 +6,8 @@
 //!        |                       |
 //!     Cache (LRU, write-through, extents)   <- reads are served here when possible
 //!        |  misses: whole extents; writes: per-object pieces
-//!     Scheduler (per-object batches held <= min(EWMA latency / 2, hold_us_max))
+//!     Scheduler (per-object batches held <= min(EWMA latency / 2, hold_us_max);
+//!                sequential writes <= min(EWMA latency, sequential_hold_us_max))
 //!        |  one object operation per batch
 //!     Image -> ObjectBackend (cluster)
 //! ```
@@ -42,7 +43,12 @@
 //!    `min(EWMA of object-op latency / 2, hold_us_max)`, so no request waits longer than
 //!    the bound), when it reaches `coalesce_bytes_max`, on a conflicting request (rule 2)
 //!    and on `flush`. With a hold of zero (disabled, or no latency observed yet) a
-//!    request is dispatched inside `submit`.
+//!    request is dispatched inside `submit`. A write batch that continues a sequential
+//!    stream (it starts where the previous write ended) is held up to one mean latency,
+//!    capped by `sequential_hold_us_max` (50 ms), so that it can grow to a whole object,
+//!    which the daemons write once instead of through their journal; when nothing is
+//!    running any more, held batches wait at most `hold_us_max` longer. (Sequential 512 KiB
+//!    writes at queue depth 16: batches of 8 requests = whole 4 MiB objects.)
 //! 4. A dispatched batch first waits for every earlier-dispatched, still-running batch of
 //!    the same object whose range overlaps and where either is a write. Dispatch order
 //!    per object equals submission order of the batches, so overlapping writes are never
@@ -69,6 +75,8 @@ pub const CACHE_GENERATION_SLOTS: usize = 4096;
 pub const COALESCE_BYTES_MAX_DEFAULT: u64 = 4 << 20;
 /// Default cap of the hold (protects against a latency spike inflating the EWMA).
 pub const HOLD_US_MAX_DEFAULT: u64 = 2000;
+/// Default cap of the hold of a batch that continues a sequential write stream.
+pub const SEQUENTIAL_HOLD_US_MAX_DEFAULT: u64 = 50_000;
 /// EWMA weight of a new latency sample is 1 / 2^this.
 const EWMA_SHIFT: u32 = 3;
 /// Longest backend read one cache-miss run turns into.
@@ -111,6 +119,12 @@ pub struct BlockConfig {
     pub coalesce_bytes_max: u64,
     /// Upper bound of the hold in microseconds.
     pub hold_us_max: u64,
+    /// Upper bound of the hold of a write batch that continues a sequential stream (it
+    /// starts where the previous write ended). Such a batch is held up to one mean
+    /// latency (not half), so that it can grow to a whole object: the daemons write a
+    /// whole object once, straight to a fresh file, while a partial write goes through
+    /// their journal and is written twice. 0 = same as `hold_us_max`.
+    pub sequential_hold_us_max: u64,
     /// Hold only when it can pay: not for a lone request (queue depth 1), and only on
     /// occasional probes while held batches rarely attract neighbours. false = DeLiBA's
     /// plain rule (always hold min(mean latency / 2, `hold_us_max`)).
@@ -125,6 +139,7 @@ impl Default for BlockConfig {
             coalesce_enabled: true,
             coalesce_bytes_max: COALESCE_BYTES_MAX_DEFAULT,
             hold_us_max: HOLD_US_MAX_DEFAULT,
+            sequential_hold_us_max: SEQUENTIAL_HOLD_US_MAX_DEFAULT,
             adaptive_hold: true,
         }
     }
@@ -430,6 +445,8 @@ struct SchedState {
     delay_total_us: u64,
     /// How often a held batch attracted a neighbour (EWMA, fixed point of 2^16).
     merge_rate_ewma: u32,
+    /// Image offset where the last write request ended (sequential-stream detection).
+    write_end: Option<u64>,
 }
 
 /// Fixed-point 1.0 of `merge_rate_ewma`.
@@ -466,14 +483,32 @@ impl<B: ObjectBackend> Scheduler<B> {
     /// for a lone request (queue depth 1: no neighbour can arrive while it waits), and
     /// mostly none while held batches rarely attract neighbours (random I/O), with a probe
     /// every `HOLD_PROBE_EVERY` requests so sequential phases turn it back on.
-    fn hold(&self, s: &SchedState) -> Duration {
+    ///
+    /// A write that continues a sequential stream is held up to one mean latency (capped by
+    /// `sequential_hold_us_max`) instead of half: while the earlier batches run, the
+    /// client's next requests of the stream arrive and the batch grows towards a whole
+    /// object. When nothing is running any more, held batches wait at most
+    /// `hold_us_max` longer (time for the client to react to the last completion; after
+    /// that no neighbour can come), so a stream whose queue depth cannot fill an object
+    /// is not held for a whole latency.
+    fn hold(&self, s: &SchedState, sequential_write: bool) -> Duration {
         if self.config.adaptive_hold {
             if !s.busy() {
                 return Duration::ZERO;
             }
-            if s.merge_rate_ewma < MERGE_RATE_MIN && !s.requests.is_multiple_of(HOLD_PROBE_EVERY) {
+            if !sequential_write
+                && s.merge_rate_ewma < MERGE_RATE_MIN
+                && !s.requests.is_multiple_of(HOLD_PROBE_EVERY)
+            {
                 return Duration::ZERO;
             }
+        }
+        if sequential_write && self.config.coalesce_enabled {
+            let cap = match self.config.sequential_hold_us_max {
+                0 => self.config.hold_us_max,
+                cap => cap,
+            };
+            return Duration::from_micros(s.latency_ewma_us.min(cap));
         }
         self.hold_bound(s)
     }
@@ -513,7 +548,11 @@ impl<B: ObjectBackend> Scheduler<B> {
         };
         let mut s = lock(&self.state);
         s.requests += 1;
-        let hold = self.hold(&s);
+        let sequential_write = dir == Dir::Write && s.write_end == Some(offset);
+        if dir == Dir::Write {
+            s.write_end = Some(offset + len);
+        }
+        let hold = self.hold(&s, sequential_write);
         let max = self.config.coalesce_bytes_max;
         let end = offset + len;
         if let Some(b) = s.open.get_mut(&object) {
@@ -574,21 +613,26 @@ impl<B: ObjectBackend> Scheduler<B> {
             let mut batch = batch;
             batch.held = true;
             s.open.insert(object, batch);
-            let this = self.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(hold).await;
-                let mut s = lock(&this.state);
-                if s.open.get(&object).is_some_and(|b| b.id == id) {
-                    if let Some(b) = s.open.remove(&object) {
-                        if b.waiters.len() == 1 {
-                            s.record_merge(false);
-                        }
-                        this.dispatch(&mut s, b);
-                    }
-                }
-            });
+            self.arm_hold(object, id, hold);
         }
         rx
+    }
+
+    /// Dispatches the open batch `id` of `object` after `hold`, unless it went earlier.
+    fn arm_hold(self: &Arc<Self>, object: u64, id: u64, hold: Duration) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(hold).await;
+            let mut s = lock(&this.state);
+            if s.open.get(&object).is_some_and(|b| b.id == id) {
+                if let Some(b) = s.open.remove(&object) {
+                    if b.waiters.len() == 1 {
+                        s.record_merge(false);
+                    }
+                    this.dispatch(&mut s, b);
+                }
+            }
+        });
     }
 
     /// Issues `batch` (after the conflicting running batches of its object).
@@ -659,6 +703,16 @@ impl<B: ObjectBackend> Scheduler<B> {
                     v.retain(|r| r.id != batch.id);
                     if v.is_empty() {
                         s.running.remove(&batch.object);
+                    }
+                }
+                // Nothing running any more: once the client has reacted to this last
+                // completion no neighbour can arrive (it may be waiting for the held
+                // replies), so held batches wait at most the short hold from now.
+                if s.running.is_empty() && !s.open.is_empty() {
+                    let short = Duration::from_micros(this.config.hold_us_max);
+                    let open: Vec<(u64, u64)> = s.open.iter().map(|(o, b)| (*o, b.id)).collect();
+                    for (object, id) in open {
+                        this.arm_hold(object, id, short);
                     }
                 }
             }

@@ -947,7 +947,10 @@ mod memory {
     #[derive(Clone, Debug, Default, PartialEq, Eq)]
     pub struct MemoryOpCounts {
         pub reads: u64,
+        /// Writes of every kind (partial and whole-object).
         pub writes: u64,
+        /// Whole-object writes (`write_full_object`).
+        pub write_fulls: u64,
         pub truncates: u64,
         pub deletes: u64,
         pub stats: u64,
@@ -1095,6 +1098,7 @@ mod memory {
         ) -> Result<(), ClientError> {
             self.around(|s| {
                 s.counts.writes += 1;
+                s.counts.write_fulls += 1;
                 s.objects.insert(key(pool, name), data);
                 Ok(())
             })
