@@ -37,6 +37,7 @@ pub(crate) struct Counters {
     pub corruptions: AtomicU64,
     pub file_reads_cached: AtomicU64,
     pub file_reads_engine: AtomicU64,
+    pub files_reused: AtomicU64,
 }
 
 /// State shared by the handle, readers and the worker thread.
@@ -497,6 +498,7 @@ impl Store {
             corruptions_detected: c.corruptions.load(Relaxed),
             file_reads_cached: c.file_reads_cached.load(Relaxed),
             file_reads_engine: c.file_reads_engine.load(Relaxed),
+            files_reused: c.files_reused.load(Relaxed),
             objects,
             data_bytes,
         }

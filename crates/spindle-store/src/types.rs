@@ -111,6 +111,8 @@ pub struct StoreStats {
     pub file_reads_cached: u64,
     /// Reads of data files that needed the disk (through the I/O engine).
     pub file_reads_engine: u64,
+    /// Direct whole-object writes that overwrote a freed data file in place.
+    pub files_reused: u64,
     pub objects: u64,
     pub data_bytes: u64,
 }

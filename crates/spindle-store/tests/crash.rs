@@ -51,7 +51,14 @@ fn txn(i: u64) -> (PgId, String, Version, Mutation) {
     let m = match rng.gen_range(0..10) {
         0..=2 => {
             let len = if rng.gen_range(0..20) == 0 {
-                300_000
+                // Large: written directly to a data file. A block-aligned size makes the
+                // file reusable in place once freed (overwritten by a later direct write
+                // of the same size, after a checkpoint), an unaligned one does not.
+                if rng.gen_bool(0.5) {
+                    294_912
+                } else {
+                    300_000
+                }
             } else {
                 rng.gen_range(0..20_000)
             };

@@ -83,6 +83,20 @@ fn file_count(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir.join("objects")).unwrap().count()
 }
 
+/// Data files in the store directory once the unlink thread has caught up: replaced and
+/// deleted objects' files are removed off the commit path, shortly after the ack. Waits
+/// (up to 10 s) for the count to reach `expected`, then returns the count.
+fn settled_file_count(dir: &std::path::Path, expected: usize) -> usize {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let n = file_count(dir);
+        if n == expected || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
@@ -152,7 +166,7 @@ proptest! {
         // inline objects exactly one.
         let objects: usize = model.pgs.values().map(|p| p.objects.len()).sum();
         if inline == 0 && inline2 == 0 {
-            prop_assert_eq!(file_count(&dir), objects);
+            prop_assert_eq!(settled_file_count(&dir, objects), objects);
         } else {
             prop_assert!(file_count(&dir) <= objects);
         }
@@ -227,7 +241,11 @@ fn inline_transitions() {
             model.apply(pg, obj, v, m);
             store.apply(pg, obj, v, m.clone()).wait().unwrap();
             if round == 0 {
-                assert_eq!(file_count(&dir), *files, "after {obj} {m:?}");
+                assert_eq!(
+                    settled_file_count(&dir, *files),
+                    *files,
+                    "after {obj} {m:?}"
+                );
             }
             assert_matches(&store, &model, &rt);
         }
