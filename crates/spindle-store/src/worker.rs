@@ -440,8 +440,9 @@ impl Worker {
         }
     }
 
-    /// Validates a batch (against the state plus the in-flight batches, `ov`), writes its
-    /// direct payloads and submits its journal write. `None` if nothing is left to journal.
+    /// Validates a batch (against the state plus the batch's earlier transactions, `ov`),
+    /// writes its direct payloads and its journal record. `None` if nothing is left to
+    /// journal.
     fn submit_batch(&mut self, batch: Vec<Txn>, ov: &mut Overlay) -> Option<Committed> {
         if let Some(f) = &self.failed {
             for t in batch {
@@ -1542,7 +1543,7 @@ struct Committed {
     waiters: Vec<CommitTx>,
 }
 
-/// Effects of validated transactions (of all in-flight batches) not applied yet.
+/// Effects of the batch's validated transactions, not applied yet.
 #[derive(Default)]
 struct Overlay {
     last: HashMap<PgId, Version>,
