@@ -644,7 +644,7 @@ impl<B: ObjectBackend> Scheduler<B> {
     }
 
     /// Issues `batch` (after the conflicting running batches of its object).
-    fn dispatch(self: &Arc<Self>, s: &mut SchedState, batch: Batch) {
+    fn dispatch(self: &Arc<Self>, s: &mut SchedState, mut batch: Batch) {
         let now = Instant::now();
         let conflicts = |r: &Running| {
             overlaps(r.start, r.end, batch.start, batch.end)
@@ -690,7 +690,7 @@ impl<B: ObjectBackend> Scheduler<B> {
                 Dir::Read => this.image.read(batch.start, len).await,
                 Dir::Write => this
                     .image
-                    .write(batch.start, &batch.data)
+                    .write_owned(batch.start, std::mem::take(&mut batch.data))
                     .await
                     .map(|()| Vec::new()),
                 Dir::Zero => this

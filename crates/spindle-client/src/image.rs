@@ -690,8 +690,46 @@ impl<B: ObjectBackend> Image<B> {
     /// Writes `data` at `offset`; acknowledged when durable on every up replica.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<(), ImageError> {
         let h = self.check_range(offset, data.len() as u64)?;
-        let ticket = self.writes.begin();
         let pieces = chunks(offset, data.len() as u64, h.object_size_bytes, h.size_bytes);
+        if pieces.len() == 1 {
+            return self.write_owned(offset, data.to_vec()).await;
+        }
+        self.write_pieces(&h, &pieces, data).await
+    }
+
+    /// [`Image::write`] taking the buffer: a write inside one object (every batch of the
+    /// block layer) sends it without copying.
+    pub async fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<(), ImageError> {
+        let h = self.check_range(offset, data.len() as u64)?;
+        let pieces = chunks(offset, data.len() as u64, h.object_size_bytes, h.size_bytes);
+        if let [c] = pieces.as_slice() {
+            let ticket = self.writes.begin();
+            let object = data_object_name(&self.name, c.object_index);
+            let whole_object = c.offset == 0 && data.len() as u64 == h.object_size_bytes;
+            let r = if whole_object {
+                self.backend
+                    .write_full_object(&self.pool, &object, data)
+                    .await
+            } else {
+                self.backend
+                    .write_object(&self.pool, &object, c.offset, data)
+                    .await
+            };
+            drop(ticket);
+            return r.map_err(ImageError::Backend);
+        }
+        self.write_pieces(&h, &pieces, &data).await
+    }
+
+    /// Writes `data` (at the offset `pieces` were cut from) object piece by object piece,
+    /// in parallel.
+    async fn write_pieces(
+        &self,
+        h: &ImageHeader,
+        pieces: &[Chunk],
+        data: &[u8],
+    ) -> Result<(), ImageError> {
+        let ticket = self.writes.begin();
         let futures: Vec<_> = pieces
             .iter()
             .map(|c| {
