@@ -29,6 +29,7 @@
 //! preallocated; checked by the `no_alloc` test); every request completes exactly once;
 //! nothing is dropped when queues are full (submitters block).
 
+pub mod alloc;
 mod buf;
 mod engine;
 mod error;
@@ -43,6 +44,7 @@ mod stats;
 mod threads;
 mod uring;
 
+pub use alloc::PageAlignedLarge;
 pub use buf::IoBuf;
 pub use engine::{BackendChoice, BackendKind, Config, Engine, RingThreads};
 pub use error::{EngineError, SubmitError};

@@ -395,8 +395,25 @@ async fn read_request<R: AsyncRead + Unpin>(
         return Ok(Incoming::OversizedWrite(req));
     }
     // Bounded by max_request_bytes (<= 2^30) and by the in-flight permit count.
-    let mut buf = vec![0u8; req.length as usize];
-    rd.read_exact(&mut buf).await?;
+    // Read into spare capacity: zeroing the buffer first would be one more pass over
+    // every written byte.
+    let len = req.length as usize;
+    let mut buf = Vec::with_capacity(len);
+    while buf.len() < len {
+        let n = (&mut *rd)
+            .take((len - buf.len()) as u64)
+            .read_buf(&mut buf)
+            .await?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "stream ended inside a write payload ({} of {len} bytes)",
+                    buf.len()
+                ),
+            ));
+        }
+    }
     Ok(Incoming::Request(req, Some(buf)))
 }
 

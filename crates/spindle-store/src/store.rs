@@ -38,6 +38,7 @@ pub(crate) struct Counters {
     pub file_reads_cached: AtomicU64,
     pub file_reads_engine: AtomicU64,
     pub files_reused: AtomicU64,
+    pub direct_writes_adopted: AtomicU64,
 }
 
 /// State shared by the handle, readers and the worker thread.
@@ -499,6 +500,7 @@ impl Store {
             file_reads_cached: c.file_reads_cached.load(Relaxed),
             file_reads_engine: c.file_reads_engine.load(Relaxed),
             files_reused: c.files_reused.load(Relaxed),
+            direct_writes_adopted: c.direct_writes_adopted.load(Relaxed),
             objects,
             data_bytes,
         }

@@ -113,6 +113,9 @@ pub struct StoreStats {
     pub file_reads_engine: u64,
     /// Direct whole-object writes that overwrote a freed data file in place.
     pub files_reused: u64,
+    /// Direct whole-object writes made from the caller's buffer itself (it was already
+    /// page aligned), without an aligned copy.
+    pub direct_writes_adopted: u64,
     pub objects: u64,
     pub data_bytes: u64,
 }

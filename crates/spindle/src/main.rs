@@ -17,6 +17,11 @@ mod nbd_cmd;
 
 use clap::{Parser, Subcommand};
 
+/// Large blocks (network payloads, objects) start on a page boundary, so the storage
+/// daemons hand received payloads to O_DIRECT writes without an aligned copy.
+#[global_allocator]
+static ALLOCATOR: spindle_io::PageAlignedLarge = spindle_io::PageAlignedLarge;
+
 #[derive(Parser)]
 #[command(
     name = "spindle",

@@ -109,7 +109,7 @@ impl BlockDevice for ImageDevice {
     /// `fua` needs no extra work: a write completes only once durable on all up replicas.
     async fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> Result<(), DeviceError> {
         self.layer
-            .write(offset, &data)
+            .write_owned(offset, data)
             .await
             .map_err(|e| device_error(e, DeviceError::NoSpace))
     }
@@ -400,13 +400,15 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         let b = dev.layer().stats();
         eprintln!(
             "  {name}: cache hits {} misses {} evictions {}; scheduler: {} requests, {} merged \
-             into others, {} object operations, {} us added delay in total",
+             into others, {} object operations ({} whole-object writes), {} us added delay in \
+             total",
             b.cache_hits,
             b.cache_misses,
             b.cache_evictions,
             b.sched_requests,
             b.sched_merges,
             b.sched_backend_ops,
+            b.sched_whole_object_writes,
             b.sched_delay_total_us
         );
     }

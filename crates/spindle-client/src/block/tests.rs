@@ -538,6 +538,75 @@ async fn sequential_stream_batches_grow_to_whole_objects() {
     }
 }
 
+/// A sequential stream that goes idle between objects (the client sends one object's worth
+/// of requests, waits for all of them, sends the next): the first request of each round
+/// finds nothing running and is still held briefly, so every object is written whole, in
+/// one operation, and the batch goes as soon as it reaches the object's end.
+#[tokio::test]
+async fn idle_sequential_rounds_are_written_as_whole_objects() {
+    let latency_us = 20_000;
+    let backend = MemoryBackend::with_latency(latency_us, 0, 7);
+    let config = BlockConfig {
+        cache_capacity_bytes: 0,
+        ..BlockConfig::default()
+    };
+    let object = 4u64 << 20;
+    let (b, bl) = layer(backend, 8 * object, object, config).await;
+    let request = 512u64 << 10;
+    let per_object = object / request;
+    // Round 0 writes the last request of object 0, so that round 1 continues a stream.
+    bl.write(object - request, &pattern(99, request as usize))
+        .await
+        .unwrap();
+    let rounds = 6u64;
+    // Made up front: the requests of a round must arrive together, as fio's do.
+    let data: Vec<Vec<u8>> = (0..(rounds + 1) * per_object)
+        .map(|n| pattern(n, request as usize))
+        .collect();
+    let before = b.counts();
+    let started = Instant::now();
+    for round in 1..=rounds {
+        let writes: Vec<_> = (0..per_object)
+            .map(|i| {
+                let n = round * per_object + i;
+                let bl = bl.clone();
+                let data = data[n as usize].clone();
+                tokio::spawn(async move { bl.write_owned(n * request, data).await.unwrap() })
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap();
+        }
+    }
+    let elapsed = started.elapsed();
+    let s = bl.stats();
+    let counts = b.counts();
+    assert_eq!(s.sched_whole_object_writes, rounds, "{s:?}");
+    assert_eq!(
+        counts.write_fulls - before.write_fulls,
+        rounds,
+        "{counts:?}"
+    );
+    // No partial object writes (`writes` counts whole ones too).
+    assert_eq!(
+        counts.writes - counts.write_fulls,
+        before.writes - before.write_fulls,
+        "{counts:?}"
+    );
+    assert_eq!(s.sched_backend_ops, rounds + 1, "{s:?}");
+    // One backend latency per round plus the short idle hold, not a second latency for
+    // a split-off remainder or for a hold that waits for neighbours that cannot come.
+    let bound = Duration::from_micros(rounds * (latency_us + 3 * HOLD_US_MAX_DEFAULT + 5_000));
+    assert!(elapsed < bound, "{elapsed:?} >= {bound:?}");
+    for round in 1..=rounds {
+        for i in 0..per_object {
+            let n = round * per_object + i;
+            let got = bl.read(n * request, request).await.unwrap();
+            assert!(got == data[n as usize], "request {n}");
+        }
+    }
+}
+
 /// A sequential stream whose queue depth cannot fill an object is not held until the
 /// hold expires: when nothing is running, held batches go at once.
 #[tokio::test]
