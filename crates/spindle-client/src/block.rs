@@ -427,6 +427,8 @@ struct Batch {
     waiters: Vec<Waiter>,
     /// Was held open for merging (only then does its wait count as added delay).
     held: bool,
+    /// Held although nothing was running (a sequential write at an object's start).
+    idle_hold: bool,
 }
 
 struct Running {
@@ -451,9 +453,16 @@ struct SchedState {
     delay_total_us: u64,
     /// How often a held batch attracted a neighbour (EWMA, fixed point of 2^16).
     merge_rate_ewma: u32,
+    /// Idle holds in a row that no neighbour joined (a client that waits for each reply).
+    idle_hold_misses: u32,
     /// Image offset where the last write request ended (sequential-stream detection).
     write_end: Option<u64>,
 }
+
+/// After this many idle holds in a row that nothing joined, idle holds are only probes
+/// (every `HOLD_PROBE_EVERY`th request): a queue-depth-1 sequential writer gains nothing
+/// from them.
+const IDLE_HOLD_MISSES_MAX: u32 = 4;
 
 /// Fixed-point 1.0 of `merge_rate_ewma`.
 const MERGE_RATE_ONE: u32 = 1 << 16;
@@ -513,7 +522,14 @@ impl<B: ObjectBackend> Scheduler<B> {
         }
         if self.config.adaptive_hold {
             if !s.busy() {
-                if sequential_write && object_start && self.config.coalesce_enabled {
+                // A sequential write at an object's start with nothing running: the client
+                // may be about to send the rest of the object (fio at queue depth 16 sends
+                // a whole object's requests at once after each round of replies). A short
+                // hold lets them join, so the object is written whole (no journal)
+                // instead of as a lone request plus a partial remainder.
+                let probe = s.idle_hold_misses < IDLE_HOLD_MISSES_MAX
+                    || s.requests.is_multiple_of(HOLD_PROBE_EVERY);
+                if sequential_write && object_start && self.config.coalesce_enabled && probe {
                     return Duration::from_micros(self.config.hold_us_max);
                 }
                 return Duration::ZERO;
@@ -607,6 +623,7 @@ impl<B: ObjectBackend> Scheduler<B> {
                 b.start = union_start;
                 b.end = union_end;
                 b.waiters.push(waiter);
+                let joined_idle_hold = b.idle_hold;
                 debug_assert!(dir != Dir::Write || b.data.len() as u64 == b.end - b.start);
                 // An append that reaches the object's end cannot be followed by another
                 // append: nothing more will join this batch.
@@ -614,6 +631,9 @@ impl<B: ObjectBackend> Scheduler<B> {
                     b.end - b.start >= max || (appended && b.end.is_multiple_of(object_size_bytes));
                 s.merges += 1;
                 s.record_merge(true);
+                if joined_idle_hold {
+                    s.idle_hold_misses = 0;
+                }
                 if full {
                     if let Some(b) = s.open.remove(&object) {
                         self.dispatch(&mut s, b);
@@ -637,6 +657,7 @@ impl<B: ObjectBackend> Scheduler<B> {
             data,
             waiters: vec![waiter],
             held: false,
+            idle_hold: false,
         };
         let ends_stream_object = sequential_write && end.is_multiple_of(object_size_bytes);
         if hold.is_zero() || dir == Dir::Zero || len >= max || ends_stream_object {
@@ -650,6 +671,7 @@ impl<B: ObjectBackend> Scheduler<B> {
                 batch.data.reserve_exact((room - len) as usize);
             }
             batch.held = true;
+            batch.idle_hold = !s.busy();
             s.open.insert(object, batch);
             self.arm_hold(object, id, hold);
         }
@@ -666,6 +688,9 @@ impl<B: ObjectBackend> Scheduler<B> {
                 if let Some(b) = s.open.remove(&object) {
                     if b.waiters.len() == 1 {
                         s.record_merge(false);
+                        if b.idle_hold {
+                            s.idle_hold_misses = s.idle_hold_misses.saturating_add(1);
+                        }
                     }
                     this.dispatch(&mut s, b);
                 }

@@ -607,6 +607,32 @@ async fn idle_sequential_rounds_are_written_as_whole_objects() {
     }
 }
 
+/// A sequential writer at queue depth 1 gains nothing from the idle hold (no neighbour can
+/// arrive while it waits for its reply): after a few such holds they stop, except for
+/// rare probes.
+#[tokio::test]
+async fn idle_hold_stops_for_a_queue_depth_one_writer() {
+    let backend = MemoryBackend::with_latency(2_000, 0, 8);
+    let config = BlockConfig {
+        cache_capacity_bytes: 0,
+        ..BlockConfig::default()
+    };
+    let object = 1u64 << 20;
+    let (_b, bl) = layer(backend, 64 * object, object, config).await;
+    let request = 256u64 << 10;
+    let requests = 64 * object / request;
+    for n in 0..requests {
+        bl.write(n * request, &[n as u8; 256 << 10]).await.unwrap();
+    }
+    let s = bl.stats();
+    // 64 object starts; at most IDLE_HOLD_MISSES_MAX holds plus one probe per
+    // HOLD_PROBE_EVERY requests, each up to a hold (plus timer slack).
+    let holds = u64::from(IDLE_HOLD_MISSES_MAX) + requests / HOLD_PROBE_EVERY + 1;
+    let bound = holds * (HOLD_US_MAX_DEFAULT + 1_500);
+    assert!(s.sched_delay_total_us <= bound, "{s:?} bound {bound}");
+    assert_eq!(s.sched_merges, 0, "{s:?}");
+}
+
 /// A sequential stream whose queue depth cannot fill an object is not held until the
 /// hold expires: when nothing is running, held batches go at once.
 #[tokio::test]
