@@ -855,9 +855,12 @@ impl Osd {
                 return;
             }
         }
+        // Block checksums of the frame's bulk bytes: for a whole-object write the bulk is
+        // the object, and the store keeps them instead of checksumming it again.
+        let block_crcs = inc.bulk_block_crcs;
         match inc.msg {
             Msg::ObjRequest { pool, pg, name, op } => {
-                self.client_op(&ms, rid, pool, pg, name, op, reply)
+                self.client_op(&ms, rid, pool, pg, name, op, block_crcs, reply)
             }
             Msg::RepWrite {
                 pool,
@@ -906,11 +909,12 @@ impl Osd {
                 mutation,
             } => {
                 let guard = self.inflight_begin(PgId { pool, pg });
-                let commit = self.inner.store.apply(
+                let commit = self.inner.store.apply_with_block_crcs(
                     PgId { pool, pg },
                     &name,
                     version(v),
                     to_store_mutation(mutation),
+                    block_crcs,
                 );
                 tokio::spawn(async move {
                     let committed = commit.await;
@@ -1109,6 +1113,7 @@ impl Osd {
         pg: u32,
         name: String,
         op: ObjOp,
+        block_crcs: Vec<u32>,
         reply: Replier,
     ) {
         let epoch = ms.map.epoch;
@@ -1179,7 +1184,7 @@ impl Osd {
                     reply.send(rid, epoch, &Msg::error(ErrorCode::Again, e));
                     return;
                 }
-                osd.client_op(&ms, rid, pool, pg, name, op, reply);
+                osd.client_op(&ms, rid, pool, pg, name, op, block_crcs, reply);
             });
             return;
         }
@@ -1202,7 +1207,7 @@ impl Osd {
                 };
                 match conns {
                     Some(conns) => {
-                        let started = self.start_write(epoch, pgid, &name, m, &conns);
+                        let started = self.start_write(epoch, pgid, &name, m, block_crcs, &conns);
                         tokio::spawn(async move {
                             let msg = osd.finish_write(started).await;
                             reply.send(rid, epoch, &msg);
@@ -1220,7 +1225,8 @@ impl Osd {
                                     }
                                 }
                             }
-                            let started = osd.start_write(epoch, pgid, &name, m, &conns);
+                            let started =
+                                osd.start_write(epoch, pgid, &name, m, block_crcs, &conns);
                             let msg = osd.finish_write(started).await;
                             reply.send(rid, epoch, &msg);
                         });
@@ -1285,6 +1291,7 @@ impl Osd {
         pgid: PgId,
         name: &str,
         m: WireMutation,
+        block_crcs: Vec<u32>,
         conns: &[Arc<RpcConn>],
     ) -> Result<StartedWrite, Msg> {
         if matches!(m, WireMutation::Delete) && self.inner.store.stat(pgid, name).is_none() {
@@ -1337,10 +1344,13 @@ impl Osd {
         }
         st.last = v;
         let inflight = self.inflight_begin(pgid);
-        let commit = self
-            .inner
-            .store
-            .apply(pgid, name, version(v), to_store_mutation(m));
+        let commit = self.inner.store.apply_with_block_crcs(
+            pgid,
+            name,
+            version(v),
+            to_store_mutation(m),
+            block_crcs,
+        );
         drop(pgs);
         Ok(StartedWrite {
             version: v,

@@ -50,6 +50,9 @@ pub struct Incoming {
     pub request_id: u64,
     pub epoch: u64,
     pub msg: Msg,
+    /// CRC32C of each 4 KiB block of the frame's bulk bytes (see
+    /// [`RawFrame::bulk_block_crcs`]); empty for small bulks.
+    pub bulk_block_crcs: Vec<u32>,
 }
 
 /// Reads one frame and decodes its message. `Ok(None)` on a clean end of stream between
@@ -57,12 +60,14 @@ pub struct Incoming {
 pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Incoming>, NetError> {
     match read_frame_raw(r).await? {
         None => Ok(None),
-        Some(f) => {
+        Some(mut f) => {
             let (request_id, epoch) = (f.request_id, f.epoch);
+            let bulk_block_crcs = std::mem::take(&mut f.bulk_block_crcs);
             Ok(Some(Incoming {
                 request_id,
                 epoch,
                 msg: f.decode()?,
+                bulk_block_crcs,
             }))
         }
     }
@@ -78,7 +83,17 @@ pub struct RawFrame {
     bulk_claim: u32,
     pub bulk: Vec<u8>,
     pub fields: Vec<u8>,
+    /// CRC32C of each [`BULK_BLOCK_BYTES`] block of `bulk` when it is at least
+    /// [`BULK_BLOCK_CRCS_BYTES_MIN`] long (else empty): computed in the pass that verifies
+    /// the frame checksum (which is combined from them), so a store can keep them as its
+    /// block checksums instead of reading the bytes again.
+    pub bulk_block_crcs: Vec<u32>,
 }
+
+/// Block size of [`RawFrame::bulk_block_crcs`].
+pub const BULK_BLOCK_BYTES: usize = spindle_ec::crc32c::CRC_BLOCK_BYTES;
+/// Bulks at least this long get block checksums (object payloads the daemons write whole).
+pub const BULK_BLOCK_CRCS_BYTES_MIN: usize = 64 << 10;
 
 impl RawFrame {
     /// Decodes the message (taking the bulk bytes without copying them).
@@ -137,6 +152,7 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Ra
     }
     let h = parse_header(&header, PAYLOAD_LEN_MAX_DEFAULT)?;
     let len = h.payload_len as usize;
+    let mut block_crcs = Vec::new();
     let (bulk_claim, bulk, fields, crc) = if len < 4 {
         let fields = read_vec(r, len, "payload").await?;
         let crc = spindle_ec::crc32c::crc32c(&fields);
@@ -152,7 +168,12 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Ra
         let bulk = read_vec(r, bulk_len, "payload").await?;
         let fields = read_vec(r, len - 4 - bulk_len, "payload").await?;
         let crc = spindle_ec::crc32c::crc32c(&prefix);
-        let crc = spindle_ec::crc32c::crc32c_append(crc, &bulk);
+        let crc = if bulk.len() >= BULK_BLOCK_CRCS_BYTES_MIN {
+            let bulk_crc = spindle_ec::crc32c::crc32c_blocks(&bulk, &mut block_crcs);
+            spindle_ec::crc32c::crc32c_combine(crc, bulk_crc, bulk.len())
+        } else {
+            spindle_ec::crc32c::crc32c_append(crc, &bulk)
+        };
         let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
         (claim, bulk, fields, crc)
     };
@@ -170,6 +191,7 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Ra
         bulk_claim,
         bulk,
         fields,
+        bulk_block_crcs: block_crcs,
     }))
 }
 
@@ -548,12 +570,15 @@ where
             Ok(None) => break,
             Ok(Some(frame)) => {
                 let (kind, request_id, frame_epoch) = (frame.kind, frame.request_id, frame.epoch);
+                let mut frame = frame;
+                let bulk_block_crcs = std::mem::take(&mut frame.bulk_block_crcs);
                 match frame.decode() {
                     Ok(msg) => dispatch(
                         Incoming {
                             request_id,
                             epoch: frame_epoch,
                             msg,
+                            bulk_block_crcs,
                         },
                         Replier {
                             tx: replier.tx.clone(),

@@ -232,6 +232,46 @@ async fn the_split_reader_matches_the_copying_decoder() {
     writer.await.unwrap();
 }
 
+/// A large bulk arrives with the CRC32C of each 4 KiB block, computed in the pass that
+/// verifies the frame (its checksum is combined from them): a flipped bulk byte still
+/// fails the frame, and small bulks get none.
+#[tokio::test]
+async fn large_bulks_arrive_with_block_checksums() {
+    use spindle_proto::net::{read_msg, BULK_BLOCK_BYTES, BULK_BLOCK_CRCS_BYTES_MIN};
+    let data: Vec<u8> = (0..(300_000u32)).map(|i| (i * 31 + 7) as u8).collect();
+    let big = Msg::ObjRequest {
+        pool: 1,
+        pg: 2,
+        name: "o".into(),
+        op: ObjOp::Mutate(Mutation::WriteFull(data.clone())),
+    };
+    let small = Msg::ObjRequest {
+        pool: 1,
+        pg: 2,
+        name: "o".into(),
+        op: ObjOp::Mutate(Mutation::WriteFull(vec![3; BULK_BLOCK_CRCS_BYTES_MIN - 1])),
+    };
+    let frame = spindle_proto::net::frame_bytes(9, 1, &big);
+    let mut both = frame.clone();
+    both.extend_from_slice(&spindle_proto::net::frame_bytes(10, 1, &small));
+    let mut r = &both[..];
+    let inc = read_msg(&mut r).await.unwrap().unwrap();
+    assert_eq!(inc.msg, big);
+    let expected: Vec<u32> = data
+        .chunks(BULK_BLOCK_BYTES)
+        .map(spindle_ec::crc32c::crc32c)
+        .collect();
+    assert_eq!(inc.bulk_block_crcs, expected);
+    let inc = read_msg(&mut r).await.unwrap().unwrap();
+    assert_eq!(inc.msg, small);
+    assert!(inc.bulk_block_crcs.is_empty());
+    // One bad byte in the middle of the bulk: the frame is refused.
+    let mut bad = frame.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 1;
+    assert!(read_msg(&mut &bad[..]).await.is_err());
+}
+
 #[tokio::test]
 async fn rpc_round_trip_over_tcp_with_shared_bodies() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

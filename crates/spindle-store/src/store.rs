@@ -200,6 +200,21 @@ impl Store {
     /// the PG's last_version. Transactions are applied in call order; `version` must be
     /// newer than the PG's last_version (else `VersionNotNewer`).
     pub fn apply(&self, pg: PgId, name: &str, version: Version, mutation: Mutation) -> Commit {
+        self.apply_with_block_crcs(pg, name, version, mutation, Vec::new())
+    }
+
+    /// [`Store::apply`] with the CRC32C of each `BLOCK_BYTES` block of a `WriteFull`'s
+    /// data, computed by the caller from the same buffer (e.g. while verifying the network
+    /// frame it arrived in), so that the store does not read the bytes once more. A list
+    /// of the wrong length is ignored (the store computes them).
+    pub fn apply_with_block_crcs(
+        &self,
+        pg: PgId,
+        name: &str,
+        version: Version,
+        mutation: Mutation,
+        block_crcs: Vec<u32>,
+    ) -> Commit {
         if let Err(e) = check_name(name).and_then(|_| check_mutation(&mutation)) {
             return Commit::ready(Err(e));
         }
@@ -208,6 +223,7 @@ impl Store {
             name: name.to_string(),
             version,
             mutation,
+            block_crcs,
         })
     }
 

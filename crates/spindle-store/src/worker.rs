@@ -39,6 +39,9 @@ pub(crate) enum TxnKind {
         name: String,
         version: Version,
         mutation: Mutation,
+        /// CRC32C of each block of a `WriteFull`'s data, computed by the caller from the
+        /// same buffer (empty: the store computes them).
+        block_crcs: Vec<u32>,
     },
     Recover {
         pg: PgId,
@@ -582,6 +585,7 @@ impl Worker {
                 name,
                 version,
                 mutation,
+                block_crcs,
             } => {
                 let have = match ov.last.get(&pg) {
                     Some(v) => *v,
@@ -606,10 +610,14 @@ impl Worker {
                         let (file_id, reuse) = self.direct_target(size);
                         ov.objects.insert((pg, name.clone()), Some((file_id, size)));
                         if let Mutation::WriteFull(data) = mutation {
+                            let block_crcs = (block_crcs.len() as u64
+                                == block_count(data.len() as u64))
+                            .then_some(block_crcs);
                             self.direct.push(DirectWrite {
                                 file_id,
                                 data,
                                 reuse,
+                                block_crcs,
                             });
                         }
                         return Ok(Record::ApplyDirect {
@@ -669,6 +677,7 @@ impl Worker {
                             file_id,
                             data,
                             reuse,
+                            block_crcs: None,
                         });
                         return Ok(Record::RecoverDirect {
                             pg,
@@ -734,6 +743,7 @@ impl Worker {
             file_id,
             data,
             reuse,
+            block_crcs,
         } in direct
         {
             let path = self.sh.file_path(file_id);
@@ -751,30 +761,43 @@ impl Worker {
                 None => open_direct(&path)?,
             });
             let size_bytes = data.len() as u64;
-            let mut crcs = Vec::with_capacity(data.len().div_ceil(BLOCK_BYTES as usize));
-            let buf = if (data.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
-                && data.len().is_multiple_of(JOURNAL_ALIGN)
-            {
-                // Already O_DIRECT-ready (the daemon's allocator page-aligns large
-                // blocks, and received payloads are allocated at their exact size):
-                // checksum the blocks and write the buffer itself.
-                crcs.extend(
-                    data.chunks(BLOCK_BYTES as usize)
-                        .map(spindle_ec::crc32c::crc32c),
-                );
-                self.sh.counters.direct_writes_adopted.fetch_add(1, Relaxed);
-                IoBuf::from(data)
-            } else {
+            let aligned = (data.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
+                && data.len().is_multiple_of(JOURNAL_ALIGN);
+            let padded_len = data.len().next_multiple_of(JOURNAL_ALIGN);
+            let (buf, crcs) = match (aligned, block_crcs) {
+                // Already O_DIRECT-ready (the daemon's allocator page-aligns large blocks,
+                // and received payloads are allocated at their exact size): write the
+                // buffer itself, with the block checksums computed while the frame it came
+                // in was verified.
+                (true, Some(crcs)) => (IoBuf::from(data), crcs),
+                (true, None) => {
+                    let crcs = data
+                        .chunks(BLOCK_BYTES as usize)
+                        .map(spindle_ec::crc32c::crc32c)
+                        .collect();
+                    (IoBuf::from(data), crcs)
+                }
+                (false, Some(crcs)) => {
+                    (IoBuf::aligned_copy(&data, padded_len, JOURNAL_ALIGN), crcs)
+                }
                 // One pass over the data: copy into an aligned buffer and checksum each
                 // block.
-                IoBuf::aligned_copy_inspect(
-                    &data,
-                    data.len().next_multiple_of(JOURNAL_ALIGN),
-                    JOURNAL_ALIGN,
-                    BLOCK_BYTES as usize,
-                    |block| crcs.push(spindle_ec::crc32c::crc32c(block)),
-                )
+                (false, None) => {
+                    let mut crcs = Vec::with_capacity(data.len().div_ceil(BLOCK_BYTES as usize));
+                    let buf = IoBuf::aligned_copy_inspect(
+                        &data,
+                        padded_len,
+                        JOURNAL_ALIGN,
+                        BLOCK_BYTES as usize,
+                        |block| crcs.push(spindle_ec::crc32c::crc32c(block)),
+                    );
+                    (buf, crcs)
+                }
             };
+            if aligned {
+                self.sh.counters.direct_writes_adopted.fetch_add(1, Relaxed);
+            }
+            debug_assert_eq!(crcs.len() as u64, block_count(size_bytes));
             let req = self
                 .sh
                 .engine
@@ -1544,6 +1567,9 @@ struct DirectWrite {
     data: Vec<u8>,
     /// `file_id` is a reusable file of exactly `data.len()` bytes: overwrite it in place.
     reuse: bool,
+    /// Block CRCs the caller computed from `data` (see `TxnKind::Apply`), of the right
+    /// count; None: computed here.
+    block_crcs: Option<Vec<u32>>,
 }
 
 /// Most freed data files kept for reuse (each holds its disk space until reused or the

@@ -115,8 +115,8 @@ fn flipped_data_byte_is_detected() {
 }
 
 /// A large whole-object write whose buffer is page aligned is written from that buffer
-/// (no aligned copy); its block checksums are computed all the same, so a bad byte on disk
-/// is found. A buffer that is not (length not a multiple of 4 KiB) takes the copying path;
+/// (no aligned copy); its block checksums (given by the caller here) are kept, so a bad
+/// byte on disk is found. A buffer that is not (length not a multiple of 4 KiB) takes the copying path;
 /// both read back exactly, also after a restart.
 #[test]
 fn direct_writes_from_aligned_buffers_are_checked_like_copied_ones() {
@@ -127,13 +127,29 @@ fn direct_writes_from_aligned_buffers_are_checked_like_copied_ones() {
     let aligned: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 13 + 1) as u8).collect();
     assert_eq!(aligned.as_ptr() as usize % 4096, 0, "allocator");
     let odd: Vec<u8> = (0..300_001u32).map(|i| (i * 3) as u8).collect();
+    // Block checksums computed by the caller (as the daemon does while verifying the
+    // network frame) are kept; a list of the wrong length is ignored.
+    let mut crcs = Vec::new();
+    spindle_ec::crc32c::crc32c_blocks(&aligned, &mut crcs);
     store
-        .apply(PG, "aligned", v(1), Mutation::WriteFull(aligned.clone()))
+        .apply_with_block_crcs(
+            PG,
+            "aligned",
+            v(1),
+            Mutation::WriteFull(aligned.clone()),
+            crcs,
+        )
         .wait()
         .unwrap();
     assert_eq!(store.stats().direct_writes_adopted, 1);
     store
-        .apply(PG, "odd", v(2), Mutation::WriteFull(odd.clone()))
+        .apply_with_block_crcs(
+            PG,
+            "odd",
+            v(2),
+            Mutation::WriteFull(odd.clone()),
+            vec![1, 2],
+        )
         .wait()
         .unwrap();
     assert_eq!(

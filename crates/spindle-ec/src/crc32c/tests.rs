@@ -138,3 +138,35 @@ proptest! {
         prop_assert_eq!(crc32c_combine(crc32c(a), crc32c(b), b.len()), expected);
     }
 }
+
+#[test]
+fn block_crcs_and_their_combination_match_direct_computation() {
+    let data: Vec<u8> = (0..(1u32 << 20) + 4096 + 123)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    for len in [
+        0,
+        1,
+        4095,
+        4096,
+        4097,
+        8192,
+        3 * 4096 + 5,
+        1 << 20,
+        data.len(),
+    ] {
+        let mut blocks = Vec::new();
+        let whole = crc32c_blocks(&data[..len], &mut blocks);
+        assert_eq!(whole, crc32c(&data[..len]), "len {len}");
+        let expected: Vec<u32> = data[..len].chunks(CRC_BLOCK_BYTES).map(crc32c).collect();
+        assert_eq!(blocks, expected, "len {len}");
+    }
+}
+
+proptest! {
+    #[test]
+    fn table_shift_matches_combine(a in any::<u32>(), b in any::<u32>(), len in 0u64..100_000) {
+        let shift = Crc32cShift::new(len);
+        prop_assert_eq!(shift.combine(a, b), crc32c_combine(a, b, len as usize));
+    }
+}
