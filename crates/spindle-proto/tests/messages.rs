@@ -238,7 +238,7 @@ async fn the_split_reader_matches_the_copying_decoder() {
 #[tokio::test]
 async fn large_bulks_arrive_with_block_checksums() {
     use spindle_proto::net::{read_msg, BULK_BLOCK_BYTES, BULK_BLOCK_CRCS_BYTES_MIN};
-    let data: Vec<u8> = (0..(300_000u32)).map(|i| (i * 31 + 7) as u8).collect();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 + 7) as u8).collect();
     let big = Msg::ObjRequest {
         pool: 1,
         pg: 2,
