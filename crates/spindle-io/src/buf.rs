@@ -7,10 +7,24 @@
 //! - `len <= capacity`; the bytes `0..capacity` are always initialised (zeroed at
 //!   allocation), so the kernel may write anywhere in `0..capacity`.
 //! - An aligned buffer's address and capacity are multiples of its alignment (O_DIRECT).
+//! - A *shared* buffer ([`IoBuf::shared`]) is a read-only view of an `Arc<Vec<u8>>` that
+//!   others read too (e.g. a network send of the same bytes): only write operations may
+//!   use it (`Engine::submit` refuses reads into it) and `DerefMut` on it is a bug.
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Who owns the memory behind an [`IoBuf`].
+enum Owner {
+    /// Allocated here with this layout.
+    Aligned(Layout),
+    /// Adopted from a `Vec<u8>` (pointer, length, capacity).
+    Vec,
+    /// Borrowed from a shared vector, kept alive by this reference.
+    Shared(Arc<Vec<u8>>),
+}
 
 /// An owned, heap-allocated, optionally aligned byte buffer.
 pub struct IoBuf {
@@ -19,8 +33,7 @@ pub struct IoBuf {
     len: usize,
     /// Allocated bytes; `layout.size()` unless the buffer came from a `Vec`.
     capacity: usize,
-    /// `Some` for buffers allocated here; `None` for buffers adopted from a `Vec<u8>`.
-    layout: Option<Layout>,
+    owner: Owner,
 }
 
 // SAFETY: `IoBuf` owns its heap block exclusively (like `Vec<u8>`); no shared state.
@@ -53,7 +66,7 @@ impl IoBuf {
             ptr,
             len,
             capacity,
-            layout: Some(layout),
+            owner: Owner::Aligned(layout),
         }
     }
 
@@ -114,7 +127,7 @@ impl IoBuf {
             ptr,
             len,
             capacity,
-            layout: Some(layout),
+            owner: Owner::Aligned(layout),
         }
     }
 
@@ -147,7 +160,28 @@ impl IoBuf {
         self.len = len;
     }
 
-    /// Start address, for the kernel.
+    /// A read-only buffer over `data`, which others may read at the same time: for write
+    /// operations only (no copy). Its content is all of `data`.
+    pub fn shared(data: Arc<Vec<u8>>) -> IoBuf {
+        let len = data.len();
+        // The kernel only reads through this pointer (reads into shared buffers are
+        // refused at submission).
+        let ptr = NonNull::new(data.as_ptr().cast_mut()).unwrap_or(NonNull::dangling());
+        IoBuf {
+            ptr,
+            len,
+            capacity: len,
+            owner: Owner::Shared(data),
+        }
+    }
+
+    /// True for [`IoBuf::shared`] buffers (read-only).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.owner, Owner::Shared(_))
+    }
+
+    /// Start address, for the kernel (only written through for buffers that are not
+    /// shared; see `validate` in `exec.rs`).
     pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
@@ -160,9 +194,10 @@ impl IoBuf {
     /// Copies the content into a `Vec<u8>` (or takes the `Vec` back without copying when the
     /// buffer was made from one).
     pub fn into_vec(self) -> Vec<u8> {
-        match self.layout {
-            Some(_) => self.deref().to_vec(),
-            None => {
+        match &self.owner {
+            Owner::Aligned(_) => self.deref().to_vec(),
+            Owner::Shared(shared) => shared.to_vec(),
+            Owner::Vec => {
                 let me = std::mem::ManuallyDrop::new(self);
                 // SAFETY: the pointer, length and capacity came from a `Vec<u8>` in `From`, and
                 // `me` is never dropped, so ownership moves to the new `Vec` exactly once.
@@ -187,18 +222,20 @@ impl From<Vec<u8>> for IoBuf {
             ptr,
             len,
             capacity,
-            layout: None,
+            owner: Owner::Vec,
         }
     }
 }
 
 impl Drop for IoBuf {
     fn drop(&mut self) {
-        match self.layout {
+        match &self.owner {
             // SAFETY: allocated in `aligned` with exactly this layout.
-            Some(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) },
+            Owner::Aligned(layout) => unsafe { alloc::dealloc(self.ptr.as_ptr(), *layout) },
+            // The `Arc` (dropped with `self`) keeps or frees the memory.
+            Owner::Shared(_) => {}
             // SAFETY: pointer/len/capacity came from a `Vec<u8>` (see `From`).
-            None => unsafe {
+            Owner::Vec => unsafe {
                 drop(Vec::from_raw_parts(
                     self.ptr.as_ptr(),
                     self.len,
@@ -218,7 +255,13 @@ impl Deref for IoBuf {
 }
 
 impl DerefMut for IoBuf {
+    /// # Panics
+    /// On a shared buffer (a programming error: others read it).
     fn deref_mut(&mut self) -> &mut [u8] {
+        assert!(
+            !self.is_shared(),
+            "IoBuf: mutable access to a shared buffer"
+        );
         // SAFETY: as in `deref`, and `&mut self` gives exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
@@ -229,7 +272,14 @@ impl std::fmt::Debug for IoBuf {
         f.debug_struct("IoBuf")
             .field("len", &self.len)
             .field("capacity", &self.capacity)
-            .field("aligned", &self.layout.map(|l| l.align()))
+            .field(
+                "aligned",
+                &match &self.owner {
+                    Owner::Aligned(l) => Some(l.align()),
+                    Owner::Vec | Owner::Shared(_) => None,
+                },
+            )
+            .field("shared", &self.is_shared())
             .finish()
     }
 }

@@ -68,6 +68,12 @@ pub(crate) fn validate(op: &Op) -> Result<(), &'static str> {
         Op::Readv { bufs, .. } | Op::Writev { bufs, .. } if bufs.len() > IOV_MAX => {
             Err("more than IOV_MAX (1024) buffers")
         }
+        Op::Read { buf, .. } | Op::Recv { buf, .. } if buf.is_shared() => {
+            Err("a shared (read-only) buffer cannot receive data")
+        }
+        Op::Readv { bufs, .. } if bufs.iter().any(IoBuf::is_shared) => {
+            Err("a shared (read-only) buffer cannot receive data")
+        }
         Op::Cancel { .. } => Err("cancel ops are made with Engine::cancel"),
         Op::Internal(_) => Err("internal op"),
         _ => Ok(()),

@@ -104,6 +104,10 @@ fn version(v: Ver) -> Version {
         seq: v.seq,
     }
 }
+/// Whole-object writes at least this large are replicated from the buffer the local
+/// store writes too (see `start_write`).
+const SHARED_WRITE_BYTES_MIN: usize = 64 << 10;
+
 fn to_store_mutation(m: WireMutation) -> Mutation {
     match m {
         WireMutation::WriteFull(d) => Mutation::WriteFull(d),
@@ -1317,6 +1321,15 @@ impl Osd {
             epoch,
             seq: st.last.seq + 1,
         };
+        // A large whole-object write: the replicas' body and the local write share one
+        // buffer (no copy), and the body's checksum is combined from the block checksums
+        // computed when the client's frame was verified (no pass over the bytes).
+        let (m, shared) = match m {
+            WireMutation::WriteFull(data) if data.len() >= SHARED_WRITE_BYTES_MIN => {
+                (WireMutation::WriteFull(Vec::new()), Some(Arc::new(data)))
+            }
+            other => (other, None),
+        };
         let rep = Msg::RepWrite {
             pool: pgid.pool,
             pg: pgid.pg,
@@ -1325,7 +1338,13 @@ impl Osd {
             mutation: m,
         };
         // One encoding (and checksum) of the body for every replica.
-        let prepared = Prepared::new(&rep);
+        let prepared = match &shared {
+            Some(data) => {
+                let bulk_crc = spindle_ec::crc32c::crc32c_of_blocks(&block_crcs, data.len());
+                Prepared::with_shared_bulk(&rep, data.clone(), bulk_crc)
+            }
+            None => Prepared::new(&rep),
+        };
         let m = match rep {
             Msg::RepWrite { mutation, .. } => mutation,
             _ => {
@@ -1344,13 +1363,20 @@ impl Osd {
         }
         st.last = v;
         let inflight = self.inflight_begin(pgid);
-        let commit = self.inner.store.apply_with_block_crcs(
-            pgid,
-            name,
-            version(v),
-            to_store_mutation(m),
-            block_crcs,
-        );
+        let commit = match shared {
+            Some(data) => {
+                self.inner
+                    .store
+                    .apply_full_shared(pgid, name, version(v), data, block_crcs)
+            }
+            None => self.inner.store.apply_with_block_crcs(
+                pgid,
+                name,
+                version(v),
+                to_store_mutation(m),
+                block_crcs,
+            ),
+        };
         drop(pgs);
         Ok(StartedWrite {
             version: v,

@@ -353,6 +353,12 @@ pub enum Msg {
     },
 }
 
+/// True for the message kinds whose bulk can be an object a daemon writes whole (client
+/// requests and replication): the receiver computes their block checksums.
+pub fn kind_writes_objects(kind: u16) -> bool {
+    kind == tag::OBJ_REQUEST || kind == tag::REP_WRITE
+}
+
 mod tag {
     pub const OSD_BOOT: u16 = 1;
     pub const HEARTBEAT: u16 = 2;

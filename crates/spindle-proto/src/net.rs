@@ -84,7 +84,8 @@ pub struct RawFrame {
     pub bulk: Vec<u8>,
     pub fields: Vec<u8>,
     /// CRC32C of each [`BULK_BLOCK_BYTES`] block of `bulk` when it is at least
-    /// [`BULK_BLOCK_CRCS_BYTES_MIN`] long (else empty): computed in the pass that verifies
+    /// [`BULK_BLOCK_CRCS_BYTES_MIN`] long and the message can write an object (a client
+    /// request or a replication write; else empty): computed in the pass that verifies
     /// the frame checksum (which is combined from them), so a store can keep them as its
     /// block checksums instead of reading the bytes again.
     pub bulk_block_crcs: Vec<u32>,
@@ -168,12 +169,13 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Ra
         let bulk = read_vec(r, bulk_len, "payload").await?;
         let fields = read_vec(r, len - 4 - bulk_len, "payload").await?;
         let crc = spindle_ec::crc32c::crc32c(&prefix);
-        let crc = if bulk.len() >= BULK_BLOCK_CRCS_BYTES_MIN {
-            let bulk_crc = spindle_ec::crc32c::crc32c_blocks(&bulk, &mut block_crcs);
-            spindle_ec::crc32c::crc32c_combine(crc, bulk_crc, bulk.len())
-        } else {
-            spindle_ec::crc32c::crc32c_append(crc, &bulk)
-        };
+        let crc =
+            if bulk.len() >= BULK_BLOCK_CRCS_BYTES_MIN && crate::msg::kind_writes_objects(h.kind) {
+                let bulk_crc = spindle_ec::crc32c::crc32c_blocks(&bulk, &mut block_crcs);
+                spindle_ec::crc32c::crc32c_combine(crc, bulk_crc, bulk.len())
+            } else {
+                spindle_ec::crc32c::crc32c_append(crc, &bulk)
+            };
         let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
         (claim, bulk, fields, crc)
     };
@@ -252,6 +254,33 @@ impl Prepared {
     pub fn from_msg(mut msg: Msg) -> Prepared {
         let bulk = msg.take_bulk();
         Self::build(&msg, bulk)
+    }
+
+    /// Encodes `msg` (whose own bulk is ignored: empty) with `bulk` as its bulk bytes,
+    /// shared rather than copied (others may read the same bytes, e.g. a local write of
+    /// the object being replicated). `bulk_crc`: the CRC32C of `bulk` if known (e.g.
+    /// combined from block checksums), saving a pass over it.
+    pub fn with_shared_bulk(msg: &Msg, bulk: Arc<Vec<u8>>, bulk_crc: Option<u32>) -> Prepared {
+        debug_assert!(
+            msg.bulk().is_empty(),
+            "the message's own bulk would be dropped"
+        );
+        let fields = msg.encode_fields();
+        let mut head = Vec::with_capacity(4 + fields.len());
+        head.extend_from_slice(&(bulk.len() as u32).to_le_bytes());
+        let crc = spindle_ec::crc32c::crc32c(&head);
+        let crc = match bulk_crc {
+            Some(b) => spindle_ec::crc32c::crc32c_combine(crc, b, bulk.len()),
+            None => spindle_ec::crc32c::crc32c_append(crc, &bulk),
+        };
+        let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
+        head.extend_from_slice(&fields);
+        Prepared {
+            kind: msg.kind(),
+            head: Arc::new(head),
+            bulk,
+            crc,
+        }
     }
 
     fn build(msg: &Msg, bulk: Vec<u8>) -> Prepared {

@@ -265,6 +265,17 @@ async fn large_bulks_arrive_with_block_checksums() {
     let inc = read_msg(&mut r).await.unwrap().unwrap();
     assert_eq!(inc.msg, small);
     assert!(inc.bulk_block_crcs.is_empty());
+    // Replies (read data) get none: nobody stores them.
+    let reply = Msg::ObjReply {
+        version: v(1, 1),
+        size_bytes: data.len() as u64,
+        data: data.clone(),
+        listing: vec![],
+    };
+    let bytes = spindle_proto::net::frame_bytes(11, 1, &reply);
+    let inc = read_msg(&mut &bytes[..]).await.unwrap().unwrap();
+    assert_eq!(inc.msg, reply);
+    assert!(inc.bulk_block_crcs.is_empty());
     // One bad byte in the middle of the bulk: the frame is refused.
     let mut bad = frame.clone();
     let at = bad.len() / 2;

@@ -152,6 +152,11 @@ fn check_mutation(m: &Mutation) -> Result<(), StoreError> {
         Mutation::Truncate { size_bytes } => (*size_bytes, 0),
         Mutation::Delete => (0, 0),
     };
+    check_sizes(end, len)
+}
+
+/// `end`: the object's size after the write (at least); `len`: bytes the write carries.
+fn check_sizes(end: u64, len: usize) -> Result<(), StoreError> {
     if end > OBJECT_BYTES_MAX {
         return Err(StoreError::InvalidArgument(format!(
             "object would be {end} bytes, the limit is {OBJECT_BYTES_MAX}"
@@ -223,6 +228,33 @@ impl Store {
             name: name.to_string(),
             version,
             mutation,
+            shared: None,
+            block_crcs,
+        })
+    }
+
+    /// A whole-object write (`Mutation::WriteFull`) of bytes that others read at the same
+    /// time (the primary replicates the same buffer): a large object is written from the
+    /// shared buffer itself when it is page aligned, without a copy. `block_crcs` as in
+    /// [`Store::apply_with_block_crcs`].
+    pub fn apply_full_shared(
+        &self,
+        pg: PgId,
+        name: &str,
+        version: Version,
+        data: Arc<Vec<u8>>,
+        block_crcs: Vec<u32>,
+    ) -> Commit {
+        let checked = check_name(name).and_then(|_| check_sizes(data.len() as u64, data.len()));
+        if let Err(e) = checked {
+            return Commit::ready(Err(e));
+        }
+        self.submit(TxnKind::Apply {
+            pg,
+            name: name.to_string(),
+            version,
+            mutation: Mutation::WriteFull(Vec::new()),
+            shared: Some(data),
             block_crcs,
         })
     }

@@ -39,6 +39,9 @@ pub(crate) enum TxnKind {
         name: String,
         version: Version,
         mutation: Mutation,
+        /// Some: a whole-object write of these bytes, which others read at the same time
+        /// (the replication of the same object); `mutation` is then ignored.
+        shared: Option<Arc<Vec<u8>>>,
         /// CRC32C of each block of a `WriteFull`'s data, computed by the caller from the
         /// same buffer (empty: the store computes them).
         block_crcs: Vec<u32>,
@@ -585,6 +588,7 @@ impl Worker {
                 name,
                 version,
                 mutation,
+                shared,
                 block_crcs,
             } => {
                 let have = match ov.last.get(&pg) {
@@ -603,23 +607,29 @@ impl Worker {
                     });
                 }
                 ov.last.insert(pg, version);
-                if let Mutation::WriteFull(data) = &mutation {
-                    if data.len() >= DIRECT_WRITE_BYTES_MIN && !self.fits_inline(data.len() as u64)
-                    {
+                let direct_size =
+                    |len: usize| len >= DIRECT_WRITE_BYTES_MIN && !self.fits_inline(len as u64);
+                let mut mutation = mutation;
+                let full = match (shared, &mut mutation) {
+                    (Some(d), _) => Some(DirectData::Shared(d)),
+                    (None, Mutation::WriteFull(d)) if direct_size(d.len()) => {
+                        Some(DirectData::Owned(std::mem::take(d)))
+                    }
+                    _ => None,
+                };
+                if let Some(data) = full {
+                    if direct_size(data.len()) {
                         let size = data.len() as u64;
                         let (file_id, reuse) = self.direct_target(size);
                         ov.objects.insert((pg, name.clone()), Some((file_id, size)));
-                        if let Mutation::WriteFull(data) = mutation {
-                            let block_crcs = (block_crcs.len() as u64
-                                == block_count(data.len() as u64))
-                            .then_some(block_crcs);
-                            self.direct.push(DirectWrite {
-                                file_id,
-                                data,
-                                reuse,
-                                block_crcs,
-                            });
-                        }
+                        let block_crcs =
+                            (block_crcs.len() as u64 == block_count(size)).then_some(block_crcs);
+                        self.direct.push(DirectWrite {
+                            file_id,
+                            data,
+                            reuse,
+                            block_crcs,
+                        });
                         return Ok(Record::ApplyDirect {
                             pg,
                             name,
@@ -628,6 +638,9 @@ impl Worker {
                             size,
                         });
                     }
+                    // A shared payload too small for a file of its own: an ordinary
+                    // whole-object write.
+                    mutation = Mutation::WriteFull(data.into_vec());
                 }
                 let existing = self.exists(ov, pg, &name);
                 let cur_size = existing.map_or(0, |(_, size)| size);
@@ -675,7 +688,7 @@ impl Worker {
                         ov.objects.insert((pg, name.clone()), Some((file_id, size)));
                         self.direct.push(DirectWrite {
                             file_id,
-                            data,
+                            data: DirectData::Owned(data),
                             reuse,
                             block_crcs: None,
                         });
@@ -761,31 +774,32 @@ impl Worker {
                 None => open_direct(&path)?,
             });
             let size_bytes = data.len() as u64;
-            let aligned = (data.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
-                && data.len().is_multiple_of(JOURNAL_ALIGN);
-            let padded_len = data.len().next_multiple_of(JOURNAL_ALIGN);
+            let bytes = data.as_slice();
+            let aligned = (bytes.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
+                && bytes.len().is_multiple_of(JOURNAL_ALIGN);
+            let padded_len = bytes.len().next_multiple_of(JOURNAL_ALIGN);
             let (buf, crcs) = match (aligned, block_crcs) {
                 // Already O_DIRECT-ready (the daemon's allocator page-aligns large blocks,
                 // and received payloads are allocated at their exact size): write the
                 // buffer itself, with the block checksums computed while the frame it came
                 // in was verified.
-                (true, Some(crcs)) => (IoBuf::from(data), crcs),
+                (true, Some(crcs)) => (data.into_iobuf(), crcs),
                 (true, None) => {
-                    let crcs = data
+                    let crcs = bytes
                         .chunks(BLOCK_BYTES as usize)
                         .map(spindle_ec::crc32c::crc32c)
                         .collect();
-                    (IoBuf::from(data), crcs)
+                    (data.into_iobuf(), crcs)
                 }
                 (false, Some(crcs)) => {
-                    (IoBuf::aligned_copy(&data, padded_len, JOURNAL_ALIGN), crcs)
+                    (IoBuf::aligned_copy(bytes, padded_len, JOURNAL_ALIGN), crcs)
                 }
                 // One pass over the data: copy into an aligned buffer and checksum each
                 // block.
                 (false, None) => {
-                    let mut crcs = Vec::with_capacity(data.len().div_ceil(BLOCK_BYTES as usize));
+                    let mut crcs = Vec::with_capacity(bytes.len().div_ceil(BLOCK_BYTES as usize));
                     let buf = IoBuf::aligned_copy_inspect(
-                        &data,
+                        bytes,
                         padded_len,
                         JOURNAL_ALIGN,
                         BLOCK_BYTES as usize,
@@ -1562,9 +1576,44 @@ fn txn_bytes_hint(k: &TxnKind) -> usize {
 }
 
 /// A large whole-object write of the current batch, written before its journal record.
+/// The bytes of a direct whole-object write.
+enum DirectData {
+    Owned(Vec<u8>),
+    /// Read by others too (replication of the same object).
+    Shared(Arc<Vec<u8>>),
+}
+
+impl DirectData {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            DirectData::Owned(v) => v,
+            DirectData::Shared(v) => v,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            DirectData::Owned(v) => v,
+            DirectData::Shared(v) => Arc::try_unwrap(v).unwrap_or_else(|v| v.to_vec()),
+        }
+    }
+
+    /// The buffer itself as an engine buffer (no copy).
+    fn into_iobuf(self) -> IoBuf {
+        match self {
+            DirectData::Owned(v) => IoBuf::from(v),
+            DirectData::Shared(v) => IoBuf::shared(v),
+        }
+    }
+}
+
 struct DirectWrite {
     file_id: u64,
-    data: Vec<u8>,
+    data: DirectData,
     /// `file_id` is a reusable file of exactly `data.len()` bytes: overwrite it in place.
     reuse: bool,
     /// Block CRCs the caller computed from `data` (see `TxnKind::Apply`), of the right

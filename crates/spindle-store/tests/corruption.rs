@@ -188,6 +188,58 @@ fn direct_writes_from_aligned_buffers_are_checked_like_copied_ones() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A whole-object write of a shared buffer (the primary replicates the same bytes): a large
+/// one is written from that buffer, a small one takes the ordinary path; both read back
+/// exactly, the other holder's bytes are untouched and the store keeps no reference.
+#[test]
+fn shared_whole_object_writes() {
+    let dir = tempdir("shared");
+    let rt = rt();
+    let cfg = StoreConfig::new(&dir);
+    let store = Store::open(cfg.clone()).unwrap();
+    let big = std::sync::Arc::new(
+        (0..(2u32 << 20))
+            .map(|i| (i * 5 + 3) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    let small = std::sync::Arc::new(vec![9u8; 1000]);
+    let mut crcs = Vec::new();
+    spindle_ec::crc32c::crc32c_blocks(&big, &mut crcs);
+    store
+        .apply_full_shared(PG, "big", v(1), big.clone(), crcs)
+        .wait()
+        .unwrap();
+    assert_eq!(store.stats().direct_writes_adopted, 1);
+    store
+        .apply_full_shared(PG, "small", v(2), small.clone(), Vec::new())
+        .wait()
+        .unwrap();
+    assert_eq!(store.stats().direct_writes_adopted, 1);
+    assert_eq!(std::sync::Arc::strong_count(&big), 1);
+    assert_eq!(std::sync::Arc::strong_count(&small), 1);
+    let check = |store: &Store| {
+        assert_eq!(
+            rt.block_on(store.read(PG, "big", 0, big.len() as u64))
+                .unwrap(),
+            big[..]
+        );
+        assert_eq!(
+            rt.block_on(store.verify(PG, "big")).unwrap().size_bytes,
+            2 << 20
+        );
+        assert_eq!(
+            rt.block_on(store.read(PG, "small", 0, 1000)).unwrap(),
+            small[..]
+        );
+    };
+    check(&store);
+    store.shutdown().unwrap();
+    let store = Store::open(cfg).unwrap();
+    check(&store);
+    store.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Drops the clean page-cache pages of `path`, so the next read must go to the disk.
 fn evict(path: &Path) {
     let f = std::fs::File::open(path).unwrap();

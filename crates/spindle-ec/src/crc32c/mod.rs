@@ -115,6 +115,24 @@ pub fn crc32c_blocks(data: &[u8], blocks: &mut Vec<u32>) -> u32 {
     whole
 }
 
+/// CRC32C of data of `len_bytes` bytes from the CRC32C of each of its [`CRC_BLOCK_BYTES`]
+/// blocks (as [`crc32c_blocks`] gives them); None if the counts do not match.
+pub fn crc32c_of_blocks(blocks: &[u32], len_bytes: usize) -> Option<u32> {
+    if blocks.len() != len_bytes.div_ceil(CRC_BLOCK_BYTES) {
+        return None;
+    }
+    let mut whole = 0;
+    for (i, &crc) in blocks.iter().enumerate() {
+        let block_len = (len_bytes - i * CRC_BLOCK_BYTES).min(CRC_BLOCK_BYTES);
+        whole = if block_len == CRC_BLOCK_BYTES {
+            SHIFT_BLOCK.combine(whole, crc)
+        } else {
+            crc32c_combine(whole, crc, block_len)
+        };
+    }
+    Some(whole)
+}
+
 /// A CRC32C implementation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CrcEngine {

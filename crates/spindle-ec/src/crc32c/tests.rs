@@ -160,6 +160,8 @@ fn block_crcs_and_their_combination_match_direct_computation() {
         assert_eq!(whole, crc32c(&data[..len]), "len {len}");
         let expected: Vec<u32> = data[..len].chunks(CRC_BLOCK_BYTES).map(crc32c).collect();
         assert_eq!(blocks, expected, "len {len}");
+        assert_eq!(crc32c_of_blocks(&blocks, len), Some(whole), "len {len}");
+        assert_eq!(crc32c_of_blocks(&blocks, len + 4096), None);
     }
 }
 
