@@ -455,12 +455,17 @@ struct SchedState {
     merge_rate_ewma: u32,
     /// Idle holds in a row that no neighbour joined (a client that waits for each reply).
     idle_hold_misses: u32,
+    /// Chances for an idle hold (sequential writes at an object's start with nothing
+    /// running): after back-off, every `HOLD_PROBE_EVERY`th of them is held as a probe.
+    /// Counted per chance, not per request: in a steady stream the requests at object
+    /// starts fall on one residue of the request count, which may never be a multiple.
+    idle_hold_chances: u64,
     /// Image offset where the last write request ended (sequential-stream detection).
     write_end: Option<u64>,
 }
 
 /// After this many idle holds in a row that nothing joined, idle holds are only probes
-/// (every `HOLD_PROBE_EVERY`th request): a queue-depth-1 sequential writer gains nothing
+/// (every `HOLD_PROBE_EVERY`th chance): a queue-depth-1 sequential writer gains nothing
 /// from them.
 const IDLE_HOLD_MISSES_MAX: u32 = 4;
 
@@ -512,7 +517,7 @@ impl<B: ObjectBackend> Scheduler<B> {
     /// 4 KiB 10.1k vs 40.2k IOPS, 64 KiB 288 vs 500 MB/s, 512 KiB 553 vs 955 MB/s).
     fn hold(
         &self,
-        s: &SchedState,
+        s: &mut SchedState,
         dir: Dir,
         sequential_write: bool,
         object_start: bool,
@@ -527,10 +532,13 @@ impl<B: ObjectBackend> Scheduler<B> {
                 // a whole object's requests at once after each round of replies). A short
                 // hold lets them join, so the object is written whole (no journal)
                 // instead of as a lone request plus a partial remainder.
-                let probe = s.idle_hold_misses < IDLE_HOLD_MISSES_MAX
-                    || s.requests.is_multiple_of(HOLD_PROBE_EVERY);
-                if sequential_write && object_start && self.config.coalesce_enabled && probe {
-                    return Duration::from_micros(self.config.hold_us_max);
+                if sequential_write && object_start && self.config.coalesce_enabled {
+                    s.idle_hold_chances += 1;
+                    if s.idle_hold_misses < IDLE_HOLD_MISSES_MAX
+                        || s.idle_hold_chances.is_multiple_of(HOLD_PROBE_EVERY)
+                    {
+                        return Duration::from_micros(self.config.hold_us_max);
+                    }
                 }
                 return Duration::ZERO;
             }
@@ -591,7 +599,7 @@ impl<B: ObjectBackend> Scheduler<B> {
             s.write_end = Some(offset + len);
         }
         let hold = self.hold(
-            &s,
+            &mut s,
             dir,
             sequential_write,
             offset.is_multiple_of(object_size_bytes),

@@ -105,8 +105,9 @@ fn version(v: Ver) -> Version {
     }
 }
 /// Whole-object writes at least this large are replicated from the buffer the local
-/// store writes too (see `start_write`).
-const SHARED_WRITE_BYTES_MIN: usize = 64 << 10;
+/// store writes too (see `start_write`): those the store writes straight from the buffer
+/// (smaller ones it copies into its journal anyway).
+const SHARED_WRITE_BYTES_MIN: usize = spindle_store::DIRECT_WRITE_BYTES_MIN;
 
 fn to_store_mutation(m: WireMutation) -> Mutation {
     match m {

@@ -22,6 +22,7 @@ mod worker;
 
 pub use commit::Commit;
 pub use error::StoreError;
+pub use limits::DIRECT_WRITE_BYTES_MIN;
 pub use store::Store;
 pub use types::{
     LogEntry, LogOp, Mutation, ObjectMeta, PgId, PgInfo, StoreConfig, StoreStats, Version,

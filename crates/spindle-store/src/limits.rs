@@ -2,6 +2,9 @@
 
 /// Bytes covered by one data CRC.
 pub const BLOCK_BYTES: u64 = 4096;
+// Callers hand in block CRCs computed with `spindle_ec::crc32c::crc32c_blocks`
+// (`Store::apply_with_block_crcs`): the block sizes must agree.
+const _: () = assert!(BLOCK_BYTES as usize == spindle_ec::crc32c::CRC_BLOCK_BYTES);
 /// Longest object name in bytes.
 pub const NAME_BYTES_MAX: usize = 1024;
 /// Largest object size (offset + length of any write, truncate size).

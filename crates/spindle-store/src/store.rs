@@ -26,7 +26,7 @@ use crate::limits::{
 use crate::meta;
 use crate::state::{ObjEntry, PgState};
 use crate::types::*;
-use crate::worker::{Msg, Txn, TxnKind, Worker};
+use crate::worker::{Msg, Txn, TxnKind, TxnMutation, Worker};
 
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -227,8 +227,7 @@ impl Store {
             pg,
             name: name.to_string(),
             version,
-            mutation,
-            shared: None,
+            mutation: TxnMutation::Plain(mutation),
             block_crcs,
         })
     }
@@ -253,8 +252,7 @@ impl Store {
             pg,
             name: name.to_string(),
             version,
-            mutation: Mutation::WriteFull(Vec::new()),
-            shared: Some(data),
+            mutation: TxnMutation::FullShared(data),
             block_crcs,
         })
     }

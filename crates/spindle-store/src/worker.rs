@@ -33,17 +33,22 @@ use crate::state::{append_zeros, block_count, block_len, crcs_of, zero_crc, ObjE
 use crate::store::Shared;
 use crate::types::*;
 
+/// The change of a `TxnKind::Apply`.
+pub(crate) enum TxnMutation {
+    Plain(Mutation),
+    /// A whole-object write of bytes that others read at the same time (the replication
+    /// of the same object): written from the shared buffer when it is large enough.
+    FullShared(Arc<Vec<u8>>),
+}
+
 pub(crate) enum TxnKind {
     Apply {
         pg: PgId,
         name: String,
         version: Version,
-        mutation: Mutation,
-        /// Some: a whole-object write of these bytes, which others read at the same time
-        /// (the replication of the same object); `mutation` is then ignored.
-        shared: Option<Arc<Vec<u8>>>,
-        /// CRC32C of each block of a `WriteFull`'s data, computed by the caller from the
-        /// same buffer (empty: the store computes them).
+        mutation: TxnMutation,
+        /// CRC32C of each block of a whole-object write's data, computed by the caller
+        /// from the same buffer (empty: the store computes them).
         block_crcs: Vec<u32>,
     },
     Recover {
@@ -588,7 +593,6 @@ impl Worker {
                 name,
                 version,
                 mutation,
-                shared,
                 block_crcs,
             } => {
                 let have = match ov.last.get(&pg) {
@@ -609,16 +613,17 @@ impl Worker {
                 ov.last.insert(pg, version);
                 let direct_size =
                     |len: usize| len >= DIRECT_WRITE_BYTES_MIN && !self.fits_inline(len as u64);
-                let mut mutation = mutation;
-                let full = match (shared, &mut mutation) {
-                    (Some(d), _) => Some(DirectData::Shared(d)),
-                    (None, Mutation::WriteFull(d)) if direct_size(d.len()) => {
-                        Some(DirectData::Owned(std::mem::take(d)))
+                // Whole-object writes large enough for a file of their own bypass the
+                // journal; everything else is an ordinary mutation.
+                let full = match mutation {
+                    TxnMutation::FullShared(d) => Ok(DirectData::Shared(d)),
+                    TxnMutation::Plain(Mutation::WriteFull(d)) if direct_size(d.len()) => {
+                        Ok(DirectData::Owned(d))
                     }
-                    _ => None,
+                    TxnMutation::Plain(m) => Err(m),
                 };
-                if let Some(data) = full {
-                    if direct_size(data.len()) {
+                let mutation = match full {
+                    Ok(data) if direct_size(data.len()) => {
                         let size = data.len() as u64;
                         let (file_id, reuse) = self.direct_target(size);
                         ov.objects.insert((pg, name.clone()), Some((file_id, size)));
@@ -638,10 +643,10 @@ impl Worker {
                             size,
                         });
                     }
-                    // A shared payload too small for a file of its own: an ordinary
-                    // whole-object write.
-                    mutation = Mutation::WriteFull(data.into_vec());
-                }
+                    // A shared payload too small for a file of its own.
+                    Ok(data) => Mutation::WriteFull(data.into_vec()),
+                    Err(m) => m,
+                };
                 let existing = self.exists(ov, pg, &name);
                 let cur_size = existing.map_or(0, |(_, size)| size);
                 let new_size = match &mutation {
@@ -1566,8 +1571,11 @@ fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 fn txn_bytes_hint(k: &TxnKind) -> usize {
     match k {
         TxnKind::Apply { mutation, .. } => match mutation {
-            Mutation::WriteFull(d) | Mutation::Write { data: d, .. } => d.len() + 64,
-            _ => 64,
+            TxnMutation::Plain(Mutation::WriteFull(d) | Mutation::Write { data: d, .. }) => {
+                d.len() + 64
+            }
+            TxnMutation::FullShared(d) => d.len() + 64,
+            TxnMutation::Plain(_) => 64,
         },
         TxnKind::Recover { state, .. } => state.as_ref().map_or(64, |(d, _)| d.len() + 64),
         TxnKind::SetPgLog { entries, .. } => entries.len() * 32 + 64,

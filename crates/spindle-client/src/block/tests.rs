@@ -618,19 +618,47 @@ async fn idle_hold_stops_for_a_queue_depth_one_writer() {
         ..BlockConfig::default()
     };
     let object = 1u64 << 20;
-    let (_b, bl) = layer(backend, 64 * object, object, config).await;
+    let (_b, bl) = layer(backend, 128 * object, object, config).await;
     let request = 256u64 << 10;
     let requests = 64 * object / request;
     for n in 0..requests {
         bl.write(n * request, &[n as u8; 256 << 10]).await.unwrap();
     }
     let s = bl.stats();
-    // 64 object starts; at most IDLE_HOLD_MISSES_MAX holds plus one probe per
-    // HOLD_PROBE_EVERY requests, each up to a hold (plus timer slack).
-    let holds = u64::from(IDLE_HOLD_MISSES_MAX) + requests / HOLD_PROBE_EVERY + 1;
+    // 64 object starts (the chances of an idle hold): at most IDLE_HOLD_MISSES_MAX holds
+    // plus one probe per HOLD_PROBE_EVERY chances, each up to a hold (plus timer slack).
+    let holds = u64::from(IDLE_HOLD_MISSES_MAX) + 64 / HOLD_PROBE_EVERY + 1;
     let bound = holds * (HOLD_US_MAX_DEFAULT + 1_500);
     assert!(s.sched_delay_total_us <= bound, "{s:?} bound {bound}");
     assert_eq!(s.sched_merges, 0, "{s:?}");
+    // The writer switches to rounds of one whole object at a time (fio at a deeper queue):
+    // a probe within HOLD_PROBE_EVERY rounds finds neighbours joining, and from then on
+    // every round is one whole-object write again.
+    let per_object = object / request;
+    let rounds = HOLD_PROBE_EVERY + 6;
+    let mut whole_before_last = 0;
+    for round in 0..rounds {
+        if round == rounds - 3 {
+            whole_before_last = bl.stats().sched_whole_object_writes;
+        }
+        let first = requests + round * per_object;
+        let writes: Vec<_> = (first..first + per_object)
+            .map(|n| {
+                let bl = bl.clone();
+                let data = vec![n as u8; request as usize];
+                tokio::spawn(async move { bl.write_owned(n * request, data).await.unwrap() })
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap();
+        }
+    }
+    let s = bl.stats();
+    assert_eq!(
+        s.sched_whole_object_writes - whole_before_last,
+        3,
+        "the last 3 rounds: {s:?}"
+    );
 }
 
 /// A sequential stream whose queue depth cannot fill an object is not held until the
