@@ -26,6 +26,11 @@ pub const DIRECT_WRITE_BYTES_MIN: usize = 256 << 10;
 /// Largest inline object, whatever `StoreConfig::inline_max_bytes` says (inline objects are
 /// held in memory whole while they change).
 pub const INLINE_BYTES_MAX: u64 = 16 << 20;
+/// Reads at least this long that miss the page cache are read with O_DIRECT: a virtio
+/// disk here streams 512 KiB O_DIRECT reads at QD16 at 1.29 GB/s but buffered io_uring
+/// reads at 0.65 GB/s, and a large read would only evict the small hot blocks the page
+/// cache is good for (the client has its own cache). Smaller misses stay buffered.
+pub const DIRECT_READ_BYTES_MIN: usize = 128 << 10;
 /// Open data-file descriptors kept cached.
 pub const FD_CACHE_MAX: usize = 512;
 /// Log entries in one `set_pg_log` record.

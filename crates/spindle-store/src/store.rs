@@ -11,7 +11,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
@@ -21,7 +21,8 @@ use spindle_io::{Engine, IoBuf, Op};
 use crate::commit::Commit;
 use crate::error::StoreError;
 use crate::limits::{
-    BLOCK_BYTES, FD_CACHE_MAX, MUTATION_BYTES_MAX, NAME_BYTES_MAX, OBJECT_BYTES_MAX,
+    BLOCK_BYTES, DIRECT_READ_BYTES_MIN, FD_CACHE_MAX, MUTATION_BYTES_MAX, NAME_BYTES_MAX,
+    OBJECT_BYTES_MAX,
 };
 use crate::meta;
 use crate::state::{ObjEntry, PgState};
@@ -37,6 +38,7 @@ pub(crate) struct Counters {
     pub corruptions: AtomicU64,
     pub file_reads_cached: AtomicU64,
     pub file_reads_engine: AtomicU64,
+    pub file_reads_direct: AtomicU64,
     pub files_reused: AtomicU64,
     pub direct_writes_adopted: AtomicU64,
 }
@@ -50,6 +52,11 @@ pub(crate) struct Shared {
     pub db: redb::Database,
     pub pgs: RwLock<BTreeMap<PgId, PgState>>,
     fds: Mutex<HashMap<u64, Arc<File>>>,
+    /// Read-only O_DIRECT descriptors of data files, for large reads that miss the page
+    /// cache (a descriptor's O_DIRECT flag is fixed, so these are separate from `fds`).
+    direct_fds: Mutex<HashMap<u64, Arc<File>>>,
+    /// Set once the file system refused O_DIRECT (tmpfs): large reads stay buffered.
+    direct_reads_unsupported: AtomicBool,
     pub counters: Counters,
 }
 
@@ -67,6 +74,8 @@ impl Shared {
             db,
             pgs: RwLock::new(pgs),
             fds: Mutex::new(HashMap::new()),
+            direct_fds: Mutex::new(HashMap::new()),
+            direct_reads_unsupported: AtomicBool::new(false),
             counters: Counters::default(),
         }
     }
@@ -105,9 +114,43 @@ impl Shared {
         Ok(f)
     }
 
+    /// A read-only O_DIRECT descriptor of data file `file_id` (cached), or `None` when
+    /// the file system does not support O_DIRECT or the open failed (the caller then
+    /// reads buffered, which reports real errors).
+    pub fn direct_file(&self, file_id: u64) -> Option<Arc<File>> {
+        if self.direct_reads_unsupported.load(Relaxed) {
+            return None;
+        }
+        let mut fds = self.direct_fds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = fds.get(&file_id) {
+            return Some(f.clone());
+        }
+        let opened = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_DIRECT)
+            .open(self.file_path(file_id));
+        let f = match opened {
+            Ok(f) => Arc::new(f),
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    self.direct_reads_unsupported.store(true, Relaxed);
+                }
+                return None;
+            }
+        };
+        if fds.len() >= FD_CACHE_MAX {
+            fds.clear();
+        }
+        fds.insert(file_id, f.clone());
+        Some(f)
+    }
+
     pub fn forget_file(&self, file_id: u64) {
         let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
         fds.remove(&file_id);
+        drop(fds);
+        let mut direct = self.direct_fds.lock().unwrap_or_else(|p| p.into_inner());
+        direct.remove(&file_id);
     }
 }
 
@@ -396,20 +439,40 @@ impl Store {
                         // Data in the page cache is copied here, on the caller's thread:
                         // a request to the engine's ring thread costs two thread
                         // hand-offs, the largest cost of a cached 4 KiB read.
-                        if let Some(buf) = read_cached(&file, read_start, want) {
-                            self.sh.counters.file_reads_cached.fetch_add(1, Relaxed);
-                            break 'read Some(buf);
+                        // A large read that is not entirely cached goes O_DIRECT (see
+                        // `DIRECT_READ_BYTES_MIN`): the start is block aligned, the length
+                        // is rounded up to whole blocks (the file ends at or before it: a
+                        // short read). It is decided with `cachestat`, not by trying
+                        // `RWF_NOWAIT`: a missing page makes that start a readahead, and
+                        // the disk would then read the same blocks twice.
+                        let direct = (want >= DIRECT_READ_BYTES_MIN
+                            && fully_cached(&file, read_start, want) == Some(false))
+                        .then(|| self.sh.direct_file(file_id))
+                        .flatten();
+                        if direct.is_none() {
+                            if let Some(buf) = read_cached(&file, read_start, want) {
+                                self.sh.counters.file_reads_cached.fetch_add(1, Relaxed);
+                                break 'read Some(buf);
+                            }
                         }
                         self.sh.counters.file_reads_engine.fetch_add(1, Relaxed);
-                        let op = Op::read(file.as_raw_fd(), read_start, IoBuf::zeroed(want));
+                        let (fd_file, buf) = match direct {
+                            Some(d) => {
+                                self.sh.counters.file_reads_direct.fetch_add(1, Relaxed);
+                                let rounded = want.next_multiple_of(BLOCK_BYTES as usize);
+                                (d, IoBuf::aligned(rounded, BLOCK_BYTES as usize))
+                            }
+                            None => (file, IoBuf::zeroed(want)),
+                        };
+                        let op = Op::read(fd_file.as_raw_fd(), read_start, buf);
                         let req = self
                             .sh
                             .engine
                             .submit(op)
                             .map_err(|e| StoreError::Io(io::Error::other(e.to_string())))?;
                         let c = req.await;
-                        drop(file);
-                        let n = c.ok()?;
+                        drop(fd_file);
+                        let n = c.ok()?.min(want);
                         let mut buf = c.buf.map(IoBuf::into_vec).unwrap_or_default();
                         buf.truncate(n);
                         buf.resize(want, 0);
@@ -545,6 +608,7 @@ impl Store {
             corruptions_detected: c.corruptions.load(Relaxed),
             file_reads_cached: c.file_reads_cached.load(Relaxed),
             file_reads_engine: c.file_reads_engine.load(Relaxed),
+            file_reads_direct: c.file_reads_direct.load(Relaxed),
             files_reused: c.files_reused.load(Relaxed),
             direct_writes_adopted: c.direct_writes_adopted.load(Relaxed),
             objects,
@@ -579,6 +643,63 @@ impl Drop for Store {
             let _ = t.join();
         }
     }
+}
+
+/// Set once the kernel answered `ENOSYS` to `cachestat` (before Linux 6.5).
+static CACHESTAT_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+
+/// Whether every page of `[offset, offset + len)` of `file` is in the page cache, asked
+/// with `cachestat(2)`, which starts no I/O; `None` where the kernel lacks it or on error.
+fn fully_cached(file: &File, offset: u64, len: usize) -> Option<bool> {
+    // The kernel's `struct cachestat_range` and `struct cachestat` (include/uapi/linux/mman.h).
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    // The number of `cachestat` on every architecture Rust targets (syscalls added since
+    // Linux 5.1 share one numbering; only alpha, which Rust does not target, differs); the
+    // libc crate does not export it for x86_64 glibc.
+    const SYS_CACHESTAT: libc::c_long = 451;
+    if CACHESTAT_UNSUPPORTED.load(Relaxed) || len == 0 {
+        return None;
+    }
+    let range = Range {
+        off: offset,
+        len: len as u64,
+    };
+    let mut stat = Stat::default();
+    // SAFETY: `range` and `stat` are valid for reads/writes of their C layouts for the
+    // call; the descriptor is owned by `file`, alive for the call.
+    let rc = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut Stat,
+            0u32,
+        )
+    };
+    if rc != 0 {
+        if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            CACHESTAT_UNSUPPORTED.store(true, Relaxed);
+        }
+        return None;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let page_bytes = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
+    let first = offset / page_bytes;
+    let last = (offset + len as u64 - 1) / page_bytes;
+    Some(stat.nr_cache > last - first)
 }
 
 /// `len` bytes at `offset` of `file` if all of them are in the page cache (one

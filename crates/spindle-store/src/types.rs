@@ -111,6 +111,8 @@ pub struct StoreStats {
     pub file_reads_cached: u64,
     /// Reads of data files that needed the disk (through the I/O engine).
     pub file_reads_engine: u64,
+    /// Of `file_reads_engine`, the large ones read with O_DIRECT (bypassing the page cache).
+    pub file_reads_direct: u64,
     /// Direct whole-object writes that overwrote a freed data file in place.
     pub files_reused: u64,
     /// Direct whole-object writes made from the caller's buffer itself (it was already

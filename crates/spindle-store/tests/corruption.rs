@@ -298,6 +298,76 @@ fn cached_and_uncached_reads_return_the_same_checked_bytes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Large reads that miss the page cache are read with O_DIRECT (block-aligned start,
+/// length rounded up past the end of an object whose size is not a block multiple) and
+/// return exactly the same checked bytes as the buffered paths; small misses stay
+/// buffered; a bad byte on disk is still caught at the right block.
+#[test]
+fn large_uncached_reads_go_direct_and_are_checked() {
+    let dir = tempdir("direct-read");
+    let rt = rt();
+    let mut cfg = StoreConfig::new(&dir);
+    cfg.inline_max_bytes = 0;
+    let store = Store::open(cfg.clone()).unwrap();
+    let size = (1 << 20) + 1234;
+    let data: Vec<u8> = (0..size as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    store
+        .apply(PG, "big", v(1), Mutation::WriteFull(data.clone()))
+        .wait()
+        .unwrap();
+    store.shutdown().unwrap();
+    let file = dir.join("objects").join(format!("{:016x}", 1));
+    evict(&file);
+    let store = Store::open(cfg.clone()).unwrap();
+    let cases: [(u64, u64); 4] = [
+        (0, 512 << 10),                   // aligned, whole blocks
+        (3 << 18, 1 << 20),               // runs past the end (short read)
+        (4096 * 10 + 17, 200_000),        // unaligned start and end
+        (size as u64 - 150_000, 150_000), // the object's unaligned tail exactly
+    ];
+    for (offset, len) in cases {
+        evict(&file);
+        let end = (offset + len).min(size as u64) as usize;
+        assert_eq!(
+            rt.block_on(store.read(PG, "big", offset, len)).unwrap(),
+            data[offset as usize..end],
+            "read {offset}+{len}"
+        );
+    }
+    let stats = store.stats();
+    assert_eq!(stats.file_reads_direct, cases.len() as u64);
+    assert_eq!(stats.file_reads_engine, cases.len() as u64);
+    // A small miss is read buffered.
+    evict(&file);
+    assert_eq!(
+        rt.block_on(store.read(PG, "big", 8192, 4096)).unwrap(),
+        data[8192..12288]
+    );
+    assert_eq!(store.stats().file_reads_direct, cases.len() as u64);
+    // Once the file is in the page cache, a large read is copied from it.
+    let before = store.stats();
+    assert_eq!(std::fs::read(&file).unwrap().len(), size);
+    assert_eq!(
+        rt.block_on(store.read(PG, "big", 4096, 600_000)).unwrap(),
+        data[4096..604_096]
+    );
+    let after = store.stats();
+    assert_eq!(after.file_reads_cached, before.file_reads_cached + 1);
+    assert_eq!(after.file_reads_direct, before.file_reads_direct);
+    // A bad byte on disk is caught on the direct path.
+    flip_byte(&file, 4096 * 40 + 9);
+    evict(&file);
+    match rt.block_on(store.read(PG, "big", 0, 512 << 10)) {
+        Err(StoreError::Corrupt { block, .. }) => assert_eq!(block, 40),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(store.stats().file_reads_direct, cases.len() as u64 + 1);
+    store.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn corrupt_journal_tail_loses_only_later_records() {
     let dir = tempdir("corrupt-journal");
