@@ -12,6 +12,7 @@
 
 mod commit;
 mod error;
+mod fdcache;
 mod journal;
 mod limits;
 mod meta;

@@ -31,8 +31,6 @@ pub const INLINE_BYTES_MAX: u64 = 16 << 20;
 /// reads at 0.65 GB/s, and a large read would only evict the small hot blocks the page
 /// cache is good for (the client has its own cache). Smaller misses stay buffered.
 pub const DIRECT_READ_BYTES_MIN: usize = 128 << 10;
-/// Open data-file descriptors kept cached.
-pub const FD_CACHE_MAX: usize = 512;
 /// Log entries in one `set_pg_log` record.
 pub const LOG_ENTRIES_MAX: usize = 1 << 20;
 

@@ -5,7 +5,7 @@
 //! read the blocks through the I/O engine and check every block CRC; a mismatch is reported
 //! as corruption only if no write touched the object meanwhile (else the read is retried).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -13,16 +13,16 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 
 use spindle_io::{Engine, IoBuf, Op};
 
 use crate::commit::Commit;
 use crate::error::StoreError;
+use crate::fdcache::FdCache;
 use crate::limits::{
-    BLOCK_BYTES, DIRECT_READ_BYTES_MIN, FD_CACHE_MAX, MUTATION_BYTES_MAX, NAME_BYTES_MAX,
-    OBJECT_BYTES_MAX,
+    BLOCK_BYTES, DIRECT_READ_BYTES_MIN, MUTATION_BYTES_MAX, NAME_BYTES_MAX, OBJECT_BYTES_MAX,
 };
 use crate::meta;
 use crate::state::{ObjEntry, PgState};
@@ -51,10 +51,10 @@ pub(crate) struct Shared {
     /// The metadata database (checkpoints; inline object bytes are read from it).
     pub db: redb::Database,
     pub pgs: RwLock<BTreeMap<PgId, PgState>>,
-    fds: Mutex<HashMap<u64, Arc<File>>>,
+    fds: FdCache,
     /// Read-only O_DIRECT descriptors of data files, for large reads that miss the page
     /// cache (a descriptor's O_DIRECT flag is fixed, so these are separate from `fds`).
-    direct_fds: Mutex<HashMap<u64, Arc<File>>>,
+    direct_fds: FdCache,
     /// Set once the file system refused O_DIRECT (tmpfs): large reads stay buffered.
     direct_reads_unsupported: AtomicBool,
     pub counters: Counters,
@@ -69,12 +69,12 @@ impl Shared {
     ) -> Shared {
         Shared {
             objects_dir: config.dir.join("objects"),
+            fds: FdCache::new(config.fd_cache_entries),
+            direct_fds: FdCache::new(config.fd_cache_entries),
             config,
             engine,
             db,
             pgs: RwLock::new(pgs),
-            fds: Mutex::new(HashMap::new()),
-            direct_fds: Mutex::new(HashMap::new()),
             direct_reads_unsupported: AtomicBool::new(false),
             counters: Counters::default(),
         }
@@ -93,11 +93,7 @@ impl Shared {
 
     /// The data file `file_id`, from the cache or opened (created if `create`).
     pub fn file(&self, file_id: u64, create: bool) -> io::Result<Arc<File>> {
-        let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = fds.get(&file_id) {
-            return Ok(f.clone());
-        }
-        let f = Arc::new(
+        self.fds.get_or_open(file_id, || {
             OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -105,13 +101,8 @@ impl Shared {
                 .truncate(false)
                 .custom_flags(libc::O_CLOEXEC)
                 .mode(0o644)
-                .open(self.file_path(file_id))?,
-        );
-        if fds.len() >= FD_CACHE_MAX {
-            fds.clear();
-        }
-        fds.insert(file_id, f.clone());
-        Ok(f)
+                .open(self.file_path(file_id))
+        })
     }
 
     /// A read-only O_DIRECT descriptor of data file `file_id` (cached), or `None` when
@@ -121,36 +112,26 @@ impl Shared {
         if self.direct_reads_unsupported.load(Relaxed) {
             return None;
         }
-        let mut fds = self.direct_fds.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = fds.get(&file_id) {
-            return Some(f.clone());
-        }
-        let opened = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_DIRECT)
-            .open(self.file_path(file_id));
-        let f = match opened {
-            Ok(f) => Arc::new(f),
+        let opened = self.direct_fds.get_or_open(file_id, || {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_CLOEXEC | libc::O_DIRECT)
+                .open(self.file_path(file_id))
+        });
+        match opened {
+            Ok(f) => Some(f),
             Err(e) => {
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     self.direct_reads_unsupported.store(true, Relaxed);
                 }
-                return None;
+                None
             }
-        };
-        if fds.len() >= FD_CACHE_MAX {
-            fds.clear();
         }
-        fds.insert(file_id, f.clone());
-        Some(f)
     }
 
     pub fn forget_file(&self, file_id: u64) {
-        let mut fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
-        fds.remove(&file_id);
-        drop(fds);
-        let mut direct = self.direct_fds.lock().unwrap_or_else(|p| p.into_inner());
-        direct.remove(&file_id);
+        self.fds.remove(file_id);
+        self.direct_fds.remove(file_id);
     }
 }
 

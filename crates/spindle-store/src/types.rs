@@ -17,11 +17,14 @@ pub struct StoreConfig {
     /// metadata database at checkpoint) instead of in a data file of their own; 0 disables.
     /// Capped at 16 MiB.
     pub inline_max_bytes: u64,
+    /// Open data-file descriptors kept cached (each of the two caches: buffered and
+    /// O_DIRECT). Default: a third of the open-file limit left after a reserve of 256.
+    pub fd_cache_entries: usize,
 }
 
 impl StoreConfig {
     /// Defaults: 4096 log entries per PG, checkpoint at 256 MiB of journal or every 5 s,
-    /// objects of up to 64 KiB inline.
+    /// objects of up to 64 KiB inline, descriptor caches sized by the open-file limit.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         StoreConfig {
             dir: dir.into(),
@@ -29,6 +32,7 @@ impl StoreConfig {
             checkpoint_journal_bytes: 256 << 20,
             checkpoint_interval_ms: 5000,
             inline_max_bytes: 64 << 10,
+            fd_cache_entries: crate::fdcache::default_entries(),
         }
     }
 }

@@ -75,6 +75,8 @@ fn config(dir: &std::path::Path, ckpt_bytes: u64, inline: u64) -> StoreConfig {
     c.pg_log_max_entries = 6;
     c.checkpoint_journal_bytes = ckpt_bytes;
     c.inline_max_bytes = inline;
+    // Far fewer cached descriptors than objects: most accesses evict one.
+    c.fd_cache_entries = 2;
     c
 }
 

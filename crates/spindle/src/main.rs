@@ -168,8 +168,27 @@ fn tune_allocator() {
     }
 }
 
+/// Raises the open-file soft limit to the hard limit: a storage daemon keeps a descriptor
+/// per recently used data file (its caches are sized from this limit), and Debian's
+/// default soft limit of 1,024 would leave room for only a few hundred.
+fn raise_open_files_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid `rlimit` for getrlimit to write and setrlimit to read.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max.min(1 << 20);
+            // Best effort: on failure the caches are sized from the limit that stays.
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 fn main() {
     tune_allocator();
+    raise_open_files_limit();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Crush { command } => crush_cmd::run(command),
