@@ -31,6 +31,9 @@ pub const INLINE_BYTES_MAX: u64 = 16 << 20;
 /// reads at 0.65 GB/s, and a large read would only evict the small hot blocks the page
 /// cache is good for (the client has its own cache). Smaller misses stay buffered.
 pub const DIRECT_READ_BYTES_MIN: usize = 128 << 10;
+/// Data-file syncs a checkpoint keeps in flight at once (each holds an engine request
+/// slot and an open descriptor until it is waited for).
+pub const SYNCS_IN_FLIGHT_MAX: usize = 256;
 /// Log entries in one `set_pg_log` record.
 pub const LOG_ENTRIES_MAX: usize = 1 << 20;
 

@@ -9,7 +9,7 @@
 //!    objects, to their in-memory bytes, and to the in-memory metadata;
 //! 4. resolve the commits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -26,7 +26,7 @@ use crate::error::StoreError;
 use crate::journal::{self, Parsed, Record};
 use crate::limits::{
     BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_WRITE_BYTES_MIN, INLINE_BYTES_MAX,
-    JOURNAL_ALIGN, JOURNAL_ZERO_CHUNK_BYTES,
+    JOURNAL_ALIGN, JOURNAL_ZERO_CHUNK_BYTES, SYNCS_IN_FLIGHT_MAX,
 };
 use crate::meta::{self, Super};
 use crate::state::{append_zeros, block_count, block_len, crcs_of, zero_crc, ObjEntry, ObjState};
@@ -1461,21 +1461,34 @@ impl Worker {
 
     /// Syncs dirty data files, stores the metadata durably and restarts the journal.
     fn checkpoint(&mut self) -> Result<(), StoreError> {
-        let mut syncs = Vec::new();
+        // At most SYNCS_IN_FLIGHT_MAX syncs (and open descriptors) at a time: a random
+        // write workload over a large image dirties one file per write, tens of thousands
+        // per checkpoint, and the engine's request slab (8,192) would run out. A submit
+        // that finds no free slot waits for one, and only this thread would free them: with
+        // every sync submitted before any is waited for, that was a deadlock (found by an
+        // erasure-coded image whose shards were all files).
+        let mut syncs: VecDeque<(spindle_io::Request, Arc<File>)> =
+            VecDeque::with_capacity(SYNCS_IN_FLIGHT_MAX);
         for id in self.dirty_files.drain() {
             match self.sh.file(id, false) {
                 Ok(f) => {
+                    if syncs.len() >= SYNCS_IN_FLIGHT_MAX {
+                        if let Some((req, _f)) = syncs.pop_front() {
+                            req.wait().ok()?;
+                        }
+                    }
                     let req = self
                         .sh
                         .engine
                         .submit(Op::Fdatasync { fd: f.as_raw_fd() })
                         .map_err(io_err)?;
-                    syncs.push((req, f));
+                    syncs.push_back((req, f));
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e.into()),
             }
         }
+        debug_assert!(syncs.len() <= SYNCS_IN_FLIGHT_MAX);
         for (req, _f) in syncs {
             req.wait().ok()?;
         }
