@@ -145,7 +145,7 @@ pub struct BenchFioArgs {
     #[arg(long, value_parser = crate::image_cmd::parse_size_bytes, default_value = "4G")]
     pub size: u64,
     /// Object size of the benchmark image when it is created (default: the pool's, as
-    /// `spindle image create`: 4 MiB, or 64 KiB on an erasure-coded pool).
+    /// `spindle image create`: 4 MiB, or 256 KiB on an erasure-coded pool).
     #[arg(long, value_parser = crate::image_cmd::parse_size_bytes)]
     pub object_size: Option<u64>,
     /// Skip the sequential prefill (reads then hit never-written, all-zero ranges).

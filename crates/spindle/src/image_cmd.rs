@@ -20,7 +20,7 @@ pub enum ImageCommand {
         /// Volume size: bytes or with a K/M/G/T suffix (powers of 1024); multiple of 512.
         #[arg(long, value_parser = parse_size_bytes)]
         size: u64,
-        /// Size of one data object: a power of two in 4K..=32M (default 4M; 64K on an
+        /// Size of one data object: a power of two in 4K..=32M (default 4M; 256K on an
         /// erasure-coded pool, where small writes rewrite a shard of their object).
         #[arg(long, value_parser = parse_size_bytes)]
         object_size: Option<u64>,

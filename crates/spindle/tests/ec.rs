@@ -445,7 +445,7 @@ async fn a_corrupt_shard_is_decoded_around_and_repaired() {
 }
 
 /// A block image on an erasure-coded pool: created with the pool's default object size
-/// (64 KiB), random writes of 512 B..128 KiB (across object boundaries), zeroing and
+/// (256 KiB), random writes of 512 B..128 KiB (across object boundaries), zeroing and
 /// discard read back exactly, also with one daemon down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_on_an_erasure_coded_pool_reads_back_its_writes() {
@@ -458,7 +458,7 @@ async fn an_image_on_an_erasure_coded_pool_reads_back_its_writes() {
             ])
             .arg(&c.dir),
     );
-    assert!(out.contains("64 KiB"), "default object size on EC: {out}");
+    assert!(out.contains("256 KiB"), "default object size on EC: {out}");
     let client = std::sync::Arc::new(c.client().await);
     let img = spindle_client::Image::open(client.clone(), EC_POOL, "disk")
         .await
