@@ -25,9 +25,10 @@ pub struct StoreConfig {
 /// Default `inline_max_bytes`. Inline objects cost no file, but a read of one whose bytes
 /// are only in the database (after a checkpoint) is a database lookup and copy of the whole
 /// object, and every checkpoint rewrites the changed ones into the database. Measured with
-/// an image on an erasure-coded pool (64 KiB objects: 32 KiB shards), 64 KiB -> 16 KiB:
-/// 4k random reads QD16 8.3k -> 18.2k IOPS, 512k reads 248 -> 522 MB/s, 4k random writes
-/// 730 -> 1,121 IOPS, 512k writes 115 -> 126 MB/s (docs/nbd.md). 4 KiB objects stay inline.
+/// an image on an erasure-coded pool (64 KiB objects: 32 KiB shards), 64 KiB -> 16 KiB, two
+/// runs: 4k random reads QD16 8.3k -> 16.5k-18.2k IOPS, 512k reads 248 -> 407-522 MB/s, 4k
+/// random writes 730 -> 1,121-1,165 IOPS; 512k writes unchanged within noise (115 -> 106-126
+/// MB/s; docs/nbd.md, "Session 8"). 4 KiB objects stay inline.
 pub const INLINE_BYTES_DEFAULT: u64 = 16 << 10;
 
 impl StoreConfig {

@@ -178,8 +178,13 @@ fn raise_open_files_limit() {
     };
     // SAFETY: `lim` is a valid `rlimit` for getrlimit to write and setrlimit to read.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max.min(1 << 20);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return;
+        }
+        // Only ever raised (a soft limit above 2^20 stays as it is).
+        let wanted = lim.rlim_max.min(1 << 20);
+        if lim.rlim_cur < wanted {
+            lim.rlim_cur = wanted;
             // Best effort: on failure the caches are sized from the limit that stays.
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
