@@ -48,6 +48,8 @@ pub enum ClientError {
     Daemon(String),
     #[error("the object changed during a read-modify-write: {0}")]
     Conflict(String),
+    #[error("no space left: {0}")]
+    NoSpace(String),
 }
 
 #[derive(Clone, Debug)]
@@ -442,7 +444,7 @@ impl Client {
                 Attempt::Retry("daemon needed our map".into())
             }
             Msg::Error {
-                code: code @ (ErrorCode::NotPrimary | ErrorCode::Again),
+                code: code @ (ErrorCode::NotPrimary | ErrorCode::Again | ErrorCode::Busy),
                 message,
                 ..
             } => Attempt::Retry(format!("osd.{primary}: {code:?}: {message}")),
@@ -458,6 +460,7 @@ impl Client {
                 ErrorCode::Invalid => ClientError::Invalid(message),
                 ErrorCode::NoSuchPool => ClientError::NoSuchPool(message),
                 ErrorCode::Conflict => ClientError::Conflict(message),
+                ErrorCode::NoSpace => ClientError::NoSpace(message),
                 _ => ClientError::Daemon(format!("{code:?}: {message}")),
             }),
             ok => Ok(ok),

@@ -176,6 +176,10 @@ pub enum ErrorCode {
     /// The object changed since the version a conditional write was based on: re-read and
     /// retry.
     Conflict = 11,
+    /// The daemon's disk (or the pool) is full: free space (deletes always work) and retry.
+    NoSpace = 12,
+    /// The receiver is out of its budget for incoming payloads: retry after a short wait.
+    Busy = 13,
 }
 
 impl ErrorCode {
@@ -192,6 +196,8 @@ impl ErrorCode {
             9 => Self::NoSuchPool,
             10 => Self::Internal,
             11 => Self::Conflict,
+            12 => Self::NoSpace,
+            13 => Self::Busy,
             _ => {
                 return Err(CodecError::Invalid {
                     what: "error code",
