@@ -593,9 +593,40 @@ impl Monitor {
             .zip(totals)
             .map(|(k, v)| (k.to_string(), json!(v)))
             .collect();
+        let mut health = Health::default();
+        let down: Vec<String> = map
+            .osds
+            .values()
+            .filter(|o| o.in_cluster && !o.up)
+            .map(|o| format!("osd.{}", o.id))
+            .collect();
+        if !down.is_empty() {
+            health.add(
+                "OSD_DOWN",
+                Severity::Warn,
+                format!("{} daemon(s) down: {}", down.len(), down.join(", ")),
+            );
+        }
+        let not_active = totals[4] + totals[5] + totals[6];
+        if not_active > 0 {
+            health.add(
+                "PG_AVAILABILITY",
+                Severity::Warn,
+                format!("{not_active} placement group(s) peering, incomplete or inactive"),
+            );
+        }
+        let degraded = totals[1] + totals[2] + totals[3];
+        if degraded > 0 {
+            health.add(
+                "PG_DEGRADED",
+                Severity::Warn,
+                format!("{degraded} placement group(s) degraded or recovering"),
+            );
+        }
         json!({
             "cluster_id": format!("{:016x}", map.cluster_id),
             "epoch": map.epoch,
+            "health": health.to_json(),
             "osds": osds,
             "pools": pools,
             "objects": objects_total,
@@ -806,5 +837,49 @@ impl BoundMonitor {
         }
         ticker.abort();
         Ok(())
+    }
+}
+
+/// How bad a health check is (Ceph's HEALTH_WARN / HEALTH_ERR).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Warn,
+    Err,
+}
+
+/// The cluster's health: named checks, each with a severity and a one-line message, as
+/// Ceph reports them (`HEALTH_OK` when there are none). Shown by `spindle status`.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    checks: Vec<(&'static str, Severity, String)>,
+}
+
+impl Health {
+    pub fn add(&mut self, name: &'static str, severity: Severity, message: String) {
+        self.checks.push((name, severity, message));
+    }
+
+    /// `HEALTH_OK`, `HEALTH_WARN` or `HEALTH_ERR`: the worst check decides.
+    pub fn status(&self) -> &'static str {
+        match self.checks.iter().map(|c| c.1).max() {
+            None => "HEALTH_OK",
+            Some(Severity::Warn) => "HEALTH_WARN",
+            Some(Severity::Err) => "HEALTH_ERR",
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let checks: Vec<_> = self
+            .checks
+            .iter()
+            .map(|(name, sev, msg)| {
+                json!({
+                    "name": name,
+                    "severity": match sev { Severity::Warn => "HEALTH_WARN", Severity::Err => "HEALTH_ERR" },
+                    "message": msg,
+                })
+            })
+            .collect();
+        json!({"status": self.status(), "checks": checks})
     }
 }

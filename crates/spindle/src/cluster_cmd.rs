@@ -521,6 +521,18 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
             s["cluster_id"].as_str().unwrap_or(""),
             s["epoch"]
         );
+        println!(
+            "health: {}",
+            s["health"]["status"].as_str().unwrap_or("unknown")
+        );
+        for c in s["health"]["checks"].as_array().into_iter().flatten() {
+            println!(
+                "    {} {}: {}",
+                c["severity"].as_str().unwrap_or(""),
+                c["name"].as_str().unwrap_or(""),
+                c["message"].as_str().unwrap_or("")
+            );
+        }
         let osds = s["osds"].as_array().cloned().unwrap_or_default();
         let up = osds.iter().filter(|o| o["up"] == true).count();
         let inn = osds.iter().filter(|o| o["in"] == true).count();
