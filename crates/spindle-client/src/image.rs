@@ -130,30 +130,10 @@ impl ImageError {
                 name: name.clone(),
                 reason: reason.clone(),
             },
-            ImageError::Backend(e) => ImageError::Backend(duplicate_client_error(e)),
+            ImageError::Backend(e) => ImageError::Backend(e.clone()),
             ImageError::InvalidConfig(s) => ImageError::InvalidConfig(s.clone()),
             ImageError::Task(s) => ImageError::Task(s.clone()),
         }
-    }
-}
-
-fn duplicate_client_error(e: &ClientError) -> ClientError {
-    match e {
-        ClientError::NotFound(s) => ClientError::NotFound(s.clone()),
-        ClientError::NoSuchPool(s) => ClientError::NoSuchPool(s.clone()),
-        ClientError::Invalid(s) => ClientError::Invalid(s.clone()),
-        ClientError::Corrupt(s) => ClientError::Corrupt(s.clone()),
-        ClientError::Timeout { ms, last } => ClientError::Timeout {
-            ms: *ms,
-            last: last.clone(),
-        },
-        ClientError::Monitor { addr, reason } => ClientError::Monitor {
-            addr: addr.clone(),
-            reason: reason.clone(),
-        },
-        ClientError::Command(s) => ClientError::Command(s.clone()),
-        ClientError::Daemon(s) => ClientError::Daemon(s.clone()),
-        ClientError::Conflict(s) => ClientError::Conflict(s.clone()),
     }
 }
 

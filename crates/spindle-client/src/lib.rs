@@ -28,7 +28,7 @@ pub use image::{Image, ImageError, ImageInfo, ObjectBackend};
 /// Largest object the object API accepts (bigger data belongs in an image).
 pub const OBJECT_BYTES_MAX: u64 = 32 << 20;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("no such object: {0}")]
     NotFound(String),
