@@ -20,7 +20,13 @@ pub struct StoreConfig {
     /// Open data-file descriptors kept cached (each of the two caches: buffered and
     /// O_DIRECT). Default: a third of the open-file limit left after a reserve of 256.
     pub fd_cache_entries: usize,
+    /// Page cache of the metadata database (checkpointed metadata and inline object bytes).
+    pub meta_cache_bytes: u64,
 }
+
+/// Default `meta_cache_bytes`: enough for the metadata of millions of objects' hot part,
+/// small next to a daemon's budget for payloads in flight.
+pub const META_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
 
 /// Default `inline_max_bytes`. Inline objects cost no file, but a read of one whose bytes
 /// are only in the database (after a checkpoint) is a database lookup and copy of the whole
@@ -42,6 +48,7 @@ impl StoreConfig {
             checkpoint_interval_ms: 5000,
             inline_max_bytes: INLINE_BYTES_DEFAULT,
             fd_cache_entries: crate::fdcache::default_entries(),
+            meta_cache_bytes: META_CACHE_BYTES_DEFAULT,
         }
     }
 }

@@ -110,8 +110,12 @@ pub(crate) struct Worker {
     last_checkpoint: Instant,
     /// Objects with `writing` raised during the current batch.
     touched: Vec<Arc<ObjEntry>>,
-    /// Objects touched during replay (their CRCs are recomputed at the end).
+    /// Objects touched during replay (their CRCs are recomputed at the end). Filled only
+    /// while `replaying`: on the live path the CRCs are known, and a set that only replay
+    /// drains would grow with every object ever written.
     replayed: BTreeSet<(PgId, String)>,
+    /// True while the journal is being replayed at open.
+    replaying: bool,
     /// Large payloads of the batch being built: (new file id, data), written directly.
     direct: Vec<DirectWrite>,
     /// CRCs of the direct writes of the current batch, by file id.
@@ -184,7 +188,7 @@ impl Worker {
         let db_path = config.dir.join("meta.redb");
         let journal_path = config.dir.join("journal");
         let journal_existed = journal_path.exists();
-        let db = meta::open_db(&db_path)?;
+        let db = meta::open_db(&db_path, config.meta_cache_bytes)?;
         let loaded = meta::load(&db)?;
         let (sup, pgs, fresh) = match loaded {
             Some(l) => (l.sup, l.pgs, false),
@@ -221,6 +225,7 @@ impl Worker {
             last_checkpoint: Instant::now(),
             touched: Vec::new(),
             replayed: BTreeSet::new(),
+            replaying: false,
             direct: Vec::new(),
             direct_crcs: HashMap::new(),
             failed: None,
@@ -252,6 +257,7 @@ impl Worker {
 
     /// Replays the journal records of the current epoch; returns how many were applied.
     fn replay(&mut self) -> Result<u64, StoreError> {
+        self.replaying = true;
         let file_len = self.journal.metadata()?.len();
         let mut base = 0u64; // file offset of buf[0]
         let mut buf: Vec<u8> = Vec::new();
@@ -300,6 +306,7 @@ impl Worker {
         }
         self.finish_batch();
         // Recompute the CRCs of every replayed object from its file.
+        self.replaying = false;
         let replayed = std::mem::take(&mut self.replayed);
         for (pg, name) in replayed {
             let entry = self
@@ -876,6 +883,7 @@ impl Worker {
             Some(c) => c,
             None => {
                 // Replay: the CRCs are recomputed from the file after replay.
+                debug_assert!(self.replaying, "a live direct write without its CRCs");
                 self.replayed.insert((pg, name.to_string()));
                 vec![0; block_count(size) as usize]
             }
@@ -1361,7 +1369,9 @@ impl Worker {
                         }
                     }
                     e.lock().version = version;
-                    self.replayed.insert((pg, name.clone()));
+                    if self.replaying {
+                        self.replayed.insert((pg, name.clone()));
+                    }
                     LogOp::Modify
                 };
                 let mut pgs = self.sh.pgs_write();
@@ -1388,7 +1398,9 @@ impl Worker {
                             self.write_full(&e, data)?;
                         }
                         e.lock().version = version;
-                        self.replayed.insert((pg, name));
+                        if self.replaying {
+                            self.replayed.insert((pg, name));
+                        }
                     }
                 }
             }
