@@ -62,7 +62,7 @@ fn resident_memory_is_flat_with_distinct_objects_written() {
     let store = Store::open(cfg).unwrap();
     let payload = vec![0x5au8; 512];
     let mut seq = 0u64;
-    let mut next = |seq: &mut u64| {
+    let next = |seq: &mut u64| {
         *seq += 1;
         Version {
             epoch: 1,
