@@ -304,7 +304,7 @@ impl Client {
 
     async fn osd_conn(&self, osd: u32, addr: &str) -> Result<Arc<RpcConn>, NetError> {
         if let Some(c) = lock(&self.inner.osds).get(&osd) {
-            if !c.is_closed() && c.peer() == addr {
+            if c.is_reusable() && c.peer() == addr {
                 return Ok(c.clone());
             }
         }

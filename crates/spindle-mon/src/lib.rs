@@ -277,8 +277,12 @@ impl Monitor {
                             }
                             have = e;
                         }
-                        if rx.changed().await.is_err() {
-                            return;
+                        // Ends with the connection, not at the next epoch.
+                        tokio::select! {
+                            changed = rx.changed() => if changed.is_err() {
+                                return;
+                            },
+                            () = reply.closed() => return,
                         }
                         bytes = rx.borrow_and_update().clone();
                     }

@@ -24,6 +24,61 @@ pub struct ServerConfig {
     pub requests_in_flight_per_connection: usize,
     /// Advertised preferred block size. Default 4096; a power of two <= max_request_bytes.
     pub preferred_block_bytes: u32,
+    /// WRITE payload bytes held by the whole server at once (all connections): a WRITE
+    /// waits (and its connection is not read) until its bytes fit. Default 256 MiB;
+    /// must be >= max_request_bytes.
+    pub payload_budget_bytes: u64,
+    /// A WRITE payload must arrive within this time plus `payload_deadline_ms_per_mib` per
+    /// MiB once its header was read; a client that stops half way is disconnected (it
+    /// would otherwise pin its buffer for ever). Default 10 s + 1 s/MiB.
+    pub payload_deadline_ms_base: u64,
+    pub payload_deadline_ms_per_mib: u64,
+    /// The handshake must finish within this time (a connection that never negotiates is
+    /// closed). Default 30 s.
+    pub handshake_timeout_ms: u64,
+}
+
+/// Accept failures (e.g. EMFILE) back off from this delay, doubling, up to the next, and
+/// are logged at most once per interval with a count.
+const ACCEPT_BACKOFF_MS_MIN: u64 = 10;
+const ACCEPT_BACKOFF_MS_MAX: u64 = 1_000;
+const ACCEPT_LOG_INTERVAL_MS: u64 = 10_000;
+
+/// Accounting unit of the payload budget (semaphore permits count these).
+const BUDGET_UNIT_BYTES: u64 = 1024;
+
+/// The server's WRITE payload budget: a semaphore counting KiB.
+pub(crate) struct PayloadBudget {
+    sem: Arc<tokio::sync::Semaphore>,
+    units_total: u32,
+    peak_units: AtomicU64,
+}
+
+impl PayloadBudget {
+    fn new(bytes: u64) -> PayloadBudget {
+        let units_total = (bytes / BUDGET_UNIT_BYTES).clamp(1, u32::MAX as u64 / 2) as u32;
+        PayloadBudget {
+            sem: Arc::new(tokio::sync::Semaphore::new(units_total as usize)),
+            units_total,
+            peak_units: AtomicU64::new(0),
+        }
+    }
+
+    /// Waits until `bytes` fit and takes them (released when the permit is dropped).
+    pub(crate) async fn acquire(&self, bytes: u64) -> tokio::sync::OwnedSemaphorePermit {
+        let units = (bytes.div_ceil(BUDGET_UNIT_BYTES).max(1) as u32).min(self.units_total);
+        let permit = match self.sem.clone().acquire_many_owned(units).await {
+            Ok(p) => p,
+            Err(_) => unreachable!("the payload budget semaphore is never closed"),
+        };
+        self.peak_units
+            .fetch_max(self.in_use_units(), Ordering::Relaxed);
+        permit
+    }
+
+    fn in_use_units(&self) -> u64 {
+        (self.units_total as usize - self.sem.available_permits()) as u64
+    }
 }
 
 impl Default for ServerConfig {
@@ -32,6 +87,10 @@ impl Default for ServerConfig {
             max_request_bytes: 32 * 1024 * 1024,
             requests_in_flight_per_connection: 64,
             preferred_block_bytes: 4096,
+            payload_budget_bytes: 256 << 20,
+            payload_deadline_ms_base: 10_000,
+            payload_deadline_ms_per_mib: 1_000,
+            handshake_timeout_ms: 30_000,
         }
     }
 }
@@ -61,6 +120,11 @@ pub struct ServerStats {
     pub error_replies: u64,
     /// Connections dropped because the client broke the protocol.
     pub protocol_errors: u64,
+    /// Connections dropped because a WRITE payload or the handshake stalled.
+    pub stalled_connections: u64,
+    /// WRITE payload bytes held now, and the most held since the last
+    /// [`NbdServer::take_payload_peak_bytes`].
+    pub payload_bytes_in_use: u64,
 }
 
 #[derive(Default)]
@@ -81,6 +145,7 @@ pub(crate) struct Counters {
     pub bytes_written: AtomicU64,
     pub error_replies: AtomicU64,
     pub protocol_errors: AtomicU64,
+    pub stalled_connections: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64, n: u64) {
@@ -100,6 +165,7 @@ pub struct NbdServer<E: Exports> {
     pub(crate) exports: Arc<E>,
     pub(crate) config: ServerConfig,
     pub(crate) counters: Counters,
+    pub(crate) payload_budget: PayloadBudget,
 }
 
 /// Resolves once the watch value is `true`. A dropped sender never resolves.
@@ -132,8 +198,15 @@ impl<E: Exports> NbdServer<E> {
             (1..=1 << 20).contains(&config.requests_in_flight_per_connection),
             "requests_in_flight_per_connection must be in 1..=2^20"
         );
+        assert!(
+            config.payload_budget_bytes >= config.max_request_bytes as u64,
+            "payload_budget_bytes {} must hold one request of max_request_bytes {}",
+            config.payload_budget_bytes,
+            config.max_request_bytes
+        );
         NbdServer {
             exports,
+            payload_budget: PayloadBudget::new(config.payload_budget_bytes),
             config,
             counters: Counters::default(),
         }
@@ -163,7 +236,16 @@ impl<E: Exports> NbdServer<E> {
             bytes_written: g(&c.bytes_written),
             error_replies: g(&c.error_replies),
             protocol_errors: g(&c.protocol_errors),
+            stalled_connections: g(&c.stalled_connections),
+            payload_bytes_in_use: self.payload_budget.in_use_units() * BUDGET_UNIT_BYTES,
         }
+    }
+
+    /// Most WRITE payload bytes held at once since the previous call (then restarts from
+    /// what is held now). The `spindle nbd` process trims its heap after a burst.
+    pub fn take_payload_peak_bytes(&self) -> u64 {
+        let now = self.payload_budget.in_use_units();
+        self.payload_budget.peak_units.swap(now, Ordering::Relaxed) * BUDGET_UNIT_BYTES
     }
 
     /// Accepts TCP connections until `shutdown` turns true, then waits for every
@@ -181,6 +263,7 @@ impl<E: Exports> NbdServer<E> {
                 if let Err(e) = s.set_nodelay(true) {
                     debug!(error = %e, "set_nodelay failed");
                 }
+                set_keepalive(&s);
                 Ok((s, peer.to_string()))
             },
             shutdown,
@@ -216,6 +299,9 @@ impl<E: Exports> NbdServer<E> {
     {
         let mut stop = shutdown.clone();
         let mut conns = JoinSet::new();
+        let mut backoff_ms = 0u64;
+        let mut failures_unlogged = 0u64;
+        let mut last_log: Option<std::time::Instant> = None;
         loop {
             tokio::select! {
                 biased;
@@ -223,6 +309,7 @@ impl<E: Exports> NbdServer<E> {
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 r = accept() => match r {
                     Ok((stream, peer)) => {
+                        backoff_ms = 0;
                         debug!(%peer, "nbd connection accepted");
                         let server = self.clone();
                         let sd = shutdown.clone();
@@ -233,8 +320,18 @@ impl<E: Exports> NbdServer<E> {
                         });
                     }
                     Err(e) => {
-                        warn!(error = %e, "nbd accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        failures_unlogged += 1;
+                        if last_log.is_none_or(|t| {
+                            t.elapsed() >= Duration::from_millis(ACCEPT_LOG_INTERVAL_MS)
+                        }) {
+                            warn!(error = %e, failures = failures_unlogged,
+                                "nbd accept failed (count since the last report)");
+                            failures_unlogged = 0;
+                            last_log = Some(std::time::Instant::now());
+                        }
+                        backoff_ms =
+                            (backoff_ms * 2).clamp(ACCEPT_BACKOFF_MS_MIN, ACCEPT_BACKOFF_MS_MAX);
+                        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
                     }
                 },
             }
@@ -260,8 +357,16 @@ impl<E: Exports> NbdServer<E> {
         let _active = ActiveGuard(&self.counters.connections_active);
         let (rd, mut wr) = tokio::io::split(stream);
         let mut rd = BufReader::with_capacity(256 * 1024, rd);
+        let handshake_timeout = Duration::from_millis(self.config.handshake_timeout_ms);
         let session = tokio::select! {
-            r = handshake::negotiate(self, &mut rd, &mut wr) => r?,
+            r = tokio::time::timeout(handshake_timeout, handshake::negotiate(self, &mut rd, &mut wr)) => match r {
+                Ok(r) => r?,
+                Err(_) => {
+                    bump(&self.counters.stalled_connections, 1);
+                    debug!("nbd handshake not finished after {handshake_timeout:?}: closing");
+                    None
+                }
+            },
             _ = wait_shutdown(&mut shutdown) => None,
         };
         let Some(session) = session else {
@@ -269,5 +374,18 @@ impl<E: Exports> NbdServer<E> {
         };
         bump(&self.counters.sessions_started, 1);
         transmission::run(self.clone(), session, rd, wr, shutdown).await
+    }
+}
+
+/// TCP keepalive: a client that vanished without a FIN or RST (host crash, partition) is
+/// noticed after about two minutes instead of never.
+fn set_keepalive(s: &tokio::net::TcpStream) {
+    let sock = socket2::SockRef::from(s);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(15))
+        .with_retries(4);
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
+        debug!(error = %e, "cannot set TCP keepalive");
     }
 }

@@ -138,10 +138,16 @@ where
             biased;
             _ = wait_shutdown(&mut shutdown) => break Stop::Shutdown,
             _ = tx.closed() => break Stop::WriterGone,
-            r = read_request(&mut rd, max_request_bytes) => r,
+            r = read_request(&mut rd, max_request_bytes, &server) => r,
         };
         let (req, payload) = match incoming {
             Ok(Incoming::Request(req, payload)) => (req, payload),
+            Ok(Incoming::Stalled(req, got)) => {
+                warn!(export = %session.export_name, len = req.length, received = got,
+                    "nbd WRITE payload stalled; disconnecting client");
+                bump(&server.counters.stalled_connections, 1);
+                break Stop::Protocol;
+            }
             Ok(Incoming::BadMagic(m)) => {
                 warn!(magic = format_args!("{m:#010x}"), export = %session.export_name,
                     "nbd request with bad magic; disconnecting client");
@@ -178,7 +184,7 @@ where
                 break Stop::Eof;
             }
         };
-        if let Some(p) = &payload {
+        if let Some((p, _)) = &payload {
             bump(&server.counters.bytes_written, p.len() as u64);
         }
         let c = &server.counters;
@@ -306,7 +312,12 @@ where
                 tokio::spawn(async move {
                     let r = match command {
                         Command::Write => {
-                            device.write(offset, payload.unwrap_or_default(), fua).await
+                            // The payload's budget is held until the device has taken it.
+                            let (data, _charged) = match payload {
+                                Some((data, charged)) => (data, Some(charged)),
+                                None => (Vec::new(), None),
+                            };
+                            device.write(offset, data, fua).await
                         }
                         // The trait's trim has no FUA: honour it with a flush.
                         Command::Trim if fua => match device.trim(offset, len).await {
@@ -369,8 +380,10 @@ where
 
 /// One request as read from the socket.
 enum Incoming {
-    /// A request header, with its payload for WRITE.
-    Request(RequestHeader, Option<Vec<u8>>),
+    /// A request header, with its payload for WRITE (and the payload budget it holds).
+    Request(RequestHeader, Option<(Vec<u8>, OwnedSemaphorePermit)>),
+    /// A WRITE whose payload did not arrive in time (bytes received so far).
+    Stalled(RequestHeader, usize),
     /// A WRITE whose payload exceeds `max_request_bytes` (payload not read).
     OversizedWrite(RequestHeader),
     /// The header did not start with `NBD_REQUEST_MAGIC`.
@@ -378,9 +391,10 @@ enum Incoming {
 }
 
 /// Reads one request header and, for WRITE, its payload. `Err` = the stream ended/failed.
-async fn read_request<R: AsyncRead + Unpin>(
+async fn read_request<R: AsyncRead + Unpin, E: Exports>(
     rd: &mut BufReader<R>,
     max_request_bytes: u32,
+    server: &NbdServer<E>,
 ) -> io::Result<Incoming> {
     let mut hdr = [0u8; REQUEST_HEADER_BYTES];
     rd.read_exact(&mut hdr).await?;
@@ -397,13 +411,23 @@ async fn read_request<R: AsyncRead + Unpin>(
     // Bounded by max_request_bytes (<= 2^30) and by the in-flight permit count.
     // Read into spare capacity: zeroing the buffer first would be one more pass over
     // every written byte.
+    // The payload is charged to the server's budget before it is read: while the budget
+    // is exhausted this connection is not read (TCP slows the client down).
+    let charged = server.payload_budget.acquire(u64::from(req.length)).await;
+    let cfg = &server.config;
+    let deadline = tokio::time::Instant::now()
+        + std::time::Duration::from_millis(
+            cfg.payload_deadline_ms_base
+                + u64::from(req.length).div_ceil(1 << 20) * cfg.payload_deadline_ms_per_mib,
+        );
     let len = req.length as usize;
     let mut buf = Vec::with_capacity(len);
     while buf.len() < len {
-        let n = (&mut *rd)
-            .take((len - buf.len()) as u64)
-            .read_buf(&mut buf)
-            .await?;
+        let mut take = (&mut *rd).take((len - buf.len()) as u64);
+        let Ok(n) = tokio::time::timeout_at(deadline, take.read_buf(&mut buf)).await else {
+            return Ok(Incoming::Stalled(req, buf.len()));
+        };
+        let n = n?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -414,7 +438,7 @@ async fn read_request<R: AsyncRead + Unpin>(
             ));
         }
     }
-    Ok(Incoming::Request(req, Some(buf)))
+    Ok(Incoming::Request(req, Some((buf, charged))))
 }
 
 fn device_error<E: Exports>(server: &NbdServer<E>, errno: u32, message: String) -> Body {

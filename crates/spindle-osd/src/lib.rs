@@ -715,7 +715,7 @@ impl Osd {
 
     async fn peer_conn(&self, osd: u32) -> Result<Arc<RpcConn>, String> {
         if let Some(c) = lock(&self.inner.peers).get(&osd) {
-            if !c.is_closed() {
+            if c.is_reusable() {
                 return Ok(c.clone());
             }
         }
@@ -1207,7 +1207,7 @@ impl Osd {
                     let peers = lock(&self.inner.peers);
                     replicas
                         .iter()
-                        .map(|o| peers.get(o).filter(|c| !c.is_closed()).cloned())
+                        .map(|o| peers.get(o).filter(|c| c.is_reusable()).cloned())
                         .collect()
                 };
                 match conns {

@@ -359,6 +359,12 @@ pub enum Msg {
     },
 }
 
+/// True for the message kinds clients send (charged to a server's client payload budget;
+/// everything else is peer traffic between daemons).
+pub fn kind_is_client_request(kind: u16) -> bool {
+    kind == tag::OBJ_REQUEST || kind == tag::COMMAND || kind == tag::GET_MAP
+}
+
 /// True for the message kinds whose bulk can be an object a daemon writes whole (client
 /// requests and replication): the receiver computes their block checksums.
 pub fn kind_writes_objects(kind: u16) -> bool {

@@ -18,7 +18,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -132,11 +134,10 @@ async fn read_vec<R: AsyncRead + Unpin>(
     Ok(v)
 }
 
-/// Reads and verifies one frame. The body (`u32 bulk length | bulk | fields`) is read in
-/// pieces so the bulk bytes land in a buffer of their own, which the decoded message then
-/// owns. A body whose bulk length is impossible is still read whole (the stream stays in
-/// sync) and reported by [`RawFrame::decode`].
-pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<RawFrame>, NetError> {
+/// Reads the next frame header. `Ok(None)` on a clean end of stream before its first byte.
+async fn read_header<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<Option<crate::frame::FrameHeader>, NetError> {
     let mut header = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -151,7 +152,14 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Ra
         }
         got += n;
     }
-    let h = parse_header(&header, PAYLOAD_LEN_MAX_DEFAULT)?;
+    Ok(Some(parse_header(&header, PAYLOAD_LEN_MAX_DEFAULT)?))
+}
+
+/// Reads and verifies the body of the frame whose header is `h`.
+async fn read_body<R: AsyncRead + Unpin>(
+    r: &mut R,
+    h: &crate::frame::FrameHeader,
+) -> Result<RawFrame, NetError> {
     let len = h.payload_len as usize;
     let mut block_crcs = Vec::new();
     let (bulk_claim, bulk, fields, crc) = if len < 4 {
@@ -186,7 +194,7 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Ra
         }
         .into());
     }
-    Ok(Some(RawFrame {
+    Ok(RawFrame {
         kind: h.kind,
         request_id: h.request_id,
         epoch: h.epoch,
@@ -194,7 +202,18 @@ pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Ra
         bulk,
         fields,
         bulk_block_crcs: block_crcs,
-    }))
+    })
+}
+
+/// Reads and verifies one frame. The body (`u32 bulk length | bulk | fields`) is read in
+/// pieces so the bulk bytes land in a buffer of their own, which the decoded message then
+/// owns. A body whose bulk length is impossible is still read whole (the stream stays in
+/// sync) and reported by [`RawFrame::decode`].
+pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<RawFrame>, NetError> {
+    match read_header(r).await? {
+        None => Ok(None),
+        Some(h) => Ok(Some(read_body(r, &h).await?)),
+    }
 }
 
 /// Encodes `msg` as one frame.
@@ -384,6 +403,17 @@ pub struct RpcConn {
     tx: mpsc::UnboundedSender<Outgoing>,
     shared: Arc<Shared>,
     next_id: AtomicU64,
+    /// When a frame was last queued ([`monotonic_ms`]).
+    last_used_ms: AtomicU64,
+}
+
+/// Milliseconds since the first call in this process (a monotonic clock for idle checks).
+fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 /// The reply to one request, once it arrives.
@@ -477,6 +507,7 @@ impl RpcConn {
             tx,
             shared,
             next_id: AtomicU64::new(1),
+            last_used_ms: AtomicU64::new(monotonic_ms()),
         }))
     }
 
@@ -486,6 +517,15 @@ impl RpcConn {
 
     pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Open and used within [`CLIENT_IDLE_REUSE_MS_MAX`]: safe to start a request on. A pool
+    /// replaces a connection that is not (the server closes connections idle for twice as
+    /// long, so a request never races with that close).
+    pub fn is_reusable(&self) -> bool {
+        !self.is_closed()
+            && monotonic_ms().saturating_sub(self.last_used_ms.load(Ordering::Relaxed))
+                < CLIENT_IDLE_REUSE_MS_MAX
     }
 
     /// Enqueues a request now (frames leave in `start` order) and returns its reply.
@@ -505,6 +545,7 @@ impl RpcConn {
             return Err(NetError::Closed(reason));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.last_used_ms.store(monotonic_ms(), Ordering::Relaxed);
         let (wtx, wrx) = oneshot::channel();
         if let Ok(mut p) = self.shared.pending.lock() {
             p.insert(id, wtx);
@@ -525,6 +566,7 @@ impl RpcConn {
     /// a fresh id the peer's reply to which, if any, is ignored).
     pub fn send_oneway(&self, epoch: u64, msg: &Msg) -> Result<(), NetError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.last_used_ms.store(monotonic_ms(), Ordering::Relaxed);
         self.tx
             .send(outgoing(id, epoch, msg))
             .map_err(|_| NetError::Closed(format!("{}: writer stopped", self.peer)))
@@ -546,12 +588,208 @@ impl Drop for RpcConn {
 /// instead of growing the daemon's queues (admission control).
 pub const REQUESTS_IN_FLIGHT_PER_CONNECTION: usize = 64;
 
+/// A served connection with nothing in progress (no request, no subscription) that sends
+/// nothing for this long is closed. Longer than [`CLIENT_IDLE_REUSE_MS_MAX`], so a client
+/// that follows the rule never sends into a connection the server is closing.
+pub const SERVER_IDLE_TIMEOUT_MS: u64 = 10 * 60 * 1000;
+/// A client does not start requests on a connection idle for this long: it opens a new
+/// one (see [`RpcConn::is_reusable`]).
+pub const CLIENT_IDLE_REUSE_MS_MAX: u64 = 5 * 60 * 1000;
+const _: () = assert!(CLIENT_IDLE_REUSE_MS_MAX * 2 <= SERVER_IDLE_TIMEOUT_MS);
+
+/// A frame whose first byte has arrived must be complete within this time plus
+/// [`FRAME_DEADLINE_MS_PER_MIB`] per MiB of payload (a peer that stops half way, or
+/// trickles, does not keep its buffer for ever: 74 s for the largest frame).
+pub const FRAME_DEADLINE_MS_BASE: u64 = 10_000;
+pub const FRAME_DEADLINE_MS_PER_MIB: u64 = 1_000;
+
+/// A writer whose peer takes no bytes for this long gives up on the connection (a peer
+/// that stops reading must not keep its queued replies in memory).
+pub const WRITE_STALL_MS_MAX: u64 = 30_000;
+
+/// After the peer has gone (end of stream), queued replies may go out for this long; then
+/// the connection and everything still queued or running for it is dropped. Short: a peer
+/// that ended its side does not wait for replies (Spindle's clients close both sides), and
+/// a subscription must not keep a closed connection's descriptor and buffers for long.
+pub const REPLY_DRAIN_MS_MAX: u64 = 250;
+
+/// TCP keepalive on served connections: a peer that vanished without a FIN or RST (host
+/// crash, partition) is noticed after about idle + interval * retries.
+const KEEPALIVE_IDLE_MS: u64 = 30_000;
+const KEEPALIVE_INTERVAL_MS: u64 = 10_000;
+const KEEPALIVE_RETRIES: u32 = 3;
+
+/// Accept failures (e.g. out of descriptors) back off from this delay, doubling...
+const ACCEPT_BACKOFF_MS_MIN: u64 = 10;
+/// ...up to this one, and are logged at most once per this interval.
+const ACCEPT_BACKOFF_MS_MAX: u64 = 1_000;
+const ACCEPT_LOG_INTERVAL_MS: u64 = 10_000;
+
+/// Accounting unit of a [`PayloadBudget`] (permits are u32 counts of these).
+const BUDGET_UNIT_BYTES: u64 = 1024;
+
+/// A byte budget for incoming payloads held in memory by one process. A served frame's
+/// payload is charged before it is read (the connection waits, and TCP slows its sender,
+/// while the budget is exhausted) and released when the request's last [`Replier`] is
+/// dropped, i.e. when the request is done. A process keeps two: one for client requests
+/// and one for peer traffic (replication, recovery), because a primary holds client bytes
+/// while it waits for replicas, and replicas must never wait for client bytes to be
+/// released (that would be a cycle).
+pub struct PayloadBudget {
+    sem: Arc<tokio::sync::Semaphore>,
+    units_total: u32,
+    /// Most units in use since the last [`PayloadBudget::take_peak_bytes`].
+    peak_units: AtomicU64,
+}
+
+impl PayloadBudget {
+    /// A budget of `bytes` (at least one maximum-size frame).
+    pub fn new(bytes: u64) -> PayloadBudget {
+        let bytes = bytes.max(PAYLOAD_LEN_MAX_DEFAULT as u64 + BUDGET_UNIT_BYTES);
+        let units_total = (bytes / BUDGET_UNIT_BYTES).min(u32::MAX as u64 / 2) as u32;
+        PayloadBudget {
+            sem: Arc::new(tokio::sync::Semaphore::new(units_total as usize)),
+            units_total,
+            peak_units: AtomicU64::new(0),
+        }
+    }
+
+    fn units(bytes: u64) -> u32 {
+        bytes.div_ceil(BUDGET_UNIT_BYTES).max(1) as u32
+    }
+
+    /// Waits until `bytes` of the budget are free and takes them.
+    pub async fn acquire(&self, bytes: u64) -> tokio::sync::OwnedSemaphorePermit {
+        let units = Self::units(bytes).min(self.units_total);
+        let permit = match self.sem.clone().acquire_many_owned(units).await {
+            Ok(p) => p,
+            // The semaphore is never closed.
+            Err(_) => unreachable!("payload budget semaphore closed"),
+        };
+        let used = (self.units_total as usize - self.sem.available_permits()) as u64;
+        self.peak_units.fetch_max(used, Ordering::Relaxed);
+        permit
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.units_total as u64 * BUDGET_UNIT_BYTES
+    }
+
+    pub fn in_use_bytes(&self) -> u64 {
+        (self.units_total as usize - self.sem.available_permits()) as u64 * BUDGET_UNIT_BYTES
+    }
+
+    /// Most bytes in use since the previous call (then restarts from what is in use now).
+    pub fn take_peak_bytes(&self) -> u64 {
+        let now = (self.units_total as usize - self.sem.available_permits()) as u64;
+        self.peak_units.swap(now, Ordering::Relaxed) * BUDGET_UNIT_BYTES
+    }
+}
+
+/// Default payload budget of a process: 1/32 of its memory, between 128 MiB and 1 GiB
+/// (split evenly between client and peer traffic).
+pub fn payload_budget_bytes_default() -> u64 {
+    let pages = memory_total_bytes();
+    (pages / 32).clamp(128 << 20, 1 << 30)
+}
+
+fn memory_total_bytes() -> u64 {
+    // /proc/meminfo avoids an unsafe sysconf call; 4 GiB if it cannot be read.
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map_or(4 << 30, |kib| kib * 1024)
+}
+
+/// Limits and budgets of a process's served connections.
+pub struct ServeLimits {
+    /// Payloads of client requests (`ObjRequest`) and monitor commands.
+    pub client_budget: PayloadBudget,
+    /// Payloads of everything else (replication, recovery, peering, scrub, shards).
+    pub peer_budget: PayloadBudget,
+    pub idle_timeout_ms: u64,
+    pub frame_deadline_ms_base: u64,
+    pub frame_deadline_ms_per_mib: u64,
+    pub write_stall_ms: u64,
+    /// Served connections open now (a gauge; tests and `bench soak` read it).
+    pub connections_open: AtomicU64,
+}
+
+impl ServeLimits {
+    /// `payload_budget_bytes` in total, split evenly.
+    pub fn new(payload_budget_bytes: u64) -> ServeLimits {
+        ServeLimits {
+            client_budget: PayloadBudget::new(payload_budget_bytes / 2),
+            peer_budget: PayloadBudget::new(payload_budget_bytes / 2),
+            idle_timeout_ms: SERVER_IDLE_TIMEOUT_MS,
+            frame_deadline_ms_base: FRAME_DEADLINE_MS_BASE,
+            frame_deadline_ms_per_mib: FRAME_DEADLINE_MS_PER_MIB,
+            write_stall_ms: WRITE_STALL_MS_MAX,
+            connections_open: AtomicU64::new(0),
+        }
+    }
+
+    /// The budget a frame of `kind` is charged to.
+    fn budget_for(&self, kind: u16) -> &PayloadBudget {
+        if crate::msg::kind_is_client_request(kind) {
+            &self.client_budget
+        } else {
+            &self.peer_budget
+        }
+    }
+
+    fn frame_deadline(&self, payload_len: u32) -> Duration {
+        let mib = (payload_len as u64).div_ceil(1 << 20);
+        Duration::from_millis(self.frame_deadline_ms_base + mib * self.frame_deadline_ms_per_mib)
+    }
+}
+
+impl Default for ServeLimits {
+    /// The defaults, overridden by `SPINDLE_PAYLOAD_BUDGET_MIB` (total payload budget),
+    /// `SPINDLE_CONN_IDLE_TIMEOUT_MS` (idle timeout of served connections) and
+    /// `SPINDLE_FRAME_DEADLINE_MS` (time for any frame to arrive once started).
+    fn default() -> Self {
+        let env = |name: &str| -> Option<u64> {
+            let v = std::env::var(name).ok()?;
+            match v.trim().parse::<u64>() {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    tracing::warn!("ignoring {name}={v:?}: not a whole number");
+                    None
+                }
+            }
+        };
+        let budget = env("SPINDLE_PAYLOAD_BUDGET_MIB")
+            .map_or_else(payload_budget_bytes_default, |mib| mib << 20);
+        let mut limits = ServeLimits::new(budget);
+        if let Some(ms) = env("SPINDLE_CONN_IDLE_TIMEOUT_MS") {
+            limits.idle_timeout_ms = ms.max(1);
+        }
+        if let Some(ms) = env("SPINDLE_FRAME_DEADLINE_MS") {
+            limits.frame_deadline_ms_base = ms.max(1);
+            limits.frame_deadline_ms_per_mib = 0;
+        }
+        limits
+    }
+}
+
+/// What a request in progress holds: its admission slot and its payload bytes.
+struct Held {
+    _admission: tokio::sync::OwnedSemaphorePermit,
+    _payload: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// Sends replies on a served connection (cheap to clone; frames keep their order). The
-/// request's admission permit is released when the last clone is dropped.
+/// request's admission slot and payload budget are released when the last clone is dropped.
 #[derive(Clone)]
 pub struct Replier {
     tx: mpsc::UnboundedSender<Outgoing>,
-    _permit: Option<Arc<tokio::sync::OwnedSemaphorePermit>>,
+    _held: Option<Arc<Held>>,
 }
 
 impl Replier {
@@ -566,38 +804,158 @@ impl Replier {
             .send(Prepared::from_msg(msg).frame(request_id, epoch))
             .is_ok()
     }
+
+    /// Resolves once the connection is gone (the peer closed it, or it was dropped for a
+    /// timeout): long-lived holders of a replier (map subscriptions) wait on this so they
+    /// end with the connection instead of at their next send.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
+
+/// Writes queued frames like [`writer_loop`], but gives up when the peer takes no bytes
+/// for `stall` (a peer that stops reading).
+async fn writer_loop_bounded<W: AsyncWrite + Unpin>(
+    w: W,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    stall: Duration,
+) -> Result<(), NetError> {
+    let mut w = BufWriter::with_capacity(256 << 10, w);
+    let stalled = || NetError::Timeout(stall.as_millis() as u64);
+    while let Some(frame) = rx.recv().await {
+        tokio::time::timeout(stall, write_outgoing(&mut w, &frame))
+            .await
+            .map_err(|_| stalled())??;
+        while let Ok(more) = rx.try_recv() {
+            tokio::time::timeout(stall, write_outgoing(&mut w, &more))
+                .await
+                .map_err(|_| stalled())??;
+        }
+        tokio::time::timeout(stall, w.flush())
+            .await
+            .map_err(|_| stalled())??;
+    }
+    Ok(())
+}
+
+fn set_keepalive(stream: &TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_millis(KEEPALIVE_IDLE_MS))
+        .with_interval(Duration::from_millis(KEEPALIVE_INTERVAL_MS))
+        .with_retries(KEEPALIVE_RETRIES);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
+        tracing::debug!("cannot set TCP keepalive: {e}");
+    }
+}
+
+/// Why a served connection ended.
+enum Ended {
+    PeerClosed,
+    Idle,
+    Error(String),
+}
+
+/// Serves one accepted connection with the default limits (see [`serve_with`]).
+pub async fn serve<F>(stream: TcpStream, label: &str, epoch: impl Fn() -> u64, dispatch: F)
+where
+    F: FnMut(Incoming, Replier),
+{
+    serve_with(stream, label, &default_limits(), epoch, dispatch).await
+}
+
+/// Process-wide limits for services that do not bring their own.
+pub fn default_limits() -> Arc<ServeLimits> {
+    static LIMITS: std::sync::OnceLock<Arc<ServeLimits>> = std::sync::OnceLock::new();
+    LIMITS
+        .get_or_init(|| Arc::new(ServeLimits::default()))
+        .clone()
 }
 
 /// Serves one accepted connection: verified frames are decoded and handed to `dispatch`
 /// in arrival order (it must not block; spawn for anything slow). A body that does not
 /// decode gets an `Invalid` error reply and the connection goes on (the frame itself was
 /// whole and verified); a bad frame gets an error frame, is logged, and ends the
-/// connection. Returns when the peer disconnects.
-pub async fn serve<F>(stream: TcpStream, label: &str, epoch: impl Fn() -> u64, mut dispatch: F)
-where
+/// connection. Returns when the peer disconnects, when the connection was idle (nothing
+/// in progress) for `limits.idle_timeout_ms`, or when a frame or a reply stalls; the
+/// socket and every buffer of the connection are released then (replies still being
+/// produced may go out for [`REPLY_DRAIN_MS_MAX`]).
+pub async fn serve_with<F>(
+    stream: TcpStream,
+    label: &str,
+    limits: &ServeLimits,
+    epoch: impl Fn() -> u64,
+    mut dispatch: F,
+) where
     F: FnMut(Incoming, Replier),
 {
     let _ = stream.set_nodelay(true);
+    set_keepalive(&stream);
+    limits.connections_open.fetch_add(1, Ordering::Relaxed);
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".to_string());
     let (read_half, write_half) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
-    let writer = tokio::spawn(writer_loop(write_half, rx));
-    let replier = Replier { tx, _permit: None };
+    let mut writer = tokio::spawn(writer_loop_bounded(
+        write_half,
+        rx,
+        Duration::from_millis(limits.write_stall_ms),
+    ));
+    let replier = Replier { tx, _held: None };
     let admission = Arc::new(tokio::sync::Semaphore::new(
         REQUESTS_IN_FLIGHT_PER_CONNECTION,
     ));
-    let mut r = BufReader::with_capacity(256 << 10, read_half);
-    loop {
+    let idle = Duration::from_millis(limits.idle_timeout_ms);
+    let mut r = BufReader::with_capacity(64 << 10, read_half);
+    let ended = 'conn: loop {
         // Wait for a free request slot before reading the next frame.
-        let Ok(permit) = admission.clone().acquire_owned().await else {
-            break;
+        let Ok(admitted) = admission.clone().acquire_owned().await else {
+            break Ended::Error("admission closed".into());
         };
-        match read_frame_raw(&mut r).await {
-            Ok(None) => break,
-            Ok(Some(frame)) => {
+        // Wait for the next frame's first byte; with nothing in progress, not for ever.
+        loop {
+            match tokio::time::timeout(idle, r.fill_buf()).await {
+                Ok(Ok([])) => break 'conn Ended::PeerClosed,
+                Ok(Ok(_)) => break,
+                Ok(Err(e)) => break 'conn Ended::Error(e.to_string()),
+                Err(_) => {
+                    // The slot taken above is the only one out: nothing in progress.
+                    if admission.available_permits() + 1 == REQUESTS_IN_FLIGHT_PER_CONNECTION {
+                        break 'conn Ended::Idle;
+                    }
+                }
+            }
+        }
+        let header = match tokio::time::timeout(limits.frame_deadline(0), read_header(&mut r)).await
+        {
+            Err(_) => break Ended::Error("frame header stalled".into()),
+            Ok(Ok(None)) => break Ended::PeerClosed,
+            Ok(Ok(Some(h))) => Ok(h),
+            Ok(Err(e)) => Err(e),
+        };
+        let frame = match header {
+            Ok(h) => {
+                // Charge the payload before reading it: while the budget is exhausted this
+                // connection is not read (its sender is slowed by TCP flow control).
+                let budget = limits.budget_for(h.kind);
+                let charged = budget.acquire(h.payload_len as u64).await;
+                let deadline = limits.frame_deadline(h.payload_len);
+                match tokio::time::timeout(deadline, read_body(&mut r, &h)).await {
+                    Err(_) => {
+                        break Ended::Error(format!(
+                            "frame of {} bytes not complete after {} ms",
+                            h.payload_len,
+                            deadline.as_millis()
+                        ))
+                    }
+                    Ok(body) => body.map(|f| (f, charged)),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        match frame {
+            Ok((frame, charged)) => {
                 let (kind, request_id, frame_epoch) = (frame.kind, frame.request_id, frame.epoch);
                 let mut frame = frame;
                 let bulk_block_crcs = std::mem::take(&mut frame.bulk_block_crcs);
@@ -611,7 +969,10 @@ where
                         },
                         Replier {
                             tx: replier.tx.clone(),
-                            _permit: Some(Arc::new(permit)),
+                            _held: Some(Arc::new(Held {
+                                _admission: admitted,
+                                _payload: charged,
+                            })),
                         },
                     ),
                     Err(e) => {
@@ -634,12 +995,28 @@ where
                         format!("closing connection: {e}"),
                     ),
                 );
-                break;
+                break Ended::Error(e.to_string());
             }
         }
+    };
+    match &ended {
+        Ended::PeerClosed => {}
+        Ended::Idle => tracing::debug!("{label}: closing idle connection from {peer}"),
+        Ended::Error(e) => tracing::debug!("{label}: connection from {peer} ended: {e}"),
     }
+    // The read side (and its buffer) goes now; queued replies get a short drain, then the
+    // write side and whatever is queued on it go too. Holders of a replier (requests still
+    // running, subscriptions) see `Replier::closed` / a failed send and end.
+    drop(r);
     drop(replier);
-    let _ = writer.await;
+    if tokio::time::timeout(Duration::from_millis(REPLY_DRAIN_MS_MAX), &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+        let _ = writer.await;
+    }
+    limits.connections_open.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// A server that dispatches decoded requests (the monitor, a storage daemon).
@@ -648,23 +1025,76 @@ pub trait Service: Clone + Send + Sync + 'static {
     fn epoch(&self) -> u64;
     /// Handles one request in arrival order (see [`serve`]).
     fn dispatch(&self, inc: Incoming, reply: Replier);
+    /// Limits and payload budgets of this service's connections.
+    fn limits(&self) -> Arc<ServeLimits> {
+        default_limits()
+    }
 }
 
+/// Hands freed heap memory back to the system after a burst of large payloads (glibc keeps
+/// freed memory in its arenas otherwise, so a burst would leave the process at its peak).
+fn release_heap_after_bursts(limits: &ServeLimits, threshold_bytes: u64) {
+    let peak = limits.client_budget.take_peak_bytes() + limits.peer_budget.take_peak_bytes();
+    let now = limits.client_budget.in_use_bytes() + limits.peer_budget.in_use_bytes();
+    if peak >= threshold_bytes && now < threshold_bytes / 4 {
+        trim_heap();
+    }
+}
+
+/// Returns free heap pages to the system (glibc `malloc_trim`; elsewhere nothing).
+pub fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: malloc_trim takes no pointers and only releases free memory.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
+
+/// Payload bytes that, once used and released, make the server trim its heap.
+const TRIM_AFTER_PEAK_BYTES: u64 = 64 << 20;
+/// How often the server checks whether a burst is over.
+const TRIM_CHECK_MS: u64 = 2_000;
+
 /// Accepts connections until the listener fails for good, serving each on its own task.
+/// Accept failures (out of descriptors, ...) back off instead of spinning, and are logged
+/// once per interval with a count.
 pub async fn accept_loop<S: Service>(
     listener: tokio::net::TcpListener,
     label: &'static str,
     svc: S,
 ) {
+    let limits = svc.limits();
+    // Ends with this loop (dropped when the loop's task is aborted).
+    let _trimmer = AbortOnDrop({
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(TRIM_CHECK_MS));
+            loop {
+                tick.tick().await;
+                release_heap_after_bursts(&limits, TRIM_AFTER_PEAK_BYTES);
+            }
+        })
+    });
+    let mut backoff_ms = 0u64;
+    let mut failures_unlogged = 0u64;
+    let mut last_log: Option<std::time::Instant> = None;
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
+                backoff_ms = 0;
                 let svc = svc.clone();
+                let limits = limits.clone();
                 tokio::spawn(async move {
                     let s2 = svc.clone();
-                    serve(
+                    serve_with(
                         stream,
                         label,
+                        &limits,
                         move || s2.epoch(),
                         |inc, reply| svc.dispatch(inc, reply),
                     )
@@ -672,9 +1102,29 @@ pub async fn accept_loop<S: Service>(
                 });
             }
             Err(e) => {
-                tracing::warn!("{label}: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                failures_unlogged += 1;
+                let due = last_log
+                    .is_none_or(|t| t.elapsed() >= Duration::from_millis(ACCEPT_LOG_INTERVAL_MS));
+                if due {
+                    tracing::warn!(
+                        "{label}: accept failed ({failures_unlogged} time(s) since the last \
+                         report): {e}"
+                    );
+                    failures_unlogged = 0;
+                    last_log = Some(std::time::Instant::now());
+                }
+                backoff_ms = (backoff_ms * 2).clamp(ACCEPT_BACKOFF_MS_MIN, ACCEPT_BACKOFF_MS_MAX);
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
             }
         }
+    }
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -321,7 +321,36 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         .map(|i| i.name)
         .collect();
     let exports = Arc::new(ImageExports::new(client, args.pool.clone(), config));
-    let server = Arc::new(NbdServer::new(exports.clone(), ServerConfig::default()));
+    let mut server_config = ServerConfig::default();
+    if let Some(mib) = std::env::var("SPINDLE_PAYLOAD_BUDGET_MIB")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        server_config.payload_budget_bytes =
+            (mib << 20).max(server_config.max_request_bytes as u64);
+    }
+    if let Some(ms) = std::env::var("SPINDLE_FRAME_DEADLINE_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        server_config.payload_deadline_ms_base = ms;
+        server_config.payload_deadline_ms_per_mib = 0;
+    }
+    let server = Arc::new(NbdServer::new(exports.clone(), server_config));
+    // After a burst of large writes, hand the freed payload buffers back to the system.
+    let _trimmer = {
+        let server = server.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            loop {
+                tick.tick().await;
+                let peak = server.take_payload_peak_bytes();
+                if peak >= 64 << 20 && server.stats().payload_bytes_in_use < 16 << 20 {
+                    spindle_proto::net::trim_heap();
+                }
+            }
+        }))
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let serving = if let Some(path) = &args.socket {
@@ -416,4 +445,13 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+/// Aborts a background task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
