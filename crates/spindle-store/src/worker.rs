@@ -540,6 +540,16 @@ impl Worker {
         self.full = true;
         self.sh.full.store(true, Relaxed);
         let released = remove_file_if_present(&self.reserve_path());
+        // Freed files kept for reuse hold their space: give it back (no record refers to
+        // them; replay re-creates a file an earlier record writes into, as for deletes).
+        let kept: Vec<(u64, u64)> = self
+            .reusable
+            .drain(..)
+            .chain(self.freed_this_epoch.drain(..))
+            .collect();
+        for (id, _) in kept {
+            self.remove_unreferenced(id);
+        }
         tracing::warn!(
             error = %why,
             reserve_released = released.is_ok(),
@@ -738,6 +748,21 @@ impl Worker {
             self.remove_new_file(id);
         }
         self.reusable.append(&mut self.batch_reused);
+    }
+
+    /// Removes an unreferenced data file (through the unlink thread when running).
+    fn remove_unreferenced(&mut self, file_id: u64) {
+        let path = self.sh.file_path(file_id);
+        let path = match &self.unlinker {
+            Some(tx) => match tx.send(path) {
+                Ok(()) => return,
+                Err(mpsc::SendError(path)) => path,
+            },
+            None => path,
+        };
+        if let Err(e) = remove_file_if_present(&path) {
+            tracing::warn!(file_id, error = %e, "cannot remove an unreferenced data file");
+        }
     }
 
     /// Removes a data file created for the batch being built (not journaled).
@@ -1374,6 +1399,7 @@ impl Worker {
         // Keep whole, block-aligned large files for in-place reuse (only while running:
         // at open, unreferenced files are removed).
         if self.unlinker.is_some()
+            && !self.full
             && self.freed_this_epoch.len() + self.reusable.len() < REUSABLE_FILES_MAX
         {
             if let Ok(meta) = std::fs::metadata(&path) {
