@@ -874,18 +874,18 @@ mod tests {
         assert_eq!(rt.block_on(store.read(PG, "x", 0, u64::MAX)).unwrap(), data);
         let mut bad = data.clone();
         bad[9000] ^= 1;
-        meta::put_inline(&*store.sh.db().unwrap(), PG, "x", &bad).unwrap();
+        meta::put_inline(&store.sh.db().unwrap(), PG, "x", &bad).unwrap();
         assert_eq!(
             rt.block_on(store.read(PG, "x", 0, 8192)).unwrap(),
             data[..8192]
         );
         expect_corrupt(rt.block_on(store.read(PG, "x", 8192, 100)), 2);
         // Wrong length in the database (truncated value): corrupt as well.
-        meta::put_inline(&*store.sh.db().unwrap(), PG, "x", &data[..9000]).unwrap();
+        meta::put_inline(&store.sh.db().unwrap(), PG, "x", &data[..9000]).unwrap();
         expect_corrupt(rt.block_on(store.read(PG, "x", 0, 10)), 0);
         // A partial write loads the stored bytes; it must not re-checksum the damaged,
         // untouched block 2 (no laundering), only the block it writes.
-        meta::put_inline(&*store.sh.db().unwrap(), PG, "x", &bad).unwrap();
+        meta::put_inline(&store.sh.db().unwrap(), PG, "x", &bad).unwrap();
         store
             .apply(
                 PG,
