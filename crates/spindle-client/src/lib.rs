@@ -484,6 +484,7 @@ impl Client {
         data: Vec<u8>,
     ) -> Result<Ver, ClientError> {
         check_size(0, data.len() as u64)?;
+        self.refuse_if_full(pool)?;
         if let Some(layout) = self.ec_layout(pool)? {
             let size = data.len() as u64;
             let stripes = layout.stripes(size);
@@ -502,6 +503,31 @@ impl Client {
             return self.mutate(pool, name, m).await;
         }
         self.mutate(pool, name, Mutation::WriteFull(data)).await
+    }
+
+    /// `NoSpace` if the map marks `pool` full (a daemon it places data on is above the
+    /// full ratio): new writes are refused before they are sent. Deletes and truncates
+    /// are never refused (they free space).
+    fn refuse_if_full(&self, pool: &str) -> Result<(), ClientError> {
+        let ms = self.state();
+        let def = ms
+            .map
+            .pool_by_name(pool)
+            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
+        if ms.map.pool_full(def.id) {
+            let full: Vec<String> = ms
+                .map
+                .osds
+                .values()
+                .filter(|o| o.full)
+                .map(|o| format!("osd.{}", o.id))
+                .collect();
+            return Err(ClientError::NoSpace(format!(
+                "pool {pool} is full ({} full); delete data or add capacity",
+                full.join(", ")
+            )));
+        }
+        Ok(())
     }
 
     /// The coding of `pool` if it is erasure-coded.
@@ -645,6 +671,7 @@ impl Client {
         data: Vec<u8>,
     ) -> Result<Ver, ClientError> {
         check_size(offset, data.len() as u64)?;
+        self.refuse_if_full(pool)?;
         if let Some(layout) = self.ec_layout(pool)? {
             return self
                 .ec_update(pool, name, &layout, offset, &data, None)

@@ -2,13 +2,18 @@
 //!
 //! Layout (little endian, [`spindle_proto::codec`] fields):
 //! `u32 MAP_FORMAT | u64 cluster_id | u64 epoch | u32 n_osds | n x osd | u32 n_pools |
-//!  n x pool | bytes crush (Ceph binary CRUSH encoding)`.
+//!  n x pool | bytes crush (Ceph binary CRUSH encoding)`; format 2 appends
+//! `u32 nearfull_ratio_ppm | u32 full_ratio_ppm | u32 n | n x (u32 osd id, u8 flags)`
+//! (flags bit 0 nearfull, bit 1 full). Format 1 maps decode with the default ratios and
+//! no flags.
 //! The frame or store record around it carries the CRC.
 
 use crate::{ClusterMap, OsdInfo, Pool, PoolKind, PG_COUNT_MAX};
 use spindle_proto::{CodecError, Reader, Writer};
 
-const MAP_FORMAT: u32 = 1;
+const MAP_FORMAT: u32 = 2;
+const OSD_NEARFULL: u8 = 1;
+const OSD_FULL: u8 = 2;
 const OSDS_MAX: u32 = 1 << 16;
 const POOLS_MAX: u32 = 1 << 16;
 const ADDR_MAX: usize = 256;
@@ -65,6 +70,18 @@ impl ClusterMap {
             w.u32(pool.pg_count).i32(pool.crush_rule);
         }
         w.bytes(&spindle_crush::binary::encode(&self.crush));
+        w.u32(self.nearfull_ratio_ppm).u32(self.full_ratio_ppm);
+        let flagged: Vec<&OsdInfo> = self
+            .osds
+            .values()
+            .filter(|o| o.nearfull || o.full)
+            .collect();
+        w.u32(flagged.len() as u32);
+        for o in flagged {
+            let flags =
+                if o.nearfull { OSD_NEARFULL } else { 0 } | if o.full { OSD_FULL } else { 0 };
+            w.u32(o.id).u8(flags);
+        }
         w.finish()
     }
 
@@ -72,7 +89,7 @@ impl ClusterMap {
     pub fn decode(bytes: &[u8]) -> Result<ClusterMap, MapDecodeError> {
         let mut r = Reader::new(bytes);
         let format = r.u32("format")?;
-        if format != MAP_FORMAT {
+        if format != MAP_FORMAT && format != 1 {
             return Err(MapDecodeError::Format(format));
         }
         let cluster_id = r.u64("cluster_id")?;
@@ -91,6 +108,8 @@ impl ClusterMap {
                 in_cluster: r.u8("osd in")? != 0,
                 weight: r.u32("osd weight")?,
                 up_from: r.u64("osd up_from")?,
+                nearfull: false,
+                full: false,
             };
             if osds.insert(osd.id, osd).is_some() {
                 return Err(MapDecodeError::Invalid("duplicate daemon id".into()));
@@ -137,6 +156,29 @@ impl ClusterMap {
             }
         }
         let crush_bytes = r.bytes("crush map", CRUSH_MAX)?;
+        let (mut nearfull_ratio_ppm, mut full_ratio_ppm) = (
+            crate::NEARFULL_RATIO_PPM_DEFAULT,
+            crate::FULL_RATIO_PPM_DEFAULT,
+        );
+        if format >= 2 {
+            nearfull_ratio_ppm = r.u32("nearfull ratio")?;
+            full_ratio_ppm = r.u32("full ratio")?;
+            let n = r.u32("flagged daemon count")?;
+            if n > OSDS_MAX {
+                return Err(MapDecodeError::Invalid(format!("{n} flagged daemons")));
+            }
+            for _ in 0..n {
+                let id = r.u32("flagged osd id")?;
+                let flags = r.u8("osd flags")?;
+                let Some(o) = osds.get_mut(&id) else {
+                    return Err(MapDecodeError::Invalid(format!(
+                        "flags for unknown osd.{id}"
+                    )));
+                };
+                o.nearfull = flags & OSD_NEARFULL != 0;
+                o.full = flags & OSD_FULL != 0;
+            }
+        }
         r.finish()?;
         let crush = spindle_crush::binary::decode(crush_bytes)?;
         crush.validate()?;
@@ -146,6 +188,8 @@ impl ClusterMap {
             osds,
             pools,
             crush,
+            nearfull_ratio_ppm,
+            full_ratio_ppm,
         };
         for pool in map.pools.values() {
             map.check_pool(pool)

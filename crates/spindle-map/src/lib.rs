@@ -48,6 +48,11 @@ pub struct OsdInfo {
     pub weight: u32,
     /// Epoch at which the daemon was last marked up (distinguishes restarts).
     pub up_from: u64,
+    /// Its file system is above the nearfull ratio (a warning only).
+    pub nearfull: bool,
+    /// Its file system is above the full ratio, or its store refuses new data: clients
+    /// and primaries refuse new writes to pools placed on it (deletes still work).
+    pub full: bool,
 }
 
 /// How a pool stores its objects.
@@ -120,7 +125,17 @@ pub struct ClusterMap {
     pub osds: BTreeMap<u32, OsdInfo>,
     pub pools: BTreeMap<u32, Pool>,
     pub crush: CrushMap,
+    /// Used/total ratio of a daemon's file system above which it is `nearfull`, in parts
+    /// per million (Ceph's default 0.85).
+    pub nearfull_ratio_ppm: u32,
+    /// Ratio above which a daemon is `full` (Ceph's default 0.95).
+    pub full_ratio_ppm: u32,
 }
+
+/// Default `nearfull_ratio_ppm` (0.85, as Ceph's `mon_osd_nearfull_ratio`).
+pub const NEARFULL_RATIO_PPM_DEFAULT: u32 = 850_000;
+/// Default `full_ratio_ppm` (0.95, as Ceph's `mon_osd_full_ratio`).
+pub const FULL_RATIO_PPM_DEFAULT: u32 = 950_000;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MapError {
@@ -137,6 +152,16 @@ pub enum MapError {
 }
 
 impl ClusterMap {
+    /// Whether pool `pool_id` is full: some daemon it can place data on (in the cluster,
+    /// weight > 0) is marked full. New writes to it are refused; deletes are not.
+    pub fn pool_full(&self, pool_id: u32) -> bool {
+        self.pools.contains_key(&pool_id)
+            && self
+                .osds
+                .values()
+                .any(|o| o.full && o.in_cluster && o.weight > 0)
+    }
+
     pub fn pool_by_name(&self, name: &str) -> Option<&Pool> {
         self.pools.values().find(|p| p.name == name)
     }

@@ -161,12 +161,16 @@ mod tests {
                             in_cluster: true,
                             weight: 0x10000,
                             up_from: 1,
+                            nearfull: false,
+                            full: false,
                         },
                     )
                 })
                 .collect(),
             pools: Default::default(),
             crush: embedded_crush_map(&ids).unwrap(),
+            nearfull_ratio_ppm: crate::NEARFULL_RATIO_PPM_DEFAULT,
+            full_ratio_ppm: crate::FULL_RATIO_PPM_DEFAULT,
         };
         m.add_pool(
             "default",
@@ -267,6 +271,8 @@ mod ec_tests {
             in_cluster: true,
             weight: 0x10000,
             up_from: 1,
+            nearfull: false,
+            full: false,
         };
         let mut m = ClusterMap {
             cluster_id: 7,
@@ -274,6 +280,8 @@ mod ec_tests {
             osds: ids.iter().map(|&id| (id, osd(id))).collect(),
             pools: Default::default(),
             crush: embedded_crush_map(&ids).unwrap(),
+            nearfull_ratio_ppm: crate::NEARFULL_RATIO_PPM_DEFAULT,
+            full_ratio_ppm: crate::FULL_RATIO_PPM_DEFAULT,
         };
         let kind = PoolKind::Erasure {
             k: 2,

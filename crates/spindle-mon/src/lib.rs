@@ -96,12 +96,16 @@ pub fn init(dir: &std::path::Path, spec: &InitSpec) -> Result<ClusterMap, MonErr
                         in_cluster: true,
                         weight: 0x10000,
                         up_from: 0,
+                        nearfull: false,
+                        full: false,
                     },
                 )
             })
             .collect(),
         pools: Default::default(),
         crush: spindle_map::embedded_crush_map(&ids)?,
+        nearfull_ratio_ppm: spindle_map::NEARFULL_RATIO_PPM_DEFAULT,
+        full_ratio_ppm: spindle_map::FULL_RATIO_PPM_DEFAULT,
     };
     if let Some((name, size, min_size, pg_count)) = &spec.default_pool {
         map.add_pool(
@@ -235,8 +239,33 @@ impl Monitor {
                         st.recovery_samples.pop_front();
                     }
                 }
-                let epoch = st.map.epoch;
+                let flags = st.counters.get(&osd_id).and_then(|c| {
+                    let (nearfull, full) = space_flags(&st.map, c);
+                    let o = st.map.osds.get(&osd_id)?;
+                    (o.nearfull != nearfull || o.full != full).then_some((nearfull, full))
+                });
+                let mut epoch = st.map.epoch;
                 drop(st);
+                if let Some((nearfull, full)) = flags {
+                    // Flags are in the map so clients and primaries refuse writes to a full
+                    // pool without asking anyone.
+                    let res = self.update(|m| {
+                        if let Some(o) = m.osds.get_mut(&osd_id) {
+                            o.nearfull = nearfull;
+                            o.full = full;
+                        }
+                        Ok(())
+                    });
+                    match res {
+                        Ok((_, e)) => {
+                            epoch = e;
+                            tracing::info!(
+                                "osd.{osd_id}: nearfull={nearfull} full={full}, epoch {e}"
+                            );
+                        }
+                        Err(e) => tracing::warn!("osd.{osd_id}: cannot update full flags: {e}"),
+                    }
+                }
                 reply.send(rid, epoch, &Msg::HeartbeatAck { epoch });
             }
             Msg::GetMap {
@@ -458,6 +487,8 @@ impl Monitor {
                             in_cluster: true,
                             weight: 0x10000,
                             up_from: 0,
+                            nearfull: false,
+                            full: false,
                         },
                     );
                     Ok(id)
@@ -465,9 +496,36 @@ impl Monitor {
                 self.lock().last_heartbeat.insert(id, Instant::now());
                 Ok(json!({"osd": id, "epoch": epoch}))
             }
+            ["osd", verb @ ("set-full-ratio" | "set-nearfull-ratio"), ratio] => {
+                let ppm = ratio
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|r| *r > 0.0 && *r <= 1.0)
+                    .map(|r| (r * 1e6).round() as u32)
+                    .ok_or_else(|| format!("ratio must be a number in (0, 1], got '{ratio}'"))?;
+                let full = *verb == "set-full-ratio";
+                let ((), epoch) = self.update(|m| {
+                    let (nearfull_ppm, full_ppm) = if full {
+                        (m.nearfull_ratio_ppm, ppm)
+                    } else {
+                        (ppm, m.full_ratio_ppm)
+                    };
+                    if nearfull_ppm > full_ppm {
+                        return Err(format!(
+                            "nearfull ratio {} would be above full ratio {}",
+                            nearfull_ppm as f64 / 1e6,
+                            full_ppm as f64 / 1e6
+                        ));
+                    }
+                    m.nearfull_ratio_ppm = nearfull_ppm;
+                    m.full_ratio_ppm = full_ppm;
+                    Ok(())
+                })?;
+                Ok(json!({"done": verb, "ratio": ppm as f64 / 1e6, "epoch": epoch}))
+            }
             ["crush", "get"] => Ok(json!(spindle_crush::text::print_text(&self.lock().map.crush))),
             _ => Err(format!(
-                "unknown command '{}' (known: status, pool ls|create|rm, osd out|in|down|add, crush get|set)",
+                "unknown command '{}' (known: status, pool ls|create|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set)",
                 a.join(" ")
             )),
         }
@@ -575,10 +633,17 @@ impl Monitor {
                     .flatten()
                     .map(|(k, v)| (k.clone(), json!(v)))
                     .collect();
+                let get = |k: &str| counters.get(k).and_then(|v| v.as_u64());
                 json!({"id": o.id, "addr": o.addr, "pid": o.pid, "up": o.up,
                        "in": o.in_cluster, "weight": o.weight as f64 / 65536.0,
                        "crush_weight": crush_weight(&map.crush, o.id),
-                       "up_from": o.up_from, "counters": counters})
+                       "up_from": o.up_from,
+                       "total_bytes": get("fs_total_bytes"),
+                       "used_bytes": get("fs_used_bytes"),
+                       "avail_bytes": get("fs_avail_bytes"),
+                       "nearfull": o.nearfull, "full": o.full,
+                       "healthy": get("store_failed").is_none_or(|f| f == 0),
+                       "counters": counters})
             })
             .collect();
         let (bytes_per_sec, objects_per_sec) =
@@ -627,9 +692,12 @@ impl Monitor {
                 format!("{degraded} placement group(s) degraded or recovering"),
             );
         }
+        space_health(&st, &mut health);
         json!({
             "cluster_id": format!("{:016x}", map.cluster_id),
             "epoch": map.epoch,
+            "nearfull_ratio": map.nearfull_ratio_ppm as f64 / 1e6,
+            "full_ratio": map.full_ratio_ppm as f64 / 1e6,
             "health": health.to_json(),
             "osds": osds,
             "pools": pools,
@@ -849,6 +917,101 @@ impl BoundMonitor {
 pub enum Severity {
     Warn,
     Err,
+}
+
+/// The value of counter `name` in a daemon's heartbeat counters.
+fn counter(c: &[(String, u64)], name: &str) -> Option<u64> {
+    c.iter().find(|(n, _)| n == name).map(|x| x.1)
+}
+
+/// (nearfull, full) of a daemon from its heartbeat counters: its file system's used
+/// ratio against the map's ratios, or its store refusing new data (full mode).
+fn space_flags(map: &ClusterMap, c: &[(String, u64)]) -> (bool, bool) {
+    let store_full = counter(c, "store_full").unwrap_or(0) != 0;
+    let (total, used) = (
+        counter(c, "fs_total_bytes").unwrap_or(0),
+        counter(c, "fs_used_bytes").unwrap_or(0),
+    );
+    let ratio_ppm = if total == 0 {
+        0
+    } else {
+        (used as u128 * 1_000_000 / total as u128) as u64
+    };
+    let full = store_full || ratio_ppm >= map.full_ratio_ppm as u64;
+    let nearfull = full || ratio_ppm >= map.nearfull_ratio_ppm as u64;
+    (nearfull, full)
+}
+
+/// OSD_NEARFULL, OSD_FULL, POOL_FULL and OSD_UNHEALTHY (a store latched by an I/O error).
+fn space_health(st: &State, health: &mut Health) {
+    let map = &st.map;
+    let list = |f: &dyn Fn(&OsdInfo) -> bool| -> Vec<String> {
+        map.osds
+            .values()
+            .filter(|o| f(o))
+            .map(|o| format!("osd.{}", o.id))
+            .collect()
+    };
+    let full = list(&|o| o.full);
+    let nearfull = list(&|o| o.nearfull && !o.full);
+    let unhealthy = list(&|o| {
+        o.up && st
+            .counters
+            .get(&o.id)
+            .is_some_and(|c| counter(c, "store_failed").unwrap_or(0) != 0)
+    });
+    if !nearfull.is_empty() {
+        health.add(
+            "OSD_NEARFULL",
+            Severity::Warn,
+            format!(
+                "{} daemon(s) nearfull (above {}): {}",
+                nearfull.len(),
+                map.nearfull_ratio_ppm as f64 / 1e6,
+                nearfull.join(", ")
+            ),
+        );
+    }
+    if !full.is_empty() {
+        health.add(
+            "OSD_FULL",
+            Severity::Err,
+            format!(
+                "{} daemon(s) full (above {} or out of space): {}",
+                full.len(),
+                map.full_ratio_ppm as f64 / 1e6,
+                full.join(", ")
+            ),
+        );
+    }
+    let pools: Vec<&str> = map
+        .pools
+        .values()
+        .filter(|p| map.pool_full(p.id))
+        .map(|p| p.name.as_str())
+        .collect();
+    if !pools.is_empty() {
+        health.add(
+            "POOL_FULL",
+            Severity::Err,
+            format!(
+                "{} pool(s) full, new writes are refused (deletes work): {}",
+                pools.len(),
+                pools.join(", ")
+            ),
+        );
+    }
+    if !unhealthy.is_empty() {
+        health.add(
+            "OSD_UNHEALTHY",
+            Severity::Err,
+            format!(
+                "{} daemon(s) refuse I/O after a disk error (restart to recover): {}",
+                unhealthy.len(),
+                unhealthy.join(", ")
+            ),
+        );
+    }
 }
 
 /// The cluster's health: named checks, each with a severity and a one-line message, as

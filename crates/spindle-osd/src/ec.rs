@@ -622,7 +622,7 @@ impl Osd {
     }
 
     /// Starts peering again in the current epoch (after a failed erasure-coded write).
-    fn repeer(&self, pgid: PgId, epoch: u64) {
+    pub(crate) fn repeer(&self, pgid: PgId, epoch: u64) {
         {
             let mut pgs = crate::lock(&self.inner.pgs);
             let Some(st) = pgs.get_mut(&(pgid.pool, pgid.pg)) else {

@@ -25,7 +25,7 @@ mod sync;
 
 pub use sync::{plan, LogInfo, SyncPlan};
 
-use spindle_map::{ClusterMap, Placement};
+use spindle_map::{ClusterMap, PgMapping, Placement};
 use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, ObjectListing, PgReport, PgStateCode, Ver,
 };
@@ -158,6 +158,7 @@ fn store_error_reply(e: &StoreError) -> Msg {
         StoreError::Corrupt { .. } => ErrorCode::Corrupt,
         StoreError::InvalidName(_) | StoreError::InvalidArgument(_) => ErrorCode::Invalid,
         StoreError::VersionNotNewer { .. } => ErrorCode::Again,
+        StoreError::NoSpace(_) => ErrorCode::NoSpace,
         _ => ErrorCode::Io,
     };
     Msg::error(code, e.to_string())
@@ -223,6 +224,9 @@ struct Inner {
     scrub: scrub::ScrubCounters,
     /// Client operations received (recovery yields while this moves).
     client_ops: AtomicU64,
+    /// This daemon's file system is above the map's full ratio (updated with every
+    /// heartbeat): new client writes are refused with `NoSpace`, deletes are not.
+    over_full_ratio: std::sync::atomic::AtomicBool,
     /// Local store transactions queued but not yet applied, per PG (writes and recovery
     /// pushes). A PG's log is only reported once they drained: peering must see every
     /// write that may still be acknowledged.
@@ -315,6 +319,7 @@ impl Osd {
                 strays_removed: Default::default(),
                 scrub: Default::default(),
                 client_ops: Default::default(),
+                over_full_ratio: Default::default(),
                 inflight: Mutex::new(HashMap::new()),
                 ec_layouts: Mutex::new(HashMap::new()),
                 shard_queues: Mutex::new(HashMap::new()),
@@ -590,7 +595,7 @@ impl Osd {
         let s = self.inner.store.stats();
         let i = &self.inner;
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
+        let mut counters = vec![
             ("corruptions_repaired".to_string(), get(&i.repaired)),
             ("recovered_objects".to_string(), get(&i.recovered_objects)),
             ("recovered_bytes".to_string(), get(&i.recovered_bytes)),
@@ -605,7 +610,52 @@ impl Osd {
             ("flushes".to_string(), s.flushes),
             ("objects".to_string(), s.objects),
             ("data_bytes".to_string(), s.data_bytes),
-        ]
+        ];
+        // Space of the data directory's file system and the store's condition: the
+        // monitor derives nearfull / full (map flags) and OSD_UNHEALTHY from these.
+        let space = self.inner.store.space();
+        let used = space.total_bytes.saturating_sub(space.avail_bytes);
+        if let Some(ms) = self.map_state() {
+            let over = space.total_bytes > 0
+                && (used as u128 * 1_000_000)
+                    >= (ms.map.full_ratio_ppm as u128 * space.total_bytes as u128);
+            self.inner.over_full_ratio.store(over, Ordering::Relaxed);
+        }
+        if let Some(f) = &space.failed {
+            tracing::error!(
+                "osd.{}: store refuses I/O after an error: {f}",
+                self.inner.id
+            );
+        }
+        counters.extend([
+            ("fs_total_bytes".to_string(), space.total_bytes),
+            ("fs_used_bytes".to_string(), used),
+            ("fs_avail_bytes".to_string(), space.avail_bytes),
+            ("store_full".to_string(), space.full as u64),
+            ("store_failed".to_string(), space.failed.is_some() as u64),
+        ]);
+        counters
+    }
+
+    /// Why a new client write to `mapping` must be refused for lack of space (before a
+    /// version is assigned, so no copy applies it): this daemon's store is full or its
+    /// file system is above the full ratio, or the map marks a copy's daemon full.
+    fn refuse_for_space(&self, map: &ClusterMap, mapping: &PgMapping) -> Option<String> {
+        let me = self.inner.id;
+        if self.inner.store.is_full() {
+            return Some(format!("osd.{me}: store is full"));
+        }
+        if self.inner.over_full_ratio.load(Ordering::Relaxed) {
+            return Some(format!(
+                "osd.{me}: file system above the full ratio {}",
+                map.full_ratio_ppm as f64 / 1e6
+            ));
+        }
+        mapping
+            .up
+            .iter()
+            .find(|o| map.osds.get(o).is_some_and(|i| i.full))
+            .map(|o| format!("osd.{o} is full"))
     }
 
     fn pg_reports(&self) -> Vec<PgReport> {
@@ -1154,6 +1204,18 @@ impl Osd {
             );
             return;
         }
+        // New data is refused before anything is assigned or sent; deletes and truncates
+        // always go through (they are how space is freed).
+        let adds_data = match &op {
+            ObjOp::Mutate(m) => !matches!(m, WireMutation::Delete | WireMutation::Truncate { .. }),
+            _ => false,
+        };
+        if adds_data {
+            if let Some(why) = self.refuse_for_space(&ms.map, mapping) {
+                reply.send(rid, epoch, &Msg::error(ErrorCode::NoSpace, why));
+                return;
+            }
+        }
         let osd = self.clone();
         if let Some(layout) = self.ec_layout_of(&ms.map, pool) {
             let mapping = mapping.clone();
@@ -1398,10 +1460,20 @@ impl Osd {
         let local = w.commit.await;
         drop(w.inflight);
         let mut failure = None;
+        let mut no_space = None;
+        let mut replica_error = false;
         for p in w.pending {
             match p.wait(timeout).await {
                 Ok(inc) => match inc.msg {
                     Msg::Ok => {}
+                    Msg::Error {
+                        code: ErrorCode::NoSpace,
+                        message,
+                        ..
+                    } => {
+                        replica_error = true;
+                        no_space = Some(format!("replica: {message}"));
+                    }
                     Msg::Error {
                         code: ErrorCode::StaleMap,
                         map,
@@ -1411,6 +1483,7 @@ impl Osd {
                         failure = Some("a replica has a newer map".to_string());
                     }
                     Msg::Error { code, message, .. } => {
+                        replica_error = true;
                         failure = Some(format!("replica: {code:?}: {message}"))
                     }
                     other => failure = Some(format!("replica answered {}", other.name())),
@@ -1418,9 +1491,28 @@ impl Osd {
                 Err(e) => failure = Some(format!("replica: {e}")),
             }
         }
+        // Some copies may have applied the write and others not: peering again compares
+        // the logs and recovers the object on the copies that miss it (or lack the space).
+        if replica_error || local.is_err() {
+            self.repeer(w.pgid, w.version.epoch);
+        }
         if let Err(e) = local {
-            tracing::error!("osd.{}: local write failed: {e}", self.inner.id);
+            if matches!(e, StoreError::NoSpace(_)) {
+                tracing::warn!("osd.{}: write {} refused: {e}", self.inner.id, w.name);
+            } else {
+                tracing::error!("osd.{}: local write failed: {e}", self.inner.id);
+            }
             return store_error_reply(&e);
+        }
+        if let Some(f) = no_space {
+            tracing::warn!(
+                "osd.{}: write {} in pg {}.{:x} not acknowledged: {f}",
+                self.inner.id,
+                w.name,
+                w.pgid.pool,
+                w.pgid.pg
+            );
+            return Msg::error(ErrorCode::NoSpace, f);
         }
         if let Some(f) = failure {
             tracing::info!(

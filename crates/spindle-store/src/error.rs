@@ -31,9 +31,32 @@ pub enum StoreError {
     /// A request argument is out of range (e.g. offset + len overflows, object too large).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// An earlier write or flush failed; the store refuses service until reopened.
+    /// The file system is full (ENOSPC) or the quota is exhausted (EDQUOT). Fails only the
+    /// transaction (or batch) that needed the space; nothing is latched, and writes work
+    /// again once space is free (see "Full file system" in `docs/on-disk-format.md`).
+    #[error("no space left on the store's file system: {0}")]
+    NoSpace(String),
+    /// An earlier write or flush failed with a real I/O error (not ENOSPC); the store
+    /// refuses service until reopened.
     #[error("store failed earlier and must be reopened: {0}")]
     Failed(String),
+}
+
+/// Whether `e` says the file system or the quota is full.
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || e.kind() == std::io::ErrorKind::StorageFull
+        || e.kind() == std::io::ErrorKind::QuotaExceeded
+}
+
+impl StoreError {
+    /// `Io` errors that are ENOSPC / EDQUOT become `NoSpace`; everything else unchanged.
+    pub(crate) fn classify(self) -> StoreError {
+        match self {
+            StoreError::Io(e) if is_no_space(&e) => StoreError::NoSpace(e.to_string()),
+            other => other,
+        }
+    }
 }
 
 impl StoreError {
@@ -60,12 +83,19 @@ impl StoreError {
             StoreError::Meta(s) => StoreError::Meta(s.clone()),
             StoreError::BadFormat(s) => StoreError::BadFormat(s.clone()),
             StoreError::InvalidArgument(s) => StoreError::InvalidArgument(s.clone()),
+            StoreError::NoSpace(s) => StoreError::NoSpace(s.clone()),
             StoreError::Failed(s) => StoreError::Failed(s.clone()),
         }
     }
 }
 
 /// Maps any redb error to `StoreError::Meta`.
+/// (An ENOSPC / EDQUOT from the database's file becomes `NoSpace`.)
 pub(crate) fn meta_err<E: Into<redb::Error>>(e: E) -> StoreError {
-    StoreError::Meta(e.into().to_string())
+    match e.into() {
+        redb::Error::Io(io) if is_no_space(&io) => {
+            StoreError::NoSpace(format!("metadata database: {io}"))
+        }
+        e => StoreError::Meta(e.to_string()),
+    }
 }

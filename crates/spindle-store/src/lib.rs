@@ -26,5 +26,6 @@ pub use error::StoreError;
 pub use limits::DIRECT_WRITE_BYTES_MIN;
 pub use store::Store;
 pub use types::{
-    LogEntry, LogOp, Mutation, ObjectMeta, PgId, PgInfo, StoreConfig, StoreStats, Version,
+    LogEntry, LogOp, Mutation, ObjectMeta, PgId, PgInfo, SpaceInfo, StoreConfig, StoreStats,
+    Version, RESERVE_BYTES_DEFAULT,
 };

@@ -48,8 +48,16 @@ pub(crate) struct Shared {
     pub config: StoreConfig,
     pub objects_dir: PathBuf,
     pub engine: Engine,
-    /// The metadata database (checkpoints; inline object bytes are read from it).
-    pub db: redb::Database,
+    /// The metadata database (checkpoints; inline object bytes are read from it). `None`
+    /// only while it is being reopened after a failed commit (redb refuses every later
+    /// operation after an I/O error, e.g. ENOSPC, until reopened).
+    db: RwLock<Option<Arc<redb::Database>>>,
+    /// The store is in *full mode*: an ENOSPC / EDQUOT was seen and the space reserve is
+    /// released; only transactions that free space (or change no data) are accepted
+    /// until the file system has room again (see `docs/on-disk-format.md`).
+    pub full: AtomicBool,
+    /// Set when a real I/O error (not ENOSPC) latched the store: its message.
+    pub failed: std::sync::Mutex<Option<String>>,
     pub pgs: RwLock<BTreeMap<PgId, PgState>>,
     fds: FdCache,
     /// Read-only O_DIRECT descriptors of data files, for large reads that miss the page
@@ -73,11 +81,56 @@ impl Shared {
             direct_fds: FdCache::new(config.fd_cache_entries),
             config,
             engine,
-            db,
+            db: RwLock::new(Some(Arc::new(db))),
+            full: AtomicBool::new(false),
+            failed: std::sync::Mutex::new(None),
             pgs: RwLock::new(pgs),
             direct_reads_unsupported: AtomicBool::new(false),
             counters: Counters::default(),
         }
+    }
+
+    /// The metadata database.
+    pub fn db(&self) -> Result<Arc<redb::Database>, StoreError> {
+        self.db
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| StoreError::Meta("metadata database is being reopened".into()))
+    }
+
+    /// Closes and reopens the metadata database (after a failed commit: redb latches I/O
+    /// errors). Waits up to 5 s for readers that hold the old handle.
+    pub fn reopen_db(&self) -> Result<(), StoreError> {
+        let mut slot = self.db.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = slot.take() {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let mut old = old;
+            loop {
+                match Arc::try_unwrap(old) {
+                    Ok(db) => {
+                        drop(db);
+                        break;
+                    }
+                    Err(still) if std::time::Instant::now() < deadline => {
+                        old = still;
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    Err(still) => {
+                        *slot = Some(still);
+                        return Err(StoreError::Meta(
+                            "metadata database still in use; not reopened".into(),
+                        ));
+                    }
+                }
+            }
+        }
+        let db = meta::open_db(
+            &self.config.dir.join("meta.redb"),
+            self.config.meta_cache_bytes,
+        )?;
+        *slot = Some(Arc::new(db));
+        Ok(())
     }
 
     pub fn pgs_read(&self) -> RwLockReadGuard<'_, BTreeMap<PgId, PgState>> {
@@ -414,7 +467,9 @@ impl Store {
             };
             let data = match src {
                 Src::Mem(d) => slice_inline(&d),
-                Src::Db => meta::load_inline(&self.sh.db, pg, name)?.and_then(|d| slice_inline(&d)),
+                Src::Db => {
+                    meta::load_inline(&*self.sh.db()?, pg, name)?.and_then(|d| slice_inline(&d))
+                }
                 Src::File(file_id) => match self.sh.file(file_id, false) {
                     Ok(file) => 'read: {
                         // Data in the page cache is copied here, on the caller's thread:
@@ -597,6 +652,28 @@ impl Store {
         }
     }
 
+    /// Size and free space of the store's file system, and whether the store is full or
+    /// latched by an I/O error.
+    pub fn space(&self) -> SpaceInfo {
+        let (total_bytes, avail_bytes) = fs_space(&self.sh.config.dir).unwrap_or((0, 0));
+        SpaceInfo {
+            total_bytes,
+            avail_bytes,
+            full: self.sh.full.load(Relaxed),
+            failed: self
+                .sh
+                .failed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+
+    /// Whether the store is in full mode (new data is refused with `NoSpace`).
+    pub fn is_full(&self) -> bool {
+        self.sh.full.load(Relaxed)
+    }
+
     /// Flush + checkpoint + stop the worker thread.
     pub fn shutdown(mut self) -> Result<(), StoreError> {
         let (reply_tx, reply_rx) = mpsc::channel();
@@ -624,6 +701,24 @@ impl Drop for Store {
             let _ = t.join();
         }
     }
+}
+
+/// (size, available bytes) of the file system holding `path` (statvfs).
+pub(crate) fn fs_space(path: &std::path::Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: see above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let frsize = st.f_frsize as u64;
+    Ok((
+        (st.f_blocks as u64).saturating_mul(frsize),
+        (st.f_bavail as u64).saturating_mul(frsize),
+    ))
 }
 
 /// Set once the kernel answered `ENOSYS` to `cachestat` (before Linux 6.5).
@@ -782,18 +877,18 @@ mod tests {
         assert_eq!(rt.block_on(store.read(PG, "x", 0, u64::MAX)).unwrap(), data);
         let mut bad = data.clone();
         bad[9000] ^= 1;
-        meta::put_inline(&store.sh.db, PG, "x", &bad).unwrap();
+        meta::put_inline(&store.sh.db().unwrap(), PG, "x", &bad).unwrap();
         assert_eq!(
             rt.block_on(store.read(PG, "x", 0, 8192)).unwrap(),
             data[..8192]
         );
         expect_corrupt(rt.block_on(store.read(PG, "x", 8192, 100)), 2);
         // Wrong length in the database (truncated value): corrupt as well.
-        meta::put_inline(&store.sh.db, PG, "x", &data[..9000]).unwrap();
+        meta::put_inline(&store.sh.db().unwrap(), PG, "x", &data[..9000]).unwrap();
         expect_corrupt(rt.block_on(store.read(PG, "x", 0, 10)), 0);
         // A partial write loads the stored bytes; it must not re-checksum the damaged,
         // untouched block 2 (no laundering), only the block it writes.
-        meta::put_inline(&store.sh.db, PG, "x", &bad).unwrap();
+        meta::put_inline(&store.sh.db().unwrap(), PG, "x", &bad).unwrap();
         store
             .apply(
                 PG,

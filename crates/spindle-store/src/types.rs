@@ -22,6 +22,27 @@ pub struct StoreConfig {
     pub fd_cache_entries: usize,
     /// Page cache of the metadata database (checkpointed metadata and inline object bytes).
     pub meta_cache_bytes: u64,
+    /// Size of the space reserve file (`<dir>/reserve`), released when the file system
+    /// fills so that deletes, truncates and checkpoints can always be written (see "Full
+    /// file system" in `docs/on-disk-format.md`). 0: no reserve.
+    pub reserve_bytes: u64,
+}
+
+/// Default `reserve_bytes`: room for the journal records of deletes and for checkpoints
+/// (redb rewrites the changed pages) while the file system is otherwise full.
+pub const RESERVE_BYTES_DEFAULT: u64 = 16 << 20;
+
+/// Space of the store's file system and the store's own condition (`Store::space`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SpaceInfo {
+    /// Size of the file system (statvfs `f_blocks * f_frsize`).
+    pub total_bytes: u64,
+    /// Bytes available to unprivileged users (statvfs `f_bavail * f_frsize`).
+    pub avail_bytes: u64,
+    /// The store is in full mode (only space-freeing transactions are accepted).
+    pub full: bool,
+    /// A real I/O error latched the store (it refuses everything until reopened).
+    pub failed: Option<String>,
 }
 
 /// Default `meta_cache_bytes`: enough for the metadata of millions of objects' hot part,
@@ -49,6 +70,7 @@ impl StoreConfig {
             inline_max_bytes: INLINE_BYTES_DEFAULT,
             fd_cache_entries: crate::fdcache::default_entries(),
             meta_cache_bytes: META_CACHE_BYTES_DEFAULT,
+            reserve_bytes: RESERVE_BYTES_DEFAULT,
         }
     }
 }

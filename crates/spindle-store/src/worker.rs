@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use spindle_io::{Engine, IoBuf, Op};
 
 use crate::commit::CommitTx;
-use crate::error::StoreError;
+use crate::error::{is_no_space, StoreError};
 use crate::journal::{self, Parsed, Record};
 use crate::limits::{
     BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_WRITE_BYTES_MIN, INLINE_BYTES_MAX,
@@ -30,7 +30,7 @@ use crate::limits::{
 };
 use crate::meta::{self, Super};
 use crate::state::{append_zeros, block_count, block_len, crcs_of, zero_crc, ObjEntry, ObjState};
-use crate::store::Shared;
+use crate::store::{fs_space, Shared};
 use crate::types::*;
 
 /// The change of a `TxnKind::Apply`.
@@ -120,8 +120,22 @@ pub(crate) struct Worker {
     direct: Vec<DirectWrite>,
     /// CRCs of the direct writes of the current batch, by file id.
     direct_crcs: HashMap<u64, Vec<u32>>,
-    /// Set after a failed write: the store refuses further transactions.
+    /// Set after a failed write (a real I/O error, not ENOSPC): the store refuses further
+    /// transactions.
     failed: Option<String>,
+    /// Full mode (mirrored in `Shared::full`): an ENOSPC / EDQUOT was seen and the reserve
+    /// file released; only space-freeing transactions are accepted until `check_space`
+    /// finds room again and re-creates the reserve.
+    full: bool,
+    /// When full mode next looks at the free space.
+    space_check_at: Instant,
+    /// After a checkpoint failed for lack of space: not retried before this.
+    checkpoint_retry_at: Option<Instant>,
+    /// Data files created (and preallocated) for the batch being built: removed again if
+    /// the batch fails before its journal write, so a failed batch leaves no space used.
+    batch_new_files: Vec<u64>,
+    /// Reusable files taken by the batch being built: given back if the batch fails.
+    batch_reused: Vec<(u64, u64)>,
     /// Bytes of inline objects changed (held in memory) since the last checkpoint, counted
     /// once per change: a checkpoint is due when this exceeds `checkpoint_journal_bytes`
     /// (small writes to large inline objects would otherwise hold far more memory than
@@ -229,6 +243,11 @@ impl Worker {
             direct: Vec::new(),
             direct_crcs: HashMap::new(),
             failed: None,
+            full: false,
+            space_check_at: Instant::now(),
+            checkpoint_retry_at: None,
+            batch_new_files: Vec::new(),
+            batch_reused: Vec::new(),
             inline_mem: 0,
             unlinker: None,
             freed_this_epoch: Vec::new(),
@@ -237,7 +256,20 @@ impl Worker {
         w.journal_zeroed = journal_len - journal_len % JOURNAL_ALIGN as u64;
         let replayed = if fresh { 0 } else { w.replay()? };
         w.remove_orphans()?;
-        w.checkpoint()?;
+        if let Err(e) = w.checkpoint() {
+            // A full file system must not keep the daemon from starting: release the
+            // reserve (that is what it is for) and try once more.
+            let StoreError::NoSpace(msg) = e else {
+                return Err(e);
+            };
+            w.enter_full(&msg);
+            w.checkpoint()?;
+        }
+        if !w.full && w.sh.config.reserve_bytes > 0 {
+            if let Err(e) = w.create_reserve() {
+                w.enter_full(&format!("cannot create the space reserve: {e}"));
+            }
+        }
         let (objects, pg_count) = {
             let pgs = sh.pgs_read();
             (
@@ -390,9 +422,12 @@ impl Worker {
             // a batch is being committed queue up and become the next batch: group commit
             // with no polling (a 50 us poll while a write was in flight was most of the
             // context switches of a 4 KiB random-write load on two cores).
-            let wait = interval
+            let mut wait = interval
                 .saturating_sub(self.last_checkpoint.elapsed())
                 .max(Duration::from_millis(1));
+            if self.full {
+                wait = wait.min(SPACE_CHECK_INTERVAL);
+            }
             let first = match rx.recv_timeout(wait) {
                 Ok(m) => Some(m),
                 Err(mpsc::RecvTimeoutError::Timeout) => None,
@@ -449,13 +484,125 @@ impl Worker {
                 Some(Msg::Stop) => return,
                 _ => {}
             }
-            if due && self.failed.is_none() {
-                if let Err(e) = self.checkpoint() {
-                    tracing::error!(error = %e, "checkpoint failed; store stops accepting writes");
-                    self.failed = Some(format!("checkpoint failed: {e}"));
+            let retry_ok = self.checkpoint_retry_at.is_none_or(|t| Instant::now() >= t);
+            if due && self.failed.is_none() && retry_ok {
+                match self.checkpoint() {
+                    Ok(()) => self.checkpoint_retry_at = None,
+                    // Nothing is lost: the journal still holds everything since the last
+                    // checkpoint. Retried once space is free (full mode released the
+                    // reserve, so usually at once).
+                    Err(StoreError::NoSpace(msg)) => {
+                        tracing::warn!(error = %msg, "checkpoint needs space; retried later");
+                        self.enter_full(&msg);
+                        self.checkpoint_retry_at = Some(Instant::now() + SPACE_CHECK_INTERVAL);
+                    }
+                    Err(e) => self.fail(&StoreError::Failed(format!("checkpoint failed: {e}"))),
                 }
             }
+            self.check_space();
         }
+    }
+
+    /// Full mode ends when the file system has room for the reserve twice over and the
+    /// reserve could be created again.
+    fn check_space(&mut self) {
+        if !self.full || Instant::now() < self.space_check_at {
+            return;
+        }
+        self.space_check_at = Instant::now() + SPACE_CHECK_INTERVAL;
+        let Ok((_, avail_bytes)) = fs_space(&self.sh.config.dir) else {
+            return;
+        };
+        let want_bytes = self
+            .sh
+            .config
+            .reserve_bytes
+            .saturating_mul(2)
+            .max(SPACE_FREE_MIN_BYTES);
+        if avail_bytes < want_bytes {
+            return;
+        }
+        if self.sh.config.reserve_bytes > 0 {
+            if let Err(e) = self.create_reserve() {
+                tracing::debug!(error = %e, "space reserve not re-created yet");
+                return;
+            }
+        }
+        self.full = false;
+        self.sh.full.store(false, Relaxed);
+        self.checkpoint_retry_at = None;
+        tracing::info!(
+            avail_bytes,
+            "file system has room again; store accepts writes"
+        );
+    }
+
+    /// Enters full mode (once): releases the reserve so that deletes, truncates and
+    /// checkpoints find room, and refuses new data from now on.
+    fn enter_full(&mut self, why: &str) {
+        self.space_check_at = Instant::now() + SPACE_CHECK_INTERVAL;
+        if self.full {
+            return;
+        }
+        self.full = true;
+        self.sh.full.store(true, Relaxed);
+        let released = remove_file_if_present(&self.reserve_path());
+        // Freed files kept for reuse hold their space: give it back (no record refers to
+        // them; replay re-creates a file an earlier record writes into, as for deletes).
+        let kept: Vec<(u64, u64)> = self
+            .reusable
+            .drain(..)
+            .chain(self.freed_this_epoch.drain(..))
+            .collect();
+        for (id, _) in kept {
+            self.remove_unreferenced(id);
+        }
+        tracing::warn!(
+            error = %why,
+            reserve_released = released.is_ok(),
+            "file system full: store refuses new data (deletes and truncates still work) \
+             until space is free"
+        );
+    }
+
+    fn reserve_path(&self) -> std::path::PathBuf {
+        self.sh.config.dir.join("reserve")
+    }
+
+    /// Creates (or completes) the reserve file of `reserve_bytes` allocated bytes; a
+    /// partial one is removed on failure (it would only hold space).
+    fn create_reserve(&mut self) -> Result<(), StoreError> {
+        let path = self.reserve_path();
+        let want = self.sh.config.reserve_bytes;
+        let made = (|| -> Result<(), StoreError> {
+            let file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o644)
+                .open(&path)?;
+            if file.metadata()?.len() >= want {
+                return Ok(());
+            }
+            fallocate(&file, 0, 0, want)?;
+            if file.metadata()?.len() < want {
+                // No fallocate here (EOPNOTSUPP): write the zeros.
+                let chunk = vec![0u8; 1 << 20];
+                let mut pos = 0;
+                while pos < want {
+                    let n = (want - pos).min(chunk.len() as u64) as usize;
+                    file.write_all_at(&chunk[..n], pos)?;
+                    pos += n as u64;
+                }
+            }
+            file.sync_all()?;
+            Ok(())
+        })();
+        if let Err(e) = made {
+            let _ = remove_file_if_present(&path);
+            return Err(e.classify());
+        }
+        Ok(())
     }
 
     /// Validates a batch (against the state plus the batch's earlier transactions, `ov`),
@@ -468,6 +615,7 @@ impl Worker {
             }
             return None;
         }
+        let batch = self.admit(batch);
         let mut records = Vec::with_capacity(batch.len());
         let mut waiters = Vec::with_capacity(batch.len());
         let mut hint = 0;
@@ -479,6 +627,9 @@ impl Worker {
                     waiters.push(t.done);
                 }
                 Err(e) => {
+                    if let StoreError::NoSpace(msg) = &e {
+                        self.enter_full(msg);
+                    }
                     let _ = t.done.send(Err(e));
                 }
             }
@@ -486,16 +637,30 @@ impl Worker {
         if records.is_empty() {
             return None;
         }
+        let seq_before = self.next_seq;
         let submitted = self
             .write_direct()
             .and_then(|_| self.journal_submit(&records, hint));
-        match submitted {
-            Ok((written, padded)) => Some(Committed {
-                written,
-                padded,
-                records,
-                waiters,
-            }),
+        match submitted.map_err(StoreError::classify) {
+            Ok(padded) => {
+                self.batch_new_files.clear();
+                self.batch_reused.clear();
+                Some(Committed {
+                    padded,
+                    records,
+                    waiters,
+                })
+            }
+            // Nothing of the batch is in the journal (or it was zeroed again) and nothing
+            // was applied: undo what validation reserved and fail just this batch.
+            Err(StoreError::NoSpace(msg)) => {
+                self.abort_batch(seq_before);
+                self.enter_full(&msg);
+                for w in waiters {
+                    let _ = w.send(Err(StoreError::NoSpace(msg.clone())));
+                }
+                None
+            }
             Err(e) => {
                 self.fail(&e);
                 for w in waiters {
@@ -506,11 +671,139 @@ impl Worker {
         }
     }
 
+    /// Journal space for the batch, before anything is validated, and full-mode
+    /// admission: returns the transactions to validate (the others are answered
+    /// `NoSpace`).
+    fn admit(&mut self, batch: Vec<Txn>) -> Vec<Txn> {
+        if !self.full {
+            let need: usize = batch.iter().map(|t| self.journal_bytes_max(&t.kind)).sum();
+            match self.reserve_journal(need) {
+                Ok(()) => return batch,
+                Err(StoreError::NoSpace(msg)) => self.enter_full(&msg),
+                // Other errors surface at the journal write (and latch there).
+                Err(_) => return batch,
+            }
+        }
+        let mut keep = Vec::with_capacity(batch.len());
+        for t in batch {
+            if frees_space(&t.kind) {
+                keep.push(t);
+            } else {
+                let _ = t.done.send(Err(StoreError::NoSpace(FULL_MESSAGE.into())));
+            }
+        }
+        let need: usize = keep.iter().map(|t| self.journal_bytes_max(&t.kind)).sum();
+        if let Err(e) = self.reserve_journal(need) {
+            if matches!(e, StoreError::NoSpace(_)) {
+                for t in keep {
+                    let _ = t.done.send(Err(e.duplicate()));
+                }
+                return Vec::new();
+            }
+        }
+        keep
+    }
+
+    /// Makes sure the journal has `need` bytes of records (padded) allocated ahead of the
+    /// write position.
+    fn reserve_journal(&mut self, need: usize) -> Result<(), StoreError> {
+        if need == 0 {
+            return Ok(());
+        }
+        let end = self.journal_pos + journal::batch_padded_len(need) as u64;
+        self.extend_journal(end).map_err(StoreError::classify)
+    }
+
+    /// An upper bound of the journal bytes `kind`'s record takes (data of direct writes
+    /// excluded: it goes to its own file).
+    fn journal_bytes_max(&self, kind: &TxnKind) -> usize {
+        let data = |len: usize, may_be_direct: bool| {
+            if may_be_direct && len >= DIRECT_WRITE_BYTES_MIN && !self.fits_inline(len as u64) {
+                0
+            } else {
+                len
+            }
+        };
+        RECORD_BYTES_MAX_OVERHEAD
+            + match kind {
+                TxnKind::Apply { name, mutation, .. } => {
+                    name.len()
+                        + match mutation {
+                            TxnMutation::FullShared(d) => data(d.len(), true),
+                            TxnMutation::Plain(Mutation::WriteFull(d)) => data(d.len(), true),
+                            TxnMutation::Plain(Mutation::Write { data: d, .. }) => d.len(),
+                            TxnMutation::Plain(_) => 0,
+                        }
+                }
+                TxnKind::Recover { name, state, .. } => {
+                    name.len() + state.as_ref().map_or(0, |(d, _)| data(d.len(), true))
+                }
+                TxnKind::SetPgLog { entries, .. } => {
+                    entries.iter().map(|e| 32 + e.name.len()).sum::<usize>()
+                }
+                TxnKind::RemovePg { .. } | TxnKind::PgMark { .. } => 0,
+            }
+    }
+
+    /// Undoes what validation did for a batch that failed before its journal write
+    /// (sequence numbers, files created for it, reusable files taken).
+    fn abort_batch(&mut self, seq_before: u64) {
+        self.next_seq = seq_before;
+        self.direct.clear();
+        self.direct_crcs.clear();
+        for id in std::mem::take(&mut self.batch_new_files) {
+            self.remove_new_file(id);
+        }
+        self.reusable.append(&mut self.batch_reused);
+    }
+
+    /// Removes an unreferenced data file (through the unlink thread when running).
+    fn remove_unreferenced(&mut self, file_id: u64) {
+        let path = self.sh.file_path(file_id);
+        let path = match &self.unlinker {
+            Some(tx) => match tx.send(path) {
+                Ok(()) => return,
+                Err(mpsc::SendError(path)) => path,
+            },
+            None => path,
+        };
+        if let Err(e) = remove_file_if_present(&path) {
+            tracing::warn!(file_id, error = %e, "cannot remove an unreferenced data file");
+        }
+    }
+
+    /// Removes a data file created for the batch being built (not journaled).
+    fn remove_new_file(&mut self, file_id: u64) {
+        self.batch_new_files.retain(|&id| id != file_id);
+        self.batch_reused.retain(|&(id, _)| id != file_id);
+        self.sh.forget_file(file_id);
+        self.dirty_files.remove(&file_id);
+        if let Err(e) = remove_file_if_present(&self.sh.file_path(file_id)) {
+            tracing::warn!(file_id, error = %e, "cannot remove an unjournaled data file");
+        }
+    }
+
+    /// Allocates the blocks of `[offset, offset + len)` of data file `file_id` (created if
+    /// missing; size unchanged), so that applying the record after its journal write
+    /// cannot fail for lack of space.
+    fn preallocate(&mut self, file_id: u64, offset: u64, len: u64) -> Result<(), StoreError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let file = self.sh.file(file_id, true)?;
+        fallocate(&file, libc::FALLOC_FL_KEEP_SIZE, offset, len)
+    }
+
     /// Latches the failure: no further transaction is accepted.
     fn fail(&mut self, e: &StoreError) {
         if self.failed.is_none() {
             tracing::error!(error = %e, "write failed; store stops accepting writes");
-            self.failed = Some(e.to_string());
+            let msg = match e {
+                StoreError::Failed(m) => m.clone(),
+                e => e.to_string(),
+            };
+            *self.sh.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(msg.clone());
+            self.failed = Some(msg);
         }
         self.direct.clear();
         self.direct_crcs.clear();
@@ -518,11 +811,9 @@ impl Worker {
 
     /// After a batch's journal write: applies its records and acknowledges them.
     fn complete(&mut self, f: Committed) {
-        let written = f.written;
-        let result = match (&self.failed, written) {
-            (Some(msg), _) => Err(StoreError::Failed(msg.clone())),
-            (None, Err(e)) => Err(e.into()),
-            (None, Ok(_)) => {
+        let result = match &self.failed {
+            Some(msg) => Err(StoreError::Failed(msg.clone())),
+            None => {
                 self.sh.counters.flushes.fetch_add(1, Relaxed);
                 self.sh.counters.journal_bytes.fetch_add(f.padded, Relaxed);
                 let mut r = Ok(());
@@ -579,6 +870,7 @@ impl Worker {
     fn alloc_file(&mut self) -> u64 {
         let id = self.next_file_id;
         self.next_file_id += 1;
+        self.batch_new_files.push(id);
         id
     }
 
@@ -586,14 +878,50 @@ impl Worker {
     /// size (overwritten in place) or a new one. `(file id, reused)`.
     fn direct_target(&mut self, size: u64) -> (u64, bool) {
         match self.reusable.iter().position(|&(_, s)| s == size) {
-            Some(i) => (self.reusable.swap_remove(i).0, true),
+            Some(i) => {
+                let taken = self.reusable.swap_remove(i);
+                self.batch_reused.push(taken);
+                (taken.0, true)
+            }
             None => (self.alloc_file(), false),
+        }
+    }
+
+    /// Opens the target of a direct write before its batch is journaled: a reusable file
+    /// as is (its blocks are allocated), else a new one with `size` bytes preallocated, so
+    /// the data write cannot fail for lack of space. `(file, created)`.
+    fn open_direct_target(
+        &mut self,
+        file_id: u64,
+        reuse: bool,
+        size: u64,
+    ) -> Result<(Arc<File>, bool), StoreError> {
+        let path = self.sh.file_path(file_id);
+        if reuse {
+            if let Ok(f) = open_existing_direct(&path) {
+                return Ok((Arc::new(f), false));
+            }
+        }
+        let opened = open_direct(&path).map_err(StoreError::from).and_then(|f| {
+            let padded = size.next_multiple_of(JOURNAL_ALIGN as u64);
+            fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 0, padded)?;
+            Ok(f)
+        });
+        match opened {
+            Ok(f) => Ok((Arc::new(f), true)),
+            Err(e) => {
+                self.remove_new_file(file_id);
+                Err(e.classify())
+            }
         }
     }
 
     /// Checks a transaction against the state (plus the earlier ones of the batch) and turns
     /// it into a journal record.
     fn validate(&mut self, ov: &mut Overlay, kind: TxnKind) -> Result<Record, StoreError> {
+        if self.full && !frees_space(&kind) {
+            return Err(StoreError::NoSpace(FULL_MESSAGE.into()));
+        }
         Ok(match kind {
             TxnKind::Apply {
                 pg,
@@ -633,13 +961,21 @@ impl Worker {
                     Ok(data) if direct_size(data.len()) => {
                         let size = data.len() as u64;
                         let (file_id, reuse) = self.direct_target(size);
+                        let (file, created) = match self.open_direct_target(file_id, reuse, size) {
+                            Ok(f) => f,
+                            Err(e) => {
+                                ov.last.insert(pg, have);
+                                return Err(e);
+                            }
+                        };
                         ov.objects.insert((pg, name.clone()), Some((file_id, size)));
                         let block_crcs =
                             (block_crcs.len() as u64 == block_count(size)).then_some(block_crcs);
                         self.direct.push(DirectWrite {
                             file_id,
                             data,
-                            reuse,
+                            file,
+                            created,
                             block_crcs,
                         });
                         return Ok(Record::ApplyDirect {
@@ -679,6 +1015,29 @@ impl Worker {
                     // A new large object, or an inline object growing past the threshold.
                     _ => self.alloc_file(),
                 };
+                if file_id != 0 && !matches!(mutation, Mutation::Delete) {
+                    // The blocks the record's application writes are allocated now, before
+                    // the journal write: applying a durable record never meets ENOSPC.
+                    let relocating = existing.map(|(id, _)| id) != Some(file_id);
+                    let (start, end) = match &mutation {
+                        Mutation::WriteFull(d) => (0, d.len() as u64),
+                        Mutation::Write { offset, data } if relocating => {
+                            (0, cur_size.max(offset + data.len() as u64))
+                        }
+                        Mutation::Write { offset, data } => (*offset, offset + data.len() as u64),
+                        Mutation::Truncate { size_bytes } if relocating => {
+                            (0, cur_size.min(*size_bytes))
+                        }
+                        Mutation::Truncate { .. } | Mutation::Delete => (0, 0),
+                    };
+                    if let Err(e) = self.preallocate(file_id, start, end - start) {
+                        if relocating {
+                            self.remove_new_file(file_id);
+                        }
+                        ov.last.insert(pg, have);
+                        return Err(e);
+                    }
+                }
                 let after = (!matches!(mutation, Mutation::Delete)).then_some((file_id, new_size));
                 ov.objects.insert((pg, name.clone()), after);
                 Record::Apply {
@@ -697,11 +1056,13 @@ impl Worker {
                     {
                         let size = data.len() as u64;
                         let (file_id, reuse) = self.direct_target(size);
+                        let (file, created) = self.open_direct_target(file_id, reuse, size)?;
                         ov.objects.insert((pg, name.clone()), Some((file_id, size)));
                         self.direct.push(DirectWrite {
                             file_id,
                             data: DirectData::Owned(data),
-                            reuse,
+                            file,
+                            created,
                             block_crcs: None,
                         });
                         return Ok(Record::RecoverDirect {
@@ -721,6 +1082,14 @@ impl Worker {
                     (Some(_), Some((id, _))) if id != 0 => id,
                     (Some(_), _) => self.alloc_file(),
                 };
+                if let (Some((d, _)), true) = (&state, file_id != 0) {
+                    if let Err(e) = self.preallocate(file_id, 0, d.len() as u64) {
+                        if existing.map(|(id, _)| id) != Some(file_id) {
+                            self.remove_new_file(file_id);
+                        }
+                        return Err(e);
+                    }
+                }
                 let after = state.as_ref().map(|(d, _)| (file_id, d.len() as u64));
                 ov.objects.insert((pg, name.clone()), after);
                 Record::Recover {
@@ -767,24 +1136,15 @@ impl Worker {
         for DirectWrite {
             file_id,
             data,
-            reuse,
+            file,
+            created: new_file,
             block_crcs,
         } in direct
         {
-            let path = self.sh.file_path(file_id);
-            let reused = if reuse {
-                open_existing_direct(&path).ok()
-            } else {
-                None
-            };
-            created |= reused.is_none();
-            if reused.is_some() {
+            created |= new_file;
+            if !new_file {
                 self.sh.counters.files_reused.fetch_add(1, Relaxed);
             }
-            let file = Arc::new(match reused {
-                Some(f) => f,
-                None => open_direct(&path)?,
-            });
             let size_bytes = data.len() as u64;
             let bytes = data.as_slice();
             let aligned = (bytes.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
@@ -905,11 +1265,10 @@ impl Worker {
     }
 
     /// Encodes `records` into one aligned buffer and writes it (O_DSYNC) at the journal end.
-    fn journal_submit(
-        &mut self,
-        records: &[Record],
-        hint: usize,
-    ) -> Result<(io::Result<()>, u64), StoreError> {
+    /// Returns the padded length written. On a failure nothing of the batch is valid in
+    /// the journal when the error is ENOSPC (a partly written batch is zeroed again and
+    /// the sequence numbers are given back by the caller); other errors latch the store.
+    fn journal_submit(&mut self, records: &[Record], hint: usize) -> Result<u64, StoreError> {
         let mut bytes = Vec::with_capacity(hint);
         for r in records {
             r.encode(self.epoch, self.next_seq, &mut bytes);
@@ -919,15 +1278,40 @@ impl Worker {
         let mut buf = IoBuf::aligned(padded, JOURNAL_ALIGN);
         buf[..bytes.len()].copy_from_slice(&bytes);
         drop(bytes);
-        self.extend_journal(self.journal_pos + padded as u64)?;
+        self.extend_journal(self.journal_pos + padded as u64)
+            .map_err(StoreError::classify)?;
         // A blocking write on this thread rather than a request to the I/O engine: the
         // worker waits for its (single) journal write anyway, and going through the
         // engine's ring thread (and the kernel's io-wq worker an O_DSYNC direct write is
         // punted to) added three thread hand-offs per commit; measured on 4 KiB random
         // writes, docs/benchmarks.md. A failed or short write fails the batch.
-        let written = self.journal.write_all_at(&buf, self.journal_pos);
-        self.journal_pos += padded as u64;
-        Ok((written, padded as u64))
+        match self.journal.write_all_at(&buf, self.journal_pos) {
+            Ok(()) => {
+                self.journal_pos += padded as u64;
+                Ok(padded as u64)
+            }
+            // The region was allocated by `extend_journal`, so this is not expected; if it
+            // happens, a prefix of the batch's records may be on disk and valid: zero the
+            // region again so that replay never accepts them (later batches reuse these
+            // sequence numbers), else latch.
+            Err(e) if is_no_space(&e) => {
+                let zeros = IoBuf::aligned(padded, JOURNAL_ALIGN);
+                match self.journal.write_all_at(&zeros, self.journal_pos) {
+                    Ok(()) => Err(StoreError::NoSpace(format!("journal write: {e}"))),
+                    Err(z) => {
+                        self.journal_pos += padded as u64;
+                        Err(StoreError::Failed(format!(
+                            "journal write failed ({e}) and the partial batch could not be \
+                             erased ({z})"
+                        )))
+                    }
+                }
+            }
+            Err(e) => {
+                self.journal_pos += padded as u64;
+                Err(StoreError::Io(e))
+            }
+        }
     }
 
     /// Makes sure the journal is allocated and written (with zeros) up to `end`, in chunks,
@@ -935,7 +1319,12 @@ impl Worker {
     /// metadata commit.
     fn extend_journal(&mut self, end: u64) -> Result<(), StoreError> {
         while self.journal_zeroed < end {
-            let chunk = JOURNAL_ZERO_CHUNK_BYTES.max(end - self.journal_zeroed);
+            // Full: only what is needed (the space left may be less than a chunk).
+            let chunk = if self.full {
+                end - self.journal_zeroed
+            } else {
+                JOURNAL_ZERO_CHUNK_BYTES.max(end - self.journal_zeroed)
+            };
             let buf = IoBuf::aligned(chunk as usize, JOURNAL_ALIGN);
             let op = Op::write(self.journal.as_raw_fd(), self.journal_zeroed, buf);
             let c = self.sh.engine.submit(op).map_err(io_err)?.wait();
@@ -1018,6 +1407,7 @@ impl Worker {
         // Keep whole, block-aligned large files for in-place reuse (only while running:
         // at open, unreferenced files are removed).
         if self.unlinker.is_some()
+            && !self.full
             && self.freed_this_epoch.len() + self.reusable.len() < REUSABLE_FILES_MAX
         {
             if let Ok(meta) = std::fs::metadata(&path) {
@@ -1199,7 +1589,7 @@ impl Worker {
         if let Some(d) = &e.lock().inline {
             return Ok(d.clone());
         }
-        let mut data = meta::load_inline(&self.sh.db, pg, name)?.unwrap_or_default();
+        let mut data = meta::load_inline(&*self.sh.db()?, pg, name)?.unwrap_or_default();
         let mut st = e.lock();
         data.resize(usize::try_from(st.size).unwrap_or(usize::MAX), 0);
         let data = Arc::new(data);
@@ -1481,7 +1871,10 @@ impl Worker {
         // erasure-coded image whose shards were all files).
         let mut syncs: VecDeque<(spindle_io::Request, Arc<File>)> =
             VecDeque::with_capacity(SYNCS_IN_FLIGHT_MAX);
-        for id in self.dirty_files.drain() {
+        // Kept dirty until the checkpoint commits: a checkpoint that fails (for lack of
+        // space, in the database commit) is retried with the same files.
+        let dirty: Vec<u64> = self.dirty_files.iter().copied().collect();
+        for id in dirty {
             match self.sh.file(id, false) {
                 Ok(f) => {
                     if syncs.len() >= SYNCS_IN_FLIGHT_MAX {
@@ -1510,10 +1903,21 @@ impl Worker {
             next_seq: self.next_seq,
             next_file_id: self.next_file_id,
         };
-        {
+        let saved = {
             let pgs = self.sh.pgs_read();
-            meta::save(&self.sh.db, sup, &pgs, &self.removed_pgs)?;
+            self.sh
+                .db()
+                .and_then(|db| meta::save(&db, sup, &pgs, &self.removed_pgs))
+        };
+        if let Err(e) = saved {
+            // redb refuses every operation after a failed write until reopened; the
+            // previous commit is intact on disk (commits are atomic).
+            if let Err(r) = self.sh.reopen_db() {
+                tracing::warn!(error = %r, "cannot reopen the metadata database yet");
+            }
+            return Err(e);
         }
+        self.dirty_files.clear();
         {
             let mut pgs = self.sh.pgs_write();
             pgs.retain(|_, p| !p.is_empty());
@@ -1647,11 +2051,64 @@ impl DirectData {
 struct DirectWrite {
     file_id: u64,
     data: DirectData,
-    /// `file_id` is a reusable file of exactly `data.len()` bytes: overwrite it in place.
-    reuse: bool,
+    /// The target, opened (and, when new, preallocated) at validation.
+    file: Arc<File>,
+    /// A new file (else a reusable file of exactly `data.len()` bytes, overwritten in
+    /// place): the objects directory is synced after the batch's direct writes.
+    created: bool,
     /// Block CRCs the caller computed from `data` (see `TxnKind::Apply`), of the right
     /// count; None: computed here.
     block_crcs: Option<Vec<u32>>,
+}
+
+/// How often full mode looks at the free space.
+const SPACE_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Full mode ends only with at least this much space free (and twice the reserve).
+const SPACE_FREE_MIN_BYTES: u64 = 4 << 20;
+
+/// Bytes of a journal record besides its name and data (header 32, fixed body fields,
+/// alignment padding), rounded up generously.
+const RECORD_BYTES_MAX_OVERHEAD: usize = 128;
+
+const FULL_MESSAGE: &str =
+    "store is full: only deletes and truncates are accepted until space is free";
+
+/// Whether a transaction is accepted in full mode: it frees space or writes no data
+/// (deletes, truncates, removals, PG metadata).
+fn frees_space(kind: &TxnKind) -> bool {
+    match kind {
+        TxnKind::Apply { mutation, .. } => matches!(
+            mutation,
+            TxnMutation::Plain(Mutation::Delete | Mutation::Truncate { .. })
+        ),
+        TxnKind::Recover { state, .. } => state.is_none(),
+        TxnKind::SetPgLog { .. } | TxnKind::RemovePg { .. } | TxnKind::PgMark { .. } => true,
+    }
+}
+
+/// `fallocate(2)` of `[offset, offset + len)`; a file system without it reserves nothing
+/// (EOPNOTSUPP is not an error). ENOSPC / EDQUOT become `NoSpace`.
+fn fallocate(file: &File, mode: i32, offset: u64, len: u64) -> Result<(), StoreError> {
+    let range = i64::try_from(offset).ok().zip(i64::try_from(len).ok());
+    let Some((offset, len)) = range else {
+        return Err(StoreError::InvalidArgument(
+            "range too large to allocate".into(),
+        ));
+    };
+    loop {
+        // SAFETY: plain syscall on a descriptor we own; no memory is passed.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EOPNOTSUPP) => return Ok(()),
+            _ => return Err(StoreError::Io(e).classify()),
+        }
+    }
 }
 
 /// Most freed data files kept for reuse (each holds its disk space until reused or the
@@ -1660,8 +2117,6 @@ const REUSABLE_FILES_MAX: usize = 64;
 
 /// A batch whose journal write was done and that is not applied yet.
 struct Committed {
-    /// Outcome of the batch's journal write.
-    written: io::Result<()>,
     padded: u64,
     records: Vec<Record>,
     waiters: Vec<CommitTx>,

@@ -205,6 +205,11 @@ pub enum OsdCommand {
     },
     /// Run a storage daemon in the foreground (what `spindle up` starts).
     Run(crate::daemon::OsdRunArgs),
+    /// Used/size ratio of a daemon's file system above which it is full: clients and
+    /// daemons refuse new writes to pools on it (deletes still work). Default 0.95.
+    SetFullRatio { ratio: f64 },
+    /// Ratio above which a daemon is nearfull (a health warning). Default 0.85.
+    SetNearfullRatio { ratio: f64 },
 }
 
 #[derive(Args)]
@@ -537,6 +542,33 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         let up = osds.iter().filter(|o| o["up"] == true).count();
         let inn = osds.iter().filter(|o| o["in"] == true).count();
         println!("osds: {} total, {up} up, {inn} in", osds.len());
+        for o in &osds {
+            let (Some(total), Some(used)) = (o["total_bytes"].as_u64(), o["used_bytes"].as_u64())
+            else {
+                continue;
+            };
+            let flag = if o["healthy"] == false {
+                "  UNHEALTHY"
+            } else if o["full"] == true {
+                "  full"
+            } else if o["nearfull"] == true {
+                "  nearfull"
+            } else {
+                ""
+            };
+            println!(
+                "    osd.{}: {:.1} MiB used, {:.1} MiB available of {:.1} MiB ({:.0}%){flag}",
+                o["id"],
+                used as f64 / 1048576.0,
+                o["avail_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
+                total as f64 / 1048576.0,
+                if total > 0 {
+                    used as f64 * 100.0 / total as f64
+                } else {
+                    0.0
+                }
+            );
+        }
         println!("pgs: {}   objects: {}", pg_summary(&s["pgs"]), s["objects"]);
         let rec = &s["recovery"];
         if rec["objects_left"].as_u64().unwrap_or(0) > 0
@@ -764,6 +796,19 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
             }
             anyhow::Ok(())
         }),
+        OsdCommand::SetFullRatio { ratio } | OsdCommand::SetNearfullRatio { ratio } => {
+            let verb = if matches!(command, OsdCommand::SetFullRatio { .. }) {
+                "set-full-ratio"
+            } else {
+                "set-nearfull-ratio"
+            };
+            runtime()?.block_on(async {
+                let client = target.client().await?;
+                let r = client.command(&["osd", verb, &ratio.to_string()]).await?;
+                println!("{verb} {} (epoch {})", r["ratio"], r["epoch"]);
+                anyhow::Ok(())
+            })
+        }
         OsdCommand::Out { id } | OsdCommand::In { id } => {
             let verb = if matches!(command, OsdCommand::Out { .. }) {
                 "out"

@@ -26,7 +26,7 @@ use crate::cluster_cmd::Target;
 use crate::daemon::init_logging;
 use anyhow::{bail, Context};
 use clap::Args;
-use spindle_client::{BlockConfig, BlockLayer, Client, Image, ImageError};
+use spindle_client::{BlockConfig, BlockLayer, Client, ClientError, Image, ImageError};
 use spindle_nbd::{BlockDevice, DeviceError, ExportInfo, Exports, NbdServer, ServerConfig};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -67,19 +67,106 @@ pub struct NbdArgs {
 fn device_error(e: ImageError, out_of_range: fn(String) -> DeviceError) -> DeviceError {
     match e {
         e @ ImageError::OutOfRange { .. } => out_of_range(e.to_string()),
+        // The cluster is full: the NBD client sees ENOSPC (not EIO), as from a full disk.
+        ImageError::Backend(ClientError::NoSpace(m)) => DeviceError::NoSpace(m),
         e => DeviceError::Io(format!("{e:#}")),
+    }
+}
+
+/// Failed writes are logged once per burst: the first failure with its cause, then (at
+/// the first failure after `WRITE_ERROR_LOG_INTERVAL`, or the first success) how many
+/// more failed meanwhile. A full cluster fails every write; one line per request would
+/// flood the log.
+#[derive(Default)]
+struct WriteErrorLog {
+    in_burst: std::sync::atomic::AtomicBool,
+    state: std::sync::Mutex<WriteErrorBurst>,
+}
+
+#[derive(Default)]
+struct WriteErrorBurst {
+    started: Option<std::time::Instant>,
+    suppressed: u64,
+    last: String,
+}
+
+const WRITE_ERROR_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl WriteErrorLog {
+    fn failed(&self, image: &str, what: &str, e: &DeviceError) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let cause = e.to_string();
+        match st.started {
+            Some(t) if t.elapsed() < WRITE_ERROR_LOG_INTERVAL => {
+                st.suppressed += 1;
+                st.last = cause;
+                return;
+            }
+            Some(t) if st.suppressed > 0 => tracing::warn!(
+                "image {image}: {} more failed writes in the last {:.0} s (last: {})",
+                st.suppressed,
+                t.elapsed().as_secs_f64(),
+                st.last
+            ),
+            _ => {}
+        }
+        tracing::warn!(
+            "image {image}: {what} failed: {cause} (errno {})",
+            e.errno()
+        );
+        st.started = Some(std::time::Instant::now());
+        st.suppressed = 0;
+        st.last = cause;
+        self.in_burst
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn succeeded(&self, image: &str) {
+        if !self.in_burst.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.in_burst
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        if st.started.take().is_some() {
+            tracing::info!(
+                "image {image}: writes succeed again ({} more had failed after the logged one)",
+                st.suppressed
+            );
+        }
+        st.suppressed = 0;
+    }
+
+    fn observe<T>(
+        &self,
+        image: &str,
+        what: &str,
+        r: Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        match &r {
+            Ok(_) => self.succeeded(image),
+            Err(e) => self.failed(image, what, e),
+        }
+        r
     }
 }
 
 /// One image exported over NBD: a thin adapter over the shared block layer.
 pub struct ImageDevice {
     layer: Arc<BlockLayer<Client>>,
+    /// Image name (for log lines).
+    name: String,
+    write_errors: WriteErrorLog,
 }
 
 impl ImageDevice {
-    /// Wraps a block layer.
-    pub fn new(layer: Arc<BlockLayer<Client>>) -> Self {
-        ImageDevice { layer }
+    /// Wraps a block layer (`name`: the image, for log lines).
+    pub fn new(layer: Arc<BlockLayer<Client>>, name: &str) -> Self {
+        ImageDevice {
+            layer,
+            name: name.to_string(),
+            write_errors: WriteErrorLog::default(),
+        }
     }
 
     /// The block layer (for statistics).
@@ -108,10 +195,12 @@ impl BlockDevice for ImageDevice {
 
     /// `fua` needs no extra work: a write completes only once durable on all up replicas.
     async fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> Result<(), DeviceError> {
-        self.layer
+        let r = self
+            .layer
             .write_owned(offset, data)
             .await
-            .map_err(|e| device_error(e, DeviceError::NoSpace))
+            .map_err(|e| device_error(e, DeviceError::NoSpace));
+        self.write_errors.observe(&self.name, "write", r)
     }
 
     async fn flush(&self) -> Result<(), DeviceError> {
@@ -122,10 +211,12 @@ impl BlockDevice for ImageDevice {
     }
 
     async fn trim(&self, offset: u64, len: u32) -> Result<(), DeviceError> {
-        self.layer
+        let r = self
+            .layer
             .discard(offset, u64::from(len))
             .await
-            .map_err(|e| device_error(e, DeviceError::NoSpace))
+            .map_err(|e| device_error(e, DeviceError::NoSpace));
+        self.write_errors.observe(&self.name, "trim", r)
     }
 
     /// `may_trim` is ignored: the block layer zeroes (and may deallocate whole objects)
@@ -137,10 +228,12 @@ impl BlockDevice for ImageDevice {
         _may_trim: bool,
         _fua: bool,
     ) -> Result<(), DeviceError> {
-        self.layer
+        let r = self
+            .layer
             .write_zeroes(offset, u64::from(len))
             .await
-            .map_err(|e| device_error(e, DeviceError::NoSpace))
+            .map_err(|e| device_error(e, DeviceError::NoSpace));
+        self.write_errors.observe(&self.name, "write zeroes", r)
     }
 }
 
@@ -249,7 +342,7 @@ impl Exports for ImageExports {
             })?;
         let layer = BlockLayer::new(Arc::new(image), self.config.clone())
             .map_err(|e| DeviceError::Io(e.to_string()))?;
-        let dev = Arc::new(ImageDevice::new(Arc::new(layer)));
+        let dev = Arc::new(ImageDevice::new(Arc::new(layer), &name));
         open.insert(name, dev.clone());
         Ok(dev)
     }
