@@ -168,6 +168,17 @@ fn tune_allocator() {
     }
 }
 
+/// A command whose output goes to a pipe that closes early (`spindle ls | head`) ends
+/// quietly, as coreutils do, instead of panicking in `println!`: SIGPIPE gets its default
+/// action back (Rust ignores it). Not for daemons and servers: sockets use MSG_NOSIGNAL
+/// anyway, but a daemon must never die of a signal from its output.
+fn exit_quietly_on_broken_pipe() {
+    // SAFETY: restores the default disposition of one signal before any threads exist.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Raises the open-file soft limit to the hard limit: a storage daemon keeps a descriptor
 /// per recently used data file (its caches are sized from this limit), and Debian's
 /// default soft limit of 1,024 would leave room for only a few hundred.
@@ -195,6 +206,20 @@ fn main() {
     tune_allocator();
     raise_open_files_limit();
     let cli = Cli::parse();
+    let long_running = matches!(
+        cli.command,
+        Command::Mon { .. }
+            | Command::Osd {
+                command: cluster_cmd::OsdCommand::Run(_),
+                ..
+            }
+            | Command::Nbd(_)
+            | Command::Up(_)
+            | Command::Bench { .. }
+    );
+    if !long_running {
+        exit_quietly_on_broken_pipe();
+    }
     let result = match cli.command {
         Command::Crush { command } => crush_cmd::run(command),
         Command::Ec { command } => ec_cmd::run(command),

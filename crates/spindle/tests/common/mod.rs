@@ -61,6 +61,25 @@ impl Cluster {
         c
     }
 
+    /// Like [`Cluster::start`], with environment variables for the daemons (`spindle up`
+    /// passes its environment on to them).
+    pub fn start_with_env(tag: &str, osds: u32, pg_count: u32, env: &[(&str, &str)]) -> Cluster {
+        let dir = unique_dir(tag);
+        std::fs::create_dir_all(&dir).expect("create test dir");
+        let c = Cluster { dir, osds };
+        run_ok(
+            spindle()
+                .arg("up")
+                .arg("--dir")
+                .arg(&c.dir)
+                .args(["--wait-seconds", "90"])
+                .args(["--osds", &osds.to_string()])
+                .args(["--pg-count", &pg_count.to_string()])
+                .envs(env.iter().copied()),
+        );
+        c
+    }
+
     pub fn up_with(&self, extra: &[&str]) -> String {
         run_ok(
             spindle()
