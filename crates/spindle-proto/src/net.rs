@@ -625,6 +625,10 @@ const ACCEPT_BACKOFF_MS_MIN: u64 = 10;
 const ACCEPT_BACKOFF_MS_MAX: u64 = 1_000;
 const ACCEPT_LOG_INTERVAL_MS: u64 = 10_000;
 
+/// Buffers of a served connection (bulk payloads bypass both).
+const SERVED_READ_BUFFER_BYTES: usize = 64 << 10;
+const SERVED_WRITE_BUFFER_BYTES: usize = 64 << 10;
+
 /// Accounting unit of a [`PayloadBudget`] (permits are u32 counts of these).
 const BUDGET_UNIT_BYTES: u64 = 1024;
 
@@ -718,6 +722,8 @@ pub struct ServeLimits {
     pub write_stall_ms: u64,
     /// Served connections open now (a gauge; tests and `bench soak` read it).
     pub connections_open: AtomicU64,
+    /// Served connections closed so far (the heap is trimmed after churn).
+    pub connections_closed: AtomicU64,
 }
 
 impl ServeLimits {
@@ -731,6 +737,7 @@ impl ServeLimits {
             frame_deadline_ms_per_mib: FRAME_DEADLINE_MS_PER_MIB,
             write_stall_ms: WRITE_STALL_MS_MAX,
             connections_open: AtomicU64::new(0),
+            connections_closed: AtomicU64::new(0),
         }
     }
 
@@ -820,7 +827,10 @@ async fn writer_loop_bounded<W: AsyncWrite + Unpin>(
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     stall: Duration,
 ) -> Result<(), NetError> {
-    let mut w = BufWriter::with_capacity(256 << 10, w);
+    // Coalesces small replies; larger bodies go from their own buffer to the socket. Small
+    // because a process may serve thousands of connections (the client side's writer
+    // keeps 256 KiB: one per peer).
+    let mut w = BufWriter::with_capacity(SERVED_WRITE_BUFFER_BYTES, w);
     let stalled = || NetError::Timeout(stall.as_millis() as u64);
     while let Some(frame) = rx.recv().await {
         tokio::time::timeout(stall, write_outgoing(&mut w, &frame))
@@ -907,7 +917,7 @@ pub async fn serve_with<F>(
         REQUESTS_IN_FLIGHT_PER_CONNECTION,
     ));
     let idle = Duration::from_millis(limits.idle_timeout_ms);
-    let mut r = BufReader::with_capacity(64 << 10, read_half);
+    let mut r = BufReader::with_capacity(SERVED_READ_BUFFER_BYTES, read_half);
     let ended = 'conn: loop {
         // Wait for a free request slot before reading the next frame.
         let Ok(admitted) = admission.clone().acquire_owned().await else {
@@ -1017,6 +1027,7 @@ pub async fn serve_with<F>(
         let _ = writer.await;
     }
     limits.connections_open.fetch_sub(1, Ordering::Relaxed);
+    limits.connections_closed.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A server that dispatches decoded requests (the monitor, a storage daemon).
@@ -1031,13 +1042,28 @@ pub trait Service: Clone + Send + Sync + 'static {
     }
 }
 
-/// Hands freed heap memory back to the system after a burst of large payloads (glibc keeps
-/// freed memory in its arenas otherwise, so a burst would leave the process at its peak).
-fn release_heap_after_bursts(limits: &ServeLimits, threshold_bytes: u64) {
-    let peak = limits.client_budget.take_peak_bytes() + limits.peer_budget.take_peak_bytes();
-    let now = limits.client_budget.in_use_bytes() + limits.peer_budget.in_use_bytes();
-    if peak >= threshold_bytes && now < threshold_bytes / 4 {
-        trim_heap();
+/// Hands freed heap memory back to the system after a burst of large payloads, and now
+/// and then after connections came and went (the `spindle` binary keeps freed memory in
+/// glibc's arenas, see its `tune_allocator`, so a burst or a crowd of short-lived
+/// connections would leave the process at its high-water mark for ever).
+struct HeapReleaser {
+    closed_at_last_trim: u64,
+    last_churn_trim: std::time::Instant,
+}
+
+impl HeapReleaser {
+    fn tick(&mut self, limits: &ServeLimits) {
+        let peak = limits.client_budget.take_peak_bytes() + limits.peer_budget.take_peak_bytes();
+        let now = limits.client_budget.in_use_bytes() + limits.peer_budget.in_use_bytes();
+        let closed = limits.connections_closed.load(Ordering::Relaxed);
+        let burst_over = peak >= TRIM_AFTER_PEAK_BYTES && now < TRIM_AFTER_PEAK_BYTES / 4;
+        let churned = closed != self.closed_at_last_trim
+            && self.last_churn_trim.elapsed() >= Duration::from_millis(TRIM_AFTER_CHURN_MS);
+        if burst_over || churned {
+            trim_heap();
+            self.closed_at_last_trim = closed;
+            self.last_churn_trim = std::time::Instant::now();
+        }
     }
 }
 
@@ -1059,6 +1085,8 @@ pub fn trim_heap() {
 const TRIM_AFTER_PEAK_BYTES: u64 = 64 << 20;
 /// How often the server checks whether a burst is over.
 const TRIM_CHECK_MS: u64 = 2_000;
+/// After connections closed, the heap is trimmed at most this often.
+const TRIM_AFTER_CHURN_MS: u64 = 30_000;
 
 /// Accepts connections until the listener fails for good, serving each on its own task.
 /// Accept failures (out of descriptors, ...) back off instead of spinning, and are logged
@@ -1074,9 +1102,13 @@ pub async fn accept_loop<S: Service>(
         let limits = limits.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(TRIM_CHECK_MS));
+            let mut releaser = HeapReleaser {
+                closed_at_last_trim: 0,
+                last_churn_trim: std::time::Instant::now(),
+            };
             loop {
                 tick.tick().await;
-                release_heap_after_bursts(&limits, TRIM_AFTER_PEAK_BYTES);
+                releaser.tick(&limits);
             }
         })
     });

@@ -8,6 +8,7 @@ mod bench_fio;
 mod bench_io;
 mod bench_objects;
 mod bench_recovery;
+mod bench_soak;
 mod cluster_cmd;
 mod crush_cmd;
 mod daemon;
@@ -156,6 +157,8 @@ enum BenchCommand {
     Recovery(bench_recovery::BenchRecoveryArgs),
     /// Block images over NBD with fio (DeLiBA matrix) against Ceph RBD and nbdkit memory.
     Fio(bench_fio::BenchFioArgs),
+    /// Many short-lived clients: descriptors and memory of every process must stay flat.
+    Soak(bench_soak::BenchSoakArgs),
 }
 
 /// Keeps large buffers (object data, frames) in the heap instead of a fresh mmap per
@@ -261,6 +264,7 @@ fn main() {
             BenchCommand::Io(args) => bench_io::run(args),
             BenchCommand::Recovery(args) => bench_recovery::run(args),
             BenchCommand::Fio(args) => bench_fio::run(args),
+            BenchCommand::Soak(args) => bench_soak::run(args),
         },
     };
     if let Err(error) = result {
