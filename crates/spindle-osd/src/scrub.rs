@@ -193,6 +193,7 @@ impl Osd {
                     reference,
                     size_bytes,
                 } => {
+                    inconsistent += wrong.len() as u64;
                     if wrong.contains(&me) {
                         // The primary's copy is bad or missing: recover it from the
                         // reference too (one source per repair round).
@@ -205,7 +206,6 @@ impl Osd {
                     tracing::warn!(
                         "osd.{me}: scrub: pg {pgid}: {name} is inconsistent on {wrong:?}"
                     );
-                    inconsistent += wrong.len() as u64;
                     bad.insert((*name).clone(), (wrong, size_bytes));
                 }
             }
