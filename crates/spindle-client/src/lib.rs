@@ -78,6 +78,16 @@ pub struct ScrubStats {
     pub inconsistent: u64,
     /// Bad copies repaired from a good one.
     pub repaired: u64,
+    /// Objects with no intact copy (fewer than k intact shards on erasure-coded pools):
+    /// not repairable, reads of them fail. By placement group, then name.
+    pub damaged: Vec<DamagedObject>,
+}
+
+/// An object scrub found with no intact copy.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DamagedObject {
+    pub pg: spindle_map::PgId,
+    pub name: String,
 }
 
 /// Size and version of an object.
@@ -362,7 +372,10 @@ impl Client {
                 }
             };
             let attempt = match ms.placement.pg(pool_id, pg).and_then(|p| p.primary()) {
-                None => Attempt::Retry(format!("pg {pool_id}.{pg:x} has no daemon up")),
+                None => Attempt::Retry(format!(
+                    "pg {} has no daemon up",
+                    spindle_map::PgId { pool: pool_id, pg }
+                )),
                 Some(primary) => {
                     let addr = ms
                         .map
@@ -742,13 +755,14 @@ impl Client {
     }
 
     /// Scrubs every placement group of `pool` now: each primary compares all copies of
-    /// its objects (versions, sizes, checksums) and repairs bad copies from good ones.
+    /// its objects (versions, sizes, checksums) and repairs bad copies from good ones;
+    /// objects with no intact copy are listed in [`ScrubStats::damaged`].
     pub async fn scrub(&self, pool: &str) -> Result<ScrubStats, ClientError> {
-        let pg_count = self
+        let (pool_id, pg_count) = self
             .state()
             .map
             .pool_by_name(pool)
-            .map(|p| p.pg_count)
+            .map(|p| (p.id, p.pg_count))
             .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
         let mut total = ScrubStats::default();
         for pg in 0..pg_count {
@@ -760,11 +774,18 @@ impl Client {
                     objects,
                     inconsistent,
                     repaired,
+                    damaged,
                 } => {
                     total.objects += objects;
                     total.inconsistent += inconsistent;
                     total.repaired += repaired;
                     total.pgs += 1;
+                    total
+                        .damaged
+                        .extend(damaged.into_iter().map(|name| DamagedObject {
+                            pg: spindle_map::PgId { pool: pool_id, pg },
+                            name,
+                        }));
                 }
                 other => return Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
             }

@@ -20,7 +20,9 @@ mod placement;
 
 pub mod ec;
 pub use codec::MapDecodeError;
-pub use placement::{object_pg, pg_crush_input, shard_pg, split_shard_pg, PgMapping, Placement};
+pub use placement::{
+    object_pg, pg_crush_input, shard_pg, split_shard_pg, PgId, PgMapping, Placement,
+};
 
 use spindle_crush::CrushMap;
 use std::collections::BTreeMap;

@@ -75,6 +75,26 @@ pub fn split_shard_pg(stored: u32) -> (u32, Option<u8>) {
     }
 }
 
+/// A placement group, as every log line, error, CLI output and `spindle status` names it:
+/// `pool.pg` with the group number in lower-case hexadecimal (Ceph's format: `1.1f`). A
+/// stored shard of an erasure-coded group ([`shard_pg`]) prints with Ceph's shard suffix,
+/// `1.1fs2`. `spindle_store::PgId` (the store sits below this crate) prints the same way;
+/// a test in `spindle-osd` pins that the two agree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PgId {
+    pub pool: u32,
+    pub pg: u32,
+}
+
+impl std::fmt::Display for PgId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match split_shard_pg(self.pg) {
+            (pg, None) => write!(f, "{}.{pg:x}", self.pool),
+            (pg, Some(shard)) => write!(f, "{}.{pg:x}s{shard}", self.pool),
+        }
+    }
+}
+
 /// Every placement group of every pool, computed once per epoch.
 #[derive(Clone, Debug, Default)]
 pub struct Placement {
@@ -312,5 +332,15 @@ mod ec_tests {
         assert_eq!(shard_pg(5, Some(2)), 5 | 3 << 24);
         assert_eq!(split_shard_pg(shard_pg(5, Some(2))), (5, Some(2)));
         assert_eq!(split_shard_pg(5), (5, None));
+        assert_eq!(PgId { pool: 1, pg: 0x1f }.to_string(), "1.1f");
+        assert_eq!(PgId { pool: 12, pg: 22 }.to_string(), "12.16");
+        assert_eq!(
+            PgId {
+                pool: 2,
+                pg: shard_pg(0x1f, Some(2))
+            }
+            .to_string(),
+            "2.1fs2"
+        );
     }
 }

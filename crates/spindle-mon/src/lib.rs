@@ -14,7 +14,7 @@ mod store;
 pub use store::{MapStore, MapStoreError, RedbMapStore};
 
 use serde_json::json;
-use spindle_map::{ClusterMap, OsdInfo, Placement, PoolKind};
+use spindle_map::{ClusterMap, OsdInfo, PgId, Placement, PoolKind};
 use spindle_proto::msg::{PgReport, PgStateCode};
 use spindle_proto::net::{accept_loop, Incoming, Replier, Service};
 use spindle_proto::{ErrorCode, Msg};
@@ -533,7 +533,11 @@ impl Monitor {
 
     /// The `spindle status` document.
     pub fn status(&self) -> serde_json::Value {
-        const STATES: [&str; 7] = [
+        // "inconsistent" (Ceph's name): serving, but scrub found objects with no intact
+        // copy. It outranks clean/degraded/recovering/backfilling; a group that does not
+        // serve (peering, incomplete, inactive) shows that instead, while the PG_DAMAGED
+        // check still counts its damaged objects.
+        const STATES: [&str; 8] = [
             "clean",
             "degraded",
             "recovering",
@@ -541,7 +545,9 @@ impl Monitor {
             "peering",
             "incomplete",
             "inactive",
+            "inconsistent",
         ];
+        const INCONSISTENT: usize = 7;
         let st = self.lock();
         let map = &st.map;
         let mut report_of: HashMap<(u32, u32, u32), (u64, &PgReport)> = HashMap::new();
@@ -550,12 +556,14 @@ impl Monitor {
                 report_of.insert((*osd, r.pool, r.pg), (*epoch, r));
             }
         }
-        let mut totals = [0u64; 7];
+        let mut totals = [0u64; STATES.len()];
+        // (group, objects with no intact copy) as the group's current primary reports it.
+        let mut damaged: Vec<(PgId, u64)> = Vec::new();
         let (mut missing_objects_total, mut missing_bytes_total) = (0u64, 0u64);
         let mut pools = Vec::new();
         let mut objects_total = 0u64;
         for pool in map.pools.values() {
-            let mut counts = [0u64; 7];
+            let mut counts = [0u64; STATES.len()];
             let (mut objects, mut missing_objects, mut missing_bytes) = (0u64, 0u64, 0u64);
             for pg in 0..pool.pg_count {
                 let Some(mapping) = st.placement.pg(pool.id, pg) else {
@@ -566,16 +574,31 @@ impl Monitor {
                 } else {
                     pool.min_size()
                 };
+                let report = mapping
+                    .up
+                    .first()
+                    .and_then(|primary| report_of.get(&(*primary, pool.id, pg)));
+                let damaged_objects = report.map_or(0, |(_, r)| r.damaged_objects);
+                if damaged_objects > 0 {
+                    damaged.push((PgId { pool: pool.id, pg }, damaged_objects));
+                }
                 let slot = if (mapping.up.len() as u32) < serving {
                     6
                 } else {
-                    let primary = mapping.up[0];
-                    match report_of.get(&(primary, pool.id, pg)) {
+                    match report {
                         Some((e, r)) if *e >= map.epoch => {
                             objects += r.objects;
                             missing_objects += r.missing_objects;
                             missing_bytes += r.missing_bytes;
                             match r.state {
+                                PgStateCode::Clean
+                                | PgStateCode::Degraded
+                                | PgStateCode::Recovering
+                                | PgStateCode::Backfilling
+                                    if damaged_objects > 0 =>
+                                {
+                                    INCONSISTENT
+                                }
                                 PgStateCode::Clean if mapping.up.len() as u32 >= pool.size() => 0,
                                 PgStateCode::Clean | PgStateCode::Degraded => 1,
                                 PgStateCode::Recovering => 2,
@@ -693,6 +716,13 @@ impl Monitor {
             );
         }
         space_health(&st, &mut health);
+        if !damaged.is_empty() {
+            health.add("PG_DAMAGED", Severity::Err, damage_message(&damaged));
+        }
+        let inconsistent_pgs: Vec<_> = damaged
+            .iter()
+            .map(|(pg, n)| json!({"pg": pg.to_string(), "damaged_objects": n}))
+            .collect();
         json!({
             "cluster_id": format!("{:016x}", map.cluster_id),
             "epoch": map.epoch,
@@ -703,6 +733,7 @@ impl Monitor {
             "pools": pools,
             "objects": objects_total,
             "pgs": pgs,
+            "inconsistent_pgs": inconsistent_pgs,
             "recovery": {
                 "objects_left": missing_objects_total,
                 "bytes_left": missing_bytes_total,
@@ -912,6 +943,29 @@ impl BoundMonitor {
     }
 }
 
+/// Longest list of PG ids named in one health message.
+const HEALTH_PGS_NAMED_MAX: usize = 16;
+
+/// The `PG_DAMAGED` message (Ceph's "Possible data damage"): how many groups and objects,
+/// and which groups (the first [`HEALTH_PGS_NAMED_MAX`]).
+fn damage_message(damaged: &[(PgId, u64)]) -> String {
+    let objects: u64 = damaged.iter().map(|(_, n)| n).sum();
+    let mut named: Vec<String> = damaged
+        .iter()
+        .take(HEALTH_PGS_NAMED_MAX)
+        .map(|(pg, n)| format!("{pg} ({n})"))
+        .collect();
+    if damaged.len() > HEALTH_PGS_NAMED_MAX {
+        named.push(format!("and {} more", damaged.len() - HEALTH_PGS_NAMED_MAX));
+    }
+    format!(
+        "Possible data damage: {} placement group(s) inconsistent, {objects} object(s) with \
+         no intact copy: {}",
+        damaged.len(),
+        named.join(", ")
+    )
+}
+
 /// How bad a health check is (Ceph's HEALTH_WARN / HEALTH_ERR).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
@@ -1048,5 +1102,27 @@ impl Health {
             })
             .collect();
         json!({"status": self.status(), "checks": checks})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_damage_check_names_groups_and_counts_objects() {
+        let m = damage_message(&[
+            (PgId { pool: 1, pg: 0x1f }, 2),
+            (PgId { pool: 2, pg: 3 }, 1),
+        ]);
+        assert_eq!(
+            m,
+            "Possible data damage: 2 placement group(s) inconsistent, 3 object(s) with no \
+             intact copy: 1.1f (2), 2.3 (1)"
+        );
+        let many: Vec<(PgId, u64)> = (0..20).map(|pg| (PgId { pool: 1, pg }, 1)).collect();
+        let m = damage_message(&many);
+        assert!(m.contains("20 placement group(s)"), "{m}");
+        assert!(m.ends_with("1.f (1), and 4 more"), "{m}");
     }
 }

@@ -542,6 +542,8 @@ impl Osd {
         let mut pending = Vec::new();
         let local;
         let v;
+        // A whole-object write (a new slot) or a delete: clears scrub's damage verdict.
+        let mut replaces = false;
         {
             let mut pgs = crate::lock(&self.inner.pgs);
             let st = pgs
@@ -555,6 +557,10 @@ impl Osd {
             let mut mine = None;
             for &(pos, d) in &members {
                 let m = make(pos);
+                replaces |= matches!(
+                    m,
+                    WireMutation::Delete | WireMutation::EcPatch { base: None, .. }
+                );
                 if d == me {
                     mine = Some((pos, m));
                     continue;
@@ -611,12 +617,13 @@ impl Osd {
         }
         if let Some(f) = failure {
             tracing::info!(
-                "osd.{me}: shard write {stored:?} v{v:?} in pg {}.{:x} failed: {f}; re-peering",
-                pgid.pool,
-                pgid.pg
+                "osd.{me}: shard write {stored:?} v{v:?} in pg {pgid} failed: {f}; re-peering"
             );
             self.repeer(pgid, epoch);
             return Err(err(ErrorCode::Again, f));
+        }
+        if replaces {
+            self.clear_damaged(pgid, stored);
         }
         Ok(v)
     }
@@ -829,10 +836,8 @@ impl Osd {
                 .collect();
             if !corrupt.is_empty() {
                 tracing::warn!(
-                    "osd.{}: {name} in pg {}.{:x}: corrupt shard on {corrupt:?}; decoded, repairing",
-                    self.inner.id,
-                    pgid.pool,
-                    pgid.pg
+                    "osd.{}: {name} in pg {pgid}: corrupt shard on {corrupt:?}; decoded, repairing",
+                    self.inner.id
                 );
                 let osd = self.clone();
                 let stored = stored.clone();
@@ -1105,10 +1110,8 @@ impl Osd {
             }
             // Never acknowledged (it could not have reached min_size shards): roll back.
             tracing::warn!(
-                "osd.{me}: pg {}.{:x}: rolling back unacknowledged {stored:?} v{v:?} \
+                "osd.{me}: pg {pgid}: rolling back unacknowledged {stored:?} v{v:?} \
                  ({} of {} shards have it)",
-                pgid.pool,
-                pgid.pg,
                 good.len(),
                 layout.total()
             );

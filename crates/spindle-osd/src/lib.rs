@@ -199,6 +199,12 @@ struct PgState {
     size: u32,
     /// Objects some copies still miss (while Active); None = all copies complete.
     recovery: Option<recovery::Recovery>,
+    /// Stored names of objects the last whole-group scrub found with no intact copy (fewer
+    /// than k intact shards): the group is `inconsistent` while this is not empty. Kept
+    /// across intervals while this daemon stays primary; in memory only (a restart or a
+    /// new primary finds them again at the next scrub). Cleared per object by a client's
+    /// whole-object write or delete, and replaced by every later whole-group scrub.
+    damaged: BTreeSet<String>,
 }
 
 struct Inner {
@@ -564,6 +570,7 @@ impl Osd {
                     acting: Vec::new(),
                     size: pool.size(),
                     recovery: None,
+                    damaged: BTreeSet::new(),
                 });
                 let same = entry.interval == interval && entry.phase == Phase::Active;
                 entry.epoch = ms.map.epoch;
@@ -682,6 +689,7 @@ impl Osd {
                     .object_count,
                 missing_objects: st.recovery.as_ref().map_or(0, |r| r.missing_copies()),
                 missing_bytes: st.recovery.as_ref().map_or(0, |r| r.missing_bytes()),
+                damaged_objects: st.damaged.len() as u64,
             })
             .collect()
     }
@@ -698,8 +706,9 @@ impl Osd {
                 Ok(()) => return,
                 Err(e) => {
                     tracing::info!(
-                        "osd.{}: pg {pool}.{pg:x} peering at epoch {epoch} failed: {e}; retrying",
-                        self.inner.id
+                        "osd.{}: pg {} peering at epoch {epoch} failed: {e}; retrying",
+                        self.inner.id,
+                        PgId { pool, pg }
                     );
                     tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                     delay_ms = (delay_ms * 2).min(2000);
@@ -722,8 +731,7 @@ impl Osd {
         while lock(&self.inner.inflight).contains_key(&pgid) {
             if tokio::time::Instant::now() >= deadline {
                 return Err(format!(
-                    "pg {}.{:x}: store transactions still in flight after {INFLIGHT_DRAIN_MS} ms",
-                    pgid.pool, pgid.pg
+                    "pg {pgid}: store transactions still in flight after {INFLIGHT_DRAIN_MS} ms"
                 ));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -1178,7 +1186,7 @@ impl Osd {
             reply.send(
                 rid,
                 epoch,
-                &Msg::error(ErrorCode::NoSuchPool, format!("no pg {pool}.{pg:x}")),
+                &Msg::error(ErrorCode::NoSuchPool, format!("no pg {pgid}")),
             );
             return;
         };
@@ -1200,7 +1208,7 @@ impl Osd {
             reply.send(
                 rid,
                 epoch,
-                &Msg::error(ErrorCode::Again, format!("pg {pool}.{pg:x} is {phase:?}")),
+                &Msg::error(ErrorCode::Again, format!("pg {pgid} is {phase:?}")),
             );
             return;
         }
@@ -1367,6 +1375,7 @@ impl Osd {
                 format!("{name}: no such object"),
             ));
         }
+        let replaces = matches!(m, WireMutation::WriteFull(_) | WireMutation::Delete);
         let mut pgs = lock(&self.inner.pgs);
         let st = pgs
             .get_mut(&(pgid.pool, pgid.pg))
@@ -1448,6 +1457,7 @@ impl Osd {
             pending,
             pgid,
             name: name.to_string(),
+            replaces,
         })
     }
 
@@ -1516,13 +1526,15 @@ impl Osd {
         }
         if let Some(f) = failure {
             tracing::info!(
-                "osd.{}: write {} in pg {}.{:x} not acknowledged: {f}",
+                "osd.{}: write {} in pg {} not acknowledged: {f}",
                 self.inner.id,
                 w.name,
-                w.pgid.pool,
-                w.pgid.pg
+                w.pgid
             );
             return Msg::error(ErrorCode::Again, f);
+        }
+        if w.replaces {
+            self.clear_damaged(w.pgid, &w.name);
         }
         let size_bytes = self
             .inner
@@ -1573,10 +1585,8 @@ impl Osd {
                                         .repaired
                                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                     tracing::warn!(
-                                        "osd.{}: repaired {name} in pg {}.{:x} from osd.{peer}",
-                                        self.inner.id,
-                                        pgid.pool,
-                                        pgid.pg
+                                        "osd.{}: repaired {name} in pg {pgid} from osd.{peer}",
+                                        self.inner.id
                                     );
                                 }
                                 Err(e) => tracing::error!("repair of {name} failed: {e}"),
@@ -1607,6 +1617,9 @@ struct StartedWrite {
     pending: Vec<PendingReply>,
     pgid: PgId,
     name: String,
+    /// A whole-object write or a delete: once acknowledged, the object is no longer
+    /// damaged (scrub's verdict is replaced).
+    replaces: bool,
 }
 
 fn expect_ok(msg: Msg) -> Result<(), String> {

@@ -250,7 +250,7 @@ impl Osd {
                 self.inner.log_recoveries.fetch_add(1, Ordering::Relaxed);
             }
             tracing::info!(
-                "osd.{me}: pg {pool}.{pg:x} epoch {epoch}: {} object copies to recover on {:?} \
+                "osd.{me}: pg {pgid} epoch {epoch}: {} object copies to recover on {:?} \
                  from osd.{auth_id} ({})",
                 copies,
                 incomplete,
@@ -533,11 +533,7 @@ impl Osd {
                 if !self.interval_is(pgid, since) {
                     return;
                 }
-                tracing::info!(
-                    "osd.{me}: pg {}.{:x}: recovering {name} failed: {e}; retrying",
-                    pgid.pool,
-                    pgid.pg
-                );
+                tracing::info!("osd.{me}: pg {pgid}: recovering {name} failed: {e}; retrying");
                 tokio::time::sleep(Duration::from_millis(delay_ms)).await;
                 delay_ms = (delay_ms * 2).min(2000);
             } else {
@@ -579,11 +575,7 @@ impl Osd {
         {
             if st.recovery.as_ref().is_some_and(|r| r.missing.is_empty()) {
                 st.recovery = None;
-                tracing::info!(
-                    "osd.{me}: pg {}.{:x} recovered (interval from epoch {since})",
-                    pgid.pool,
-                    pgid.pg
-                );
+                tracing::info!("osd.{me}: pg {pgid} recovered (interval from epoch {since})");
             }
         }
     }
@@ -678,11 +670,7 @@ impl Osd {
             match r {
                 Ok(()) => {
                     self.inner.strays_removed.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
-                        "osd.{me}: removed stray copy of pg {}.{:x} ({objects} objects)",
-                        pgid.pool,
-                        pgid.pg
-                    );
+                    tracing::info!("osd.{me}: removed stray copy of pg {pgid} ({objects} objects)");
                 }
                 Err(e) => return Err(e.to_string()),
             }

@@ -135,6 +135,10 @@ pub struct PgReport {
     pub missing_objects: u64,
     /// Bytes of those copies (as known on the primary).
     pub missing_bytes: u64,
+    /// Objects scrub found with no intact copy (replicated) or fewer than k intact shards
+    /// (erasure-coded): unrecoverable until overwritten or deleted. Non-zero makes the
+    /// group `inconsistent` in `spindle status` and raises the `PG_DAMAGED` health check.
+    pub damaged_objects: u64,
 }
 
 /// One object of a copy, as scrub compares them.
@@ -336,8 +340,14 @@ pub enum Msg {
     },
     ScrubResult {
         objects: u64,
+        /// Bad object copies found (missing, extra, stale, checksum or content mismatch),
+        /// those of damaged objects included.
         inconsistent: u64,
+        /// Bad copies repaired from an intact one.
         repaired: u64,
+        /// Objects with no intact copy (fewer than k intact shards on erasure-coded pools),
+        /// sorted: they cannot be repaired and reads of them fail.
+        damaged: Vec<String>,
     },
     /// Primary -> replica: digests of the named objects (all objects if empty).
     ScrubQuery {
@@ -713,7 +723,8 @@ impl Msg {
                         .u8(p.state as u8)
                         .u64(p.objects)
                         .u64(p.missing_objects)
-                        .u64(p.missing_bytes);
+                        .u64(p.missing_bytes)
+                        .u64(p.damaged_objects);
                 }
                 w.u32(counters.len() as u32);
                 for (k, v) in counters {
@@ -812,8 +823,15 @@ impl Msg {
                 objects,
                 inconsistent,
                 repaired,
+                damaged,
             } => {
-                w.u64(*objects).u64(*inconsistent).u64(*repaired);
+                w.u64(*objects)
+                    .u64(*inconsistent)
+                    .u64(*repaired)
+                    .u32(damaged.len() as u32);
+                for n in damaged {
+                    w.str(n);
+                }
             }
             Msg::ScrubQuery { pool, pg, names } => {
                 w.u32(*pool).u32(*pg).u32(names.len() as u32);
@@ -930,6 +948,7 @@ impl Msg {
                         objects: r.u64("objects")?,
                         missing_objects: r.u64("missing objects")?,
                         missing_bytes: r.u64("missing bytes")?,
+                        damaged_objects: r.u64("damaged objects")?,
                     });
                 }
                 let n = count(r, "counter count")?;
@@ -1047,11 +1066,22 @@ impl Msg {
                 pool: r.u32("pool")?,
                 pg: r.u32("pg")?,
             },
-            SCRUB_RESULT => Msg::ScrubResult {
-                objects: r.u64("objects")?,
-                inconsistent: r.u64("inconsistent")?,
-                repaired: r.u64("repaired")?,
-            },
+            SCRUB_RESULT => {
+                let objects = r.u64("objects")?;
+                let inconsistent = r.u64("inconsistent")?;
+                let repaired = r.u64("repaired")?;
+                let n = count(r, "damaged count")?;
+                let mut damaged = Vec::with_capacity((n as usize).min(4096));
+                for _ in 0..n {
+                    damaged.push(name(r)?);
+                }
+                Msg::ScrubResult {
+                    objects,
+                    inconsistent,
+                    repaired,
+                    damaged,
+                }
+            }
             SCRUB_QUERY => {
                 let pool = r.u32("pool")?;
                 let pg = r.u32("pg")?;

@@ -39,6 +39,7 @@ fn samples() -> Vec<Msg> {
                 objects: 9,
                 missing_objects: 4,
                 missing_bytes: 4096,
+                damaged_objects: 2,
             }],
             counters: vec![("flushes".into(), 7)],
         },
@@ -130,6 +131,13 @@ fn samples() -> Vec<Msg> {
             objects: 10,
             inconsistent: 2,
             repaired: 1,
+            damaged: vec![],
+        },
+        Msg::ScrubResult {
+            objects: 10,
+            inconsistent: 5,
+            repaired: 1,
+            damaged: vec!["lost".into(), "gone/é".into()],
         },
         Msg::ScrubQuery {
             pool: 2,

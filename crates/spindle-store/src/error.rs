@@ -8,11 +8,11 @@ use crate::types::{PgId, Version};
 pub enum StoreError {
     #[error("object not found")]
     NotFound,
-    #[error("checksum mismatch in pg {}.{} object {name:?} block {block}", pg.pool, pg.pg)]
+    #[error("checksum mismatch in pg {pg} object {name:?} block {block}")]
     Corrupt { pg: PgId, name: String, block: u64 },
     #[error("invalid object name: {0}")]
     InvalidName(String),
-    #[error("version {got:?} is not newer than pg {}.{} last_version {have:?}", pg.pool, pg.pg)]
+    #[error("version {got:?} is not newer than pg {pg} last_version {have:?}")]
     VersionNotNewer {
         pg: PgId,
         have: Version,

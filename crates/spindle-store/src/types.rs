@@ -82,6 +82,20 @@ pub struct PgId {
     pub pg: u32,
 }
 
+/// The cluster's one format for PG ids (`spindle_map::PgId`, Ceph's): `pool.pg` with the
+/// group in lower-case hexadecimal, `1.1f`; a stored erasure-code shard (the shard position
+/// + 1 in the high byte of `pg`) as `1.1fs2`.
+impl std::fmt::Display for PgId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (group, high) = (self.pg & 0x00ff_ffff, self.pg >> 24);
+        if high == 0 {
+            write!(f, "{}.{group:x}", self.pool)
+        } else {
+            write!(f, "{}.{group:x}s{}", self.pool, high - 1)
+        }
+    }
+}
+
 /// Placement-group version: ordered by (epoch, seq).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Version {

@@ -408,8 +408,9 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-const PG_STATES: [&str; 7] = [
+const PG_STATES: [&str; 8] = [
     "clean",
+    "inconsistent",
     "degraded",
     "recovering",
     "backfilling",
@@ -436,8 +437,11 @@ pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<Va
             .as_array()
             .is_some_and(|a| a.iter().all(|o| o["up"] == true || o["in"] == false));
         let pgs = &status["pgs"];
-        let not_clean: u64 = PG_STATES[1..]
+        // Inconsistent groups serve; they do not get better by waiting (scrub's verdict
+        // stands until the damaged objects are overwritten or deleted).
+        let not_clean: u64 = PG_STATES
             .iter()
+            .filter(|k| !matches!(**k, "clean" | "inconsistent"))
             .map(|k| pgs[*k].as_u64().unwrap_or(0))
             .sum();
         if all_up && not_clean == 0 {
@@ -909,7 +913,8 @@ pub struct ScrubArgs {
     pub target: Target,
 }
 
-/// `spindle scrub [POOL]`: compare every copy now and repair bad ones.
+/// `spindle scrub [POOL]`: compare every copy now and repair bad ones. Objects with no
+/// intact copy are listed (`pool/pg name`) and make the command fail (exit status 1).
 pub fn scrub(args: ScrubArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let client = args.target.client().await?;
@@ -923,24 +928,45 @@ pub fn scrub(args: ScrubArgs) -> anyhow::Result<()> {
                 .collect(),
         };
         let mut out = Vec::new();
+        let mut damaged_total = 0;
         for pool in pools {
             let started = Instant::now();
             let s = client.scrub(&pool).await?;
+            damaged_total += s.damaged.len();
             if !args.json {
                 println!(
-                    "pool '{pool}': {} pgs, {} objects scrubbed, {} bad copies found, {} repaired ({:.1} s)",
+                    "pool '{pool}': {} pgs, {} objects scrubbed, {} bad copies found, {} repaired, \
+                     {} objects with no intact copy ({:.1} s)",
                     s.pgs,
                     s.objects,
                     s.inconsistent,
                     s.repaired,
+                    s.damaged.len(),
                     started.elapsed().as_secs_f64()
                 );
+                for d in &s.damaged {
+                    println!("no intact copy: {pool}/{} {}", d.pg, d.name);
+                }
             }
-            out.push(serde_json::json!({"pool": pool, "pgs": s.pgs, "objects": s.objects,
-                "inconsistent": s.inconsistent, "repaired": s.repaired}));
+            let damaged: Vec<Value> = s
+                .damaged
+                .iter()
+                .map(|d| serde_json::json!({"pg": d.pg.to_string(), "name": d.name}))
+                .collect();
+            out.push(
+                serde_json::json!({"pool": pool, "pgs": s.pgs, "objects": s.objects,
+                "inconsistent": s.inconsistent, "repaired": s.repaired,
+                "damaged_objects": s.damaged.len(), "damaged": damaged}),
+            );
         }
         if args.json {
             println!("{}", Value::Array(out));
+        }
+        if damaged_total > 0 {
+            bail!(
+                "{damaged_total} object(s) have no intact copy and cannot be repaired; \
+                 overwrite or delete them ('spindle status' names their placement groups)"
+            );
         }
         anyhow::Ok(())
     })

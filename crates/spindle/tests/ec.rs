@@ -444,6 +444,76 @@ async fn a_corrupt_shard_is_decoded_around_and_repaired() {
     assert!(got == data);
 }
 
+/// Two of three shards (k = 2) of an object corrupted on disk: too few intact shards to
+/// decode, so scrub lists the object (by its name, not its shard slot) and fails, and the
+/// group is inconsistent with a HEALTH_ERR check until the object is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrub_reports_an_object_with_fewer_than_k_intact_shards_until_deleted() {
+    let c = Cluster::start_with("ecdamaged", 3, 8, &["--out-after-ms", "0"]);
+    create_ec_pool(&c, "k=2,m=1");
+    let client = c.client().await;
+    let name = "undecodable";
+    client
+        .write_full(EC_POOL, name, Rng(5).bytes(1 << 20))
+        .await
+        .unwrap();
+    client
+        .write_full(EC_POOL, "fine", Rng(6).bytes(1000))
+        .await
+        .unwrap();
+    let map = client.map();
+    let pool = map.pool_by_name(EC_POOL).unwrap().clone();
+    let pg = spindle_map::object_pg(name, pool.pg_count);
+    let pgid = spindle_map::PgId { pool: pool.id, pg }.to_string();
+    let mapping = spindle_map::Placement::compute(&map)
+        .pg(pool.id, pg)
+        .unwrap()
+        .clone();
+    for shard in [0usize, 2] {
+        let victim = mapping.shards[shard].unwrap();
+        let mut flipped = 0;
+        for f in walk(&c.osd_dir(victim).join("store").join("objects")) {
+            let mut bytes = std::fs::read(&f).unwrap();
+            if bytes.len() > 100_000 {
+                bytes[4096 * 2 + 9] ^= 0xa5;
+                std::fs::write(&f, &bytes).unwrap();
+                flipped += 1;
+            }
+        }
+        assert_eq!(flipped, 1, "expected one shard file on osd.{victim}");
+    }
+    let out = spindle()
+        .args(["scrub", EC_POOL, "--json", "--dir"])
+        .arg(&c.dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        v[0]["damaged"],
+        serde_json::json!([{"pg": pgid, "name": name}]),
+        "{stdout}"
+    );
+    assert_eq!(v[0]["inconsistent"], 2, "{stdout}");
+    c.wait_for("inconsistent pg", Duration::from_secs(10), |s| {
+        s["pgs"]["inconsistent"] == 1 && s["health"]["status"] == "HEALTH_ERR"
+    });
+    // Deleting the object resolves it.
+    client.delete(EC_POOL, name).await.unwrap();
+    c.wait_for("health OK after the delete", Duration::from_secs(10), |s| {
+        s["pgs"]["inconsistent"] == 0 && s["health"]["status"] == "HEALTH_OK"
+    });
+    let out = run_ok(
+        spindle()
+            .args(["scrub", EC_POOL, "--json", "--dir"])
+            .arg(&c.dir),
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["damaged_objects"], 0, "{out}");
+    assert_eq!(v[0]["inconsistent"], 0, "{out}");
+}
+
 /// A block image on an erasure-coded pool: created with the pool's default object size
 /// (256 KiB), random writes of 512 B..128 KiB (across object boundaries), zeroing and
 /// discard read back exactly, also with one daemon down.

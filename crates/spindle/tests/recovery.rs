@@ -265,6 +265,161 @@ async fn scrub_finds_and_repairs_a_corrupt_replica() {
     store.shutdown().unwrap();
 }
 
+/// Flips one byte of every data file under `osd`'s store that is exactly `len` bytes long
+/// (a data file holds exactly its object's bytes, so distinct sizes name the object);
+/// returns how many it changed.
+fn corrupt_files_of_len(c: &Cluster, osd: u32, len: u64) -> usize {
+    let mut flipped = 0;
+    for f in walk(&c.osd_dir(osd).join("store").join("objects")) {
+        if std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0) == len {
+            let mut bytes = std::fs::read(&f).unwrap();
+            bytes[4097] ^= 0x3c;
+            std::fs::write(&f, &bytes).unwrap();
+            flipped += 1;
+        }
+    }
+    flipped
+}
+
+fn health_check<'a>(s: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    s["health"]["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == name)
+}
+
+/// Issue #16, "scrub tells the truth": every copy of one object corrupted on disk (and one
+/// copy of another). Before the fix scrub skipped the object with no intact copy: it said
+/// "0 bad copies found" for it, exited 0 and the group stayed clean. Now scrub lists it
+/// and fails, the group is `inconsistent` with a HEALTH_ERR check naming it, the single
+/// bad copy of the other object is repaired, and overwriting the object clears it all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrub_reports_an_object_with_no_intact_copy_until_it_is_rewritten() {
+    let c = Cluster::start("damaged", 3, 32);
+    let client = c.client().await;
+    let (lost, lost_len) = ("lost", 300_000usize);
+    let (hurt, hurt_len) = ("hurt", 200_000usize);
+    client
+        .write_full(POOL, lost, content(lost, 1, lost_len))
+        .await
+        .unwrap();
+    client
+        .write_full(POOL, hurt, content(hurt, 1, hurt_len))
+        .await
+        .unwrap();
+    for i in 0..4 {
+        let n = format!("small-{i}");
+        client
+            .write_full(POOL, &n, content(&n, 1, 1000))
+            .await
+            .unwrap();
+    }
+    assert_eq!(c.status()["health"]["status"], "HEALTH_OK");
+    let placement = spindle_map::Placement::compute(&client.map());
+    let lost_pg = spindle_map::object_pg(lost, 32);
+    let lost_pgid = format!("1.{lost_pg:x}");
+    for &osd in &placement.pg(1, lost_pg).unwrap().up {
+        let n = corrupt_files_of_len(&c, osd, lost_len as u64);
+        assert_eq!(n, 1, "osd.{osd}: data files of {lost}");
+    }
+    let hurt_replica = placement
+        .pg(1, spindle_map::object_pg(hurt, 32))
+        .unwrap()
+        .up[1];
+    assert_eq!(corrupt_files_of_len(&c, hurt_replica, hurt_len as u64), 1);
+
+    // Scrub: fails, lists exactly the lost object, repairs the other one.
+    let out = spindle()
+        .args(["scrub", "--json", "--dir"])
+        .arg(&c.dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "scrub must fail: {stdout}\n{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v[0]["objects"], 6, "{stdout}");
+    assert_eq!(v[0]["damaged_objects"], 1, "{stdout}");
+    assert_eq!(
+        v[0]["damaged"],
+        serde_json::json!([{"pg": lost_pgid, "name": lost}]),
+        "{stdout}"
+    );
+    assert_eq!(
+        v[0]["inconsistent"], 4,
+        "3 copies of {lost} + 1 of {hurt}: {stdout}"
+    );
+    assert_eq!(v[0]["repaired"], 1, "{stdout}");
+    assert!(
+        stderr.contains("1 object(s) have no intact copy"),
+        "{stderr}"
+    );
+    // Text output: one line per damaged object, `pool/pg name`; the repaired copy stays
+    // repaired (only the lost object's copies are bad now).
+    let out = spindle()
+        .args(["scrub", POOL, "--dir"])
+        .arg(&c.dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let listed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("no intact copy"))
+        .collect();
+    assert_eq!(
+        listed,
+        [format!("no intact copy: {POOL}/{lost_pgid} {lost}")],
+        "{text}"
+    );
+    assert!(
+        text.contains("3 bad copies found, 0 repaired, 1 objects with no intact copy"),
+        "{text}"
+    );
+    // Reads refuse (no intact copy to serve).
+    assert!(client.read_full(POOL, lost).await.is_err());
+
+    // Status: the group is inconsistent, HEALTH_ERR names it.
+    c.wait_for("inconsistent pg", Duration::from_secs(10), |s| {
+        s["pgs"]["inconsistent"] == 1
+    });
+    let s = c.status();
+    assert_eq!(s["health"]["status"], "HEALTH_ERR", "{s}");
+    let check = health_check(&s, "PG_DAMAGED").unwrap_or_else(|| panic!("no PG_DAMAGED: {s}"));
+    assert_eq!(check["severity"], "HEALTH_ERR");
+    let msg = check["message"].as_str().unwrap();
+    assert!(msg.contains(&format!("{lost_pgid} (1)")), "{msg}");
+    assert!(msg.contains("1 object(s) with no intact copy"), "{msg}");
+    assert_eq!(
+        s["inconsistent_pgs"],
+        serde_json::json!([{"pg": lost_pgid, "damaged_objects": 1}])
+    );
+    assert_eq!(s["pools"][0]["pgs"]["inconsistent"], 1, "{s}");
+    let text = run_ok(spindle().args(["status", "--dir"]).arg(&c.dir));
+    assert!(text.contains("HEALTH_ERR PG_DAMAGED"), "{text}");
+    assert!(text.contains("1 inconsistent"), "{text}");
+
+    // Overwriting the object resolves it (no scrub needed), and a scrub agrees.
+    let fresh = content(lost, 2, lost_len);
+    client.write_full(POOL, lost, fresh.clone()).await.unwrap();
+    c.wait_for(
+        "health OK after the overwrite",
+        Duration::from_secs(10),
+        |s| s["health"]["status"] == "HEALTH_OK" && s["pgs"]["inconsistent"] == 0,
+    );
+    let again = run_ok(spindle().args(["scrub", "--json", "--dir"]).arg(&c.dir));
+    let v: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(v[0]["damaged_objects"], 0, "{again}");
+    assert_eq!(v[0]["inconsistent"], 0, "{again}");
+    assert_eq!(c.status()["pgs"]["clean"], 32);
+    assert!(client.read_full(POOL, lost).await.unwrap() == fresh);
+}
+
 /// Daemons SIGKILLed (and restarted) at random moments while recovery runs: no object is
 /// lost and recovery finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
