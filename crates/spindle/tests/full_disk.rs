@@ -246,6 +246,14 @@ fn rm(c: &Cluster, name: &str) {
     );
 }
 
+fn set_ratio(c: &Cluster, verb: &str, ratio: f64) {
+    run_ok(
+        spindle()
+            .args(["osd", verb, &ratio.to_string(), "--dir"])
+            .arg(&c.dir),
+    );
+}
+
 fn status(c: &Cluster) -> serde_json::Value {
     let out = run_timed(
         spindle().args(["status", "--json", "--dir"]).arg(&c.dir),
@@ -482,10 +490,105 @@ fn full_disk_put_and_nbd_fail_with_no_space_delete_and_write_again() {
         started.elapsed()
     );
 
-    // 1. Fill through `spindle put` until a put fails; that failure must be no-space.
     let mut acked: BTreeMap<String, (usize, [u8; 32])> = BTreeMap::new();
     let mut acked_bytes = 0u64;
+    let mut deleted = Vec::new();
     let mut i = 0usize;
+
+    // 0. Full by ratio, what large disks meet first (the full ratio stops writes long
+    // before ENOSPC): fill to about half, lower the ratios below the daemons' usage; puts
+    // are refused; deleting data must bring the daemons back under the ratio (the space
+    // of deleted objects must really be given back) and puts work again.
+    while acked_bytes < FS_MIB * MIB / 2 {
+        let name = format!("fill-{i:04}");
+        let len = SIZES[i % SIZES.len()];
+        let out = put(&c, &name, len);
+        assert!(out.ok, "put {name} on a half-empty cluster: {}", out.stderr);
+        acked.insert(name.clone(), (len, sha256(&content(&name, 0, len))));
+        acked_bytes += len as u64;
+        i += 1;
+    }
+    let (nearfull_ratio, full_ratio) = (0.3, 0.4);
+    set_ratio(&c, "set-nearfull-ratio", nearfull_ratio);
+    set_ratio(&c, "set-full-ratio", full_ratio);
+    let s = wait_status(
+        &c,
+        "every daemon full by ratio",
+        Duration::from_secs(10),
+        |s| {
+            s["osds"]
+                .as_array()
+                .is_some_and(|a| a.iter().all(|o| o["full"] == true))
+                && check_names(s).iter().any(|n| n == "POOL_FULL")
+        },
+    );
+    eprintln!("full_disk: full by ratio {full_ratio}: {}", space_line(&s));
+    assert_no_space(
+        &put(&c, "ratio-late", 4 << 20),
+        "a put to a pool full by ratio",
+    );
+    // Delete until every daemon would be well under the full ratio.
+    let to_free = s["osds"]
+        .as_array()
+        .expect("osds")
+        .iter()
+        .map(|o| {
+            let total = o["total_bytes"].as_u64().unwrap_or(0) as f64;
+            let used = o["used_bytes"].as_u64().unwrap_or(0) as f64;
+            (used - (nearfull_ratio - 0.02) * total).max(0.0) as u64
+        })
+        .max()
+        .unwrap_or(0);
+    let mut freed = 0u64;
+    let names: Vec<String> = acked.keys().cloned().collect();
+    for name in &names {
+        if freed >= to_free {
+            break;
+        }
+        rm(&c, name);
+        freed += acked[name].0 as u64;
+        acked.remove(name);
+        deleted.push(name.clone());
+    }
+    assert!(freed >= to_free, "not enough data to delete");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = put(&c, "ratio-after", 4 << 20);
+        if out.ok {
+            break;
+        }
+        assert_no_space(&out, "a put while the daemons go under the full ratio");
+        assert!(
+            Instant::now() < deadline,
+            "puts still fail 30 s after deleting {} MiB (enough to go under the full ratio \
+             {full_ratio}): {}; {}",
+            freed / MIB,
+            out.stderr,
+            space_line(&status(&c))
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    acked.insert(
+        "ratio-after".into(),
+        (4 << 20, sha256(&content("ratio-after", 0, 4 << 20))),
+    );
+    let s = wait_status(
+        &c,
+        "ratio full flags to clear",
+        Duration::from_secs(15),
+        |s| !any_osd(s, "full") && !any_osd(s, "nearfull"),
+    );
+    eprintln!(
+        "full_disk: {} MiB deleted, under the ratio again ({:?}): {}",
+        freed / MIB,
+        started.elapsed(),
+        space_line(&s)
+    );
+    set_ratio(&c, "set-full-ratio", 0.95);
+    set_ratio(&c, "set-nearfull-ratio", 0.85);
+    acked_bytes = acked.values().map(|(len, _)| *len as u64).sum();
+
+    // 1. Fill through `spindle put` until a put fails; that failure must be no-space.
     let fail = loop {
         let name = format!("fill-{i:04}");
         let len = SIZES[i % SIZES.len()];
@@ -558,7 +661,6 @@ fn full_disk_put_and_nbd_fail_with_no_space_delete_and_write_again() {
 
     // 3. Deletes work on the full cluster: remove about half of the data.
     let names: Vec<String> = acked.keys().cloned().collect();
-    let mut deleted = Vec::new();
     let mut freed = 0u64;
     for name in &names {
         if freed >= acked_bytes / 2 {
