@@ -714,7 +714,10 @@ fn full_disk_put_and_nbd_fail_with_no_space_delete_and_write_again() {
     eprintln!("full_disk: after the deletes: {}", space_line(&s));
 
     // 5. Fill through NBD: qemu-io writes 4 MiB chunks of image disk1 until the disks
-    // are full. The NBD client must see ENOSPC, never EIO.
+    // are full. The NBD client must see ENOSPC, never EIO. The full ratio is 0.99 here so
+    // that the stores surely meet the real ENOSPC (preallocation failure, full mode,
+    // reserve released) rather than the ratio alone.
+    set_ratio(&c, "set-full-ratio", 0.99);
     let ks: Vec<u64> = (0..96).collect();
     let (nbd_acked, failed) = nbd_write_chunks(&nbd.uri("disk1"), &ks);
     eprintln!(
@@ -811,6 +814,26 @@ fn full_disk_put_and_nbd_fail_with_no_space_delete_and_write_again() {
         "NBD writes after freeing space: {failed:?}"
     );
     nbd_acked.extend(more);
+    set_ratio(&c, "set-full-ratio", 0.95);
+    // The stores met the real ENOSPC (full mode) and left full mode without a restart.
+    let logs: Vec<String> = (0..c.osds)
+        .map(|id| std::fs::read_to_string(c.osd_dir(id).join("log")).unwrap_or_default())
+        .collect();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("file system full: store refuses new data")),
+        "no store met ENOSPC (full mode): the test did not fill the file systems"
+    );
+    for (id, l) in logs.iter().enumerate() {
+        let entered = l
+            .matches("file system full: store refuses new data")
+            .count();
+        let left = l.matches("file system has room again").count();
+        assert_eq!(
+            entered, left,
+            "osd.{id}: entered full mode {entered} times, left it {left} times"
+        );
+    }
     assert!(
         nbd.log().contains("writes succeed again"),
         "spindle nbd must log that writes recovered: {}",
