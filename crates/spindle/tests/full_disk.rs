@@ -747,6 +747,7 @@ fn full_disk_put_and_nbd_fail_with_no_space_delete_and_write_again() {
     // `spindle nbd` says why writes failed, once per burst (not once per request).
     let log = nbd.log();
     let logged: Vec<&str> = log.lines().filter(|l| l.contains("write failed")).collect();
+    eprintln!("full_disk: spindle nbd logged: {logged:?}");
     assert!(
         !logged.is_empty(),
         "spindle nbd must log why writes failed: {log}"
