@@ -128,6 +128,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 enum Attempt {
     Done(Msg),
     Retry(String),
+    /// Retry, but the primary may have applied the operation: it answered `Again` (for a
+    /// write: "not acknowledged", some copies failed after it applied the write
+    /// locally) or its reply was lost.
+    RetryMaybeApplied(String),
 }
 
 impl Client {
@@ -350,6 +354,20 @@ impl Client {
         pg_override: Option<u32>,
         make: impl FnOnce(u32, u32) -> Msg,
     ) -> Result<Msg, ClientError> {
+        self.request_noting(pool, name, pg_override, make, &mut false)
+            .await
+    }
+
+    /// [`Client::request`]; sets `maybe_applied` if an attempt that was retried may have
+    /// been applied by its primary ([`Attempt::RetryMaybeApplied`]).
+    async fn request_noting(
+        &self,
+        pool: &str,
+        name: &str,
+        pg_override: Option<u32>,
+        make: impl FnOnce(u32, u32) -> Msg,
+        maybe_applied: &mut bool,
+    ) -> Result<Msg, ClientError> {
         let timeout_ms = self.inner.config.op_timeout_ms;
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let mut backoff_ms = 5u64;
@@ -389,6 +407,10 @@ impl Client {
             let last = match attempt {
                 Attempt::Done(reply) => return Ok(reply),
                 Attempt::Retry(why) => why,
+                Attempt::RetryMaybeApplied(why) => {
+                    *maybe_applied = true;
+                    why
+                }
             };
             let now = Instant::now();
             if now >= deadline {
@@ -432,7 +454,7 @@ impl Client {
             Ok(r) => r,
             Err(e) => {
                 lock(&self.inner.osds).remove(&primary);
-                return Attempt::Retry(format!("osd.{primary}: {e}"));
+                return Attempt::RetryMaybeApplied(format!("osd.{primary}: {e}"));
             }
         };
         match reply.msg {
@@ -457,7 +479,12 @@ impl Client {
                 Attempt::Retry("daemon needed our map".into())
             }
             Msg::Error {
-                code: code @ (ErrorCode::NotPrimary | ErrorCode::Again | ErrorCode::Busy),
+                code: ErrorCode::Again,
+                message,
+                ..
+            } => Attempt::RetryMaybeApplied(format!("osd.{primary}: Again: {message}")),
+            Msg::Error {
+                code: code @ (ErrorCode::NotPrimary | ErrorCode::Busy),
                 message,
                 ..
             } => Attempt::Retry(format!("osd.{primary}: {code:?}: {message}")),
@@ -481,8 +508,27 @@ impl Client {
     }
 
     async fn mutate(&self, pool: &str, name: &str, m: Mutation) -> Result<Ver, ClientError> {
+        self.mutate_noting(pool, name, m, &mut false).await
+    }
+
+    /// [`Client::mutate`], noting whether a retried attempt may have been applied.
+    async fn mutate_noting(
+        &self,
+        pool: &str,
+        name: &str,
+        m: Mutation,
+        maybe_applied: &mut bool,
+    ) -> Result<Ver, ClientError> {
         check_name(name)?;
-        let reply = self.op(pool, name, ObjOp::Mutate(m), None).await?;
+        let request = |pool_id, pg| Msg::ObjRequest {
+            pool: pool_id,
+            pg,
+            name: name.to_string(),
+            op: ObjOp::Mutate(m),
+        };
+        let reply = self
+            .request_noting(pool, name, None, request, maybe_applied)
+            .await?;
         match Self::check(reply, name)? {
             Msg::ObjReply { version, .. } => Ok(version),
             other => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
@@ -711,7 +757,20 @@ impl Client {
     }
 
     pub async fn delete(&self, pool: &str, name: &str) -> Result<(), ClientError> {
-        self.mutate(pool, name, Mutation::Delete).await.map(|_| ())
+        let mut maybe_applied = false;
+        match self
+            .mutate_noting(pool, name, Mutation::Delete, &mut maybe_applied)
+            .await
+        {
+            // An earlier attempt may have deleted the object: its primary applied the
+            // delete, then a copy failed it (e.g. a replica with a newer map, frequent
+            // while full flags change) and the primary answered "not acknowledged"; the
+            // primary checks existence before it assigns a version, so NotFound on the
+            // retry means the object is gone, which is what was asked. Without this,
+            // `spindle rm` failed with "no such object" after removing the object.
+            Err(ClientError::NotFound(_)) if maybe_applied => Ok(()),
+            r => r.map(|_| ()),
+        }
     }
 
     /// Reads up to `len` bytes at `offset` (short at the end of the object).

@@ -623,10 +623,18 @@ impl Osd {
         let space = self.inner.store.space();
         let used = space.total_bytes.saturating_sub(space.avail_bytes);
         if let Some(ms) = self.map_state() {
-            let over = space.total_bytes > 0
-                && (used as u128 * 1_000_000)
-                    >= (ms.map.full_ratio_ppm as u128 * space.total_bytes as u128);
-            self.inner.over_full_ratio.store(over, Ordering::Relaxed);
+            let over = |ratio_ppm: u32| {
+                space.total_bytes > 0
+                    && (used as u128 * 1_000_000) >= (ratio_ppm as u128 * space.total_bytes as u128)
+            };
+            self.inner
+                .over_full_ratio
+                .store(over(ms.map.full_ratio_ppm), Ordering::Relaxed);
+            // Above nearfull the store keeps no freed files for reuse (they hold space:
+            // deleting objects would not bring a full daemon back under the ratio).
+            self.inner
+                .store
+                .set_space_tight(over(ms.map.nearfull_ratio_ppm));
         }
         if let Some(f) = &space.failed {
             tracing::error!(

@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     /// released; only transactions that free space (or change no data) are accepted
     /// until the file system has room again (see `docs/on-disk-format.md`).
     pub full: AtomicBool,
+    /// The file system is tight (the daemon is above its nearfull ratio,
+    /// [`Store::set_space_tight`]): freed data files are not kept for reuse.
+    pub space_tight: AtomicBool,
     /// Set when a real I/O error (not ENOSPC) latched the store: its message.
     pub failed: std::sync::Mutex<Option<String>>,
     pub pgs: RwLock<BTreeMap<PgId, PgState>>,
@@ -83,6 +86,7 @@ impl Shared {
             engine,
             db: RwLock::new(Some(Arc::new(db))),
             full: AtomicBool::new(false),
+            space_tight: AtomicBool::new(false),
             failed: std::sync::Mutex::new(None),
             pgs: RwLock::new(pgs),
             direct_reads_unsupported: AtomicBool::new(false),
@@ -672,6 +676,17 @@ impl Store {
     /// Whether the store is in full mode (new data is refused with `NoSpace`).
     pub fn is_full(&self) -> bool {
         self.sh.full.load(Relaxed)
+    }
+
+    /// Tells the store whether its file system is tight (the daemon sets this when its
+    /// used ratio is above the nearfull ratio). While tight, freed data files are removed
+    /// instead of kept for in-place reuse, and the ones kept so far are removed (at the
+    /// worker's next round, at most a checkpoint interval later): a kept file holds its
+    /// space, so deleting objects would not bring the used ratio down and a daemon above
+    /// the full ratio (which refuses the writes that would reuse them) would stay full
+    /// until restarted.
+    pub fn set_space_tight(&self, tight: bool) {
+        self.sh.space_tight.store(tight, Relaxed);
     }
 
     /// Flush + checkpoint + stop the worker thread.

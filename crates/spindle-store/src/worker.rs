@@ -500,6 +500,12 @@ impl Worker {
                 }
             }
             self.check_space();
+            // The daemon is above its nearfull ratio: kept files must not hold space.
+            if self.sh.space_tight.load(Relaxed)
+                && !(self.reusable.is_empty() && self.freed_this_epoch.is_empty())
+            {
+                self.drop_kept_files();
+            }
         }
     }
 
@@ -547,22 +553,33 @@ impl Worker {
         self.full = true;
         self.sh.full.store(true, Relaxed);
         let released = remove_file_if_present(&self.reserve_path());
-        // Freed files kept for reuse hold their space: give it back (no record refers to
-        // them; replay re-creates a file an earlier record writes into, as for deletes).
-        let kept: Vec<(u64, u64)> = self
-            .reusable
-            .drain(..)
-            .chain(self.freed_this_epoch.drain(..))
-            .collect();
-        for (id, _) in kept {
-            self.remove_unreferenced(id);
-        }
+        self.drop_kept_files();
         tracing::warn!(
             error = %why,
             reserve_released = released.is_ok(),
             "file system full: store refuses new data (deletes and truncates still work) \
              until space is free"
         );
+    }
+
+    /// Freed files kept for reuse hold their space: give it back (no record refers to
+    /// them; replay re-creates a file an earlier record writes into, as for deletes).
+    fn drop_kept_files(&mut self) {
+        let kept: Vec<(u64, u64)> = self
+            .reusable
+            .drain(..)
+            .chain(self.freed_this_epoch.drain(..))
+            .collect();
+        if !kept.is_empty() {
+            tracing::info!(
+                files = kept.len(),
+                bytes = kept.iter().map(|k| k.1).sum::<u64>(),
+                "file system tight: removing the freed data files kept for reuse"
+            );
+        }
+        for (id, _) in kept {
+            self.remove_unreferenced(id);
+        }
     }
 
     fn reserve_path(&self) -> std::path::PathBuf {
@@ -1408,6 +1425,7 @@ impl Worker {
         // at open, unreferenced files are removed).
         if self.unlinker.is_some()
             && !self.full
+            && !self.sh.space_tight.load(Relaxed)
             && self.freed_this_epoch.len() + self.reusable.len() < REUSABLE_FILES_MAX
         {
             if let Ok(meta) = std::fs::metadata(&path) {

@@ -9,8 +9,14 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The `spindle` binary under test; `SPINDLE_TEST_BIN` points the tests at another build
+/// (e.g. an older commit's, to check that a test fails without a fix). Daemons started by
+/// `spindle up` run the same binary.
 pub fn spindle() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_spindle"))
+    match std::env::var_os("SPINDLE_TEST_BIN") {
+        Some(bin) => Command::new(bin),
+        None => Command::new(env!("CARGO_BIN_EXE_spindle")),
+    }
 }
 
 pub const POOL: &str = "default";
