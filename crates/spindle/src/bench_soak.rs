@@ -6,9 +6,10 @@
 //! checks it, stats it, deletes the object written a window of clients earlier, asks the
 //! monitor for the cluster status, and disconnects. After a warm-up (caches, logs and
 //! allocator pools reach their size) it samples the descriptors and resident memory of the
-//! monitor, every storage daemon and, when `DIR/nbd.pid` names one, the NBD server, and at
-//! the end prints their growth per 1,000 operations beside the target (issue #16: zero
-//! descriptors, under 1 KiB of memory per 1,000 operations).
+//! monitor, every storage daemon and, when `DIR/nbd.pid` names one, the NBD server, once a
+//! second, and at the end prints their growth per 1,000 operations (descriptors: end minus
+//! warm-up; memory: the least-squares slope of RSS over operations) beside the target
+//! (issue #16: zero descriptors, under 1 KiB of memory per 1,000 operations).
 
 use crate::bench_common::{print_report, BenchResult};
 use crate::cluster_cmd::Target;
@@ -108,6 +109,23 @@ async fn processes(client: &Client, target: &Target) -> anyhow::Result<Vec<Proc>
         }
     }
     Ok(procs)
+}
+
+/// Least-squares slope of y over x (0 with fewer than two distinct x).
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return 0.0;
+    }
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    if sxx == 0.0 {
+        0.0
+    } else {
+        sxy / sxx
+    }
 }
 
 /// Deterministic content of object number `i`.
@@ -258,8 +276,22 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
         .map(|p| sample(p.pid))
         .collect::<anyhow::Result<_>>()?;
     let mut next_report = Instant::now() + Duration::from_secs(10);
+    // (operations so far, RSS of each process) once a second after warm-up: the growth is
+    // the least-squares slope over all of them, so bounded caches that fill and drain (and
+    // the heap trims after churn) do not make two unlucky end points look like a leak.
+    let mut series: Vec<(f64, Vec<f64>)> = Vec::new();
+    let mut next_sample = Instant::now();
     while t_start.elapsed() < total {
         tokio::time::sleep(Duration::from_millis(200)).await;
+        if Instant::now() >= next_sample {
+            next_sample += Duration::from_secs(1);
+            let ops = sh.ops.load(Ordering::Relaxed) as f64;
+            let rss: Vec<f64> = procs
+                .iter()
+                .map(|p| sample(p.pid).map_or(f64::NAN, |s| s.rss_kib as f64))
+                .collect();
+            series.push((ops, rss));
+        }
         if Instant::now() >= next_report {
             next_report += Duration::from_secs(10);
             progress(format!(
@@ -314,17 +346,23 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
             "RSS start",
             "RSS warm",
             "RSS end",
-            "KiB/1000 ops"
+            "KiB/1000 ops (fit)"
         );
     }
     let mut results = Vec::new();
-    for ((p, s0), (w, e)) in procs
+    for (idx, ((p, s0), (w, e))) in procs
         .iter()
         .zip(&start_samples)
         .zip(warm_samples.iter().zip(&end_samples))
+        .enumerate()
     {
         let fd_growth = e.fds as f64 - w.fds as f64;
-        let rss_growth_per_1000 = (e.rss_kib as f64 - w.rss_kib as f64) / measured_ops * 1000.0;
+        let points: Vec<(f64, f64)> = series
+            .iter()
+            .map(|(ops, rss)| (*ops, rss[idx]))
+            .filter(|(_, r)| r.is_finite())
+            .collect();
+        let rss_growth_per_1000 = slope(&points) * 1000.0;
         if !args.json {
             println!(
                 "{:<8} {:>9} {:>9} {:>9} {:>9} KiB {:>8} KiB {:>8} KiB {:>16.3}",

@@ -373,3 +373,45 @@ fn listing_into_a_closed_pipe_ends_quietly() {
         out.status
     );
 }
+
+/// Context switches of every thread of `pid` so far.
+fn context_switches(pid: i32) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for l in status.lines() {
+            if l.starts_with("voluntary_ctxt_switches:")
+                || l.starts_with("nonvoluntary_ctxt_switches:")
+            {
+                total += l
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+/// An idle cluster sleeps: a daemon's store worker woke every millisecond once its last
+/// checkpoint was older than the checkpoint interval (~900 context switches a second).
+#[test]
+fn an_idle_cluster_sleeps() {
+    let c = Cluster::start("hostile-idle-cpu", 3, 8);
+    // Past the checkpoint interval (5 s) with nothing to do.
+    std::thread::sleep(Duration::from_secs(7));
+    for (name, pid) in pids(&c) {
+        let before = context_switches(pid);
+        std::thread::sleep(Duration::from_secs(3));
+        let per_sec = (context_switches(pid) - before) as f64 / 3.0;
+        // Heartbeats (every 400 ms) and timers cost a few dozen a second.
+        assert!(
+            per_sec < 150.0,
+            "{name} switched context {per_sec:.0} times a second while idle"
+        );
+    }
+}
