@@ -630,11 +630,13 @@ impl Osd {
             self.inner
                 .over_full_ratio
                 .store(over(ms.map.full_ratio_ppm), Ordering::Relaxed);
-            // Above nearfull the store keeps no freed files for reuse (they hold space:
-            // deleting objects would not bring a full daemon back under the ratio).
+            // Above the full ratio the store keeps no freed files for reuse (they hold
+            // space: deleting objects would not bring a full daemon back under the ratio).
+            // Not from nearfull on: reuse is what makes whole-object overwrites fast (512k
+            // writes QD16 ran ~20% slower on a nearfull daemon without it).
             self.inner
                 .store
-                .set_space_tight(over(ms.map.nearfull_ratio_ppm));
+                .set_space_tight(over(ms.map.full_ratio_ppm));
         }
         if let Some(f) = &space.failed {
             tracing::error!(
