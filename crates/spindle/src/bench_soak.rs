@@ -23,9 +23,14 @@ use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct BenchSoakArgs {
-    /// Pool to write into.
-    #[arg(long, default_value = "default")]
-    pub pool: String,
+    /// Pool to write into. Default: a scratch pool of `--pg-count` groups, created for the
+    /// run and removed after it (few groups, so that their logs, a bounded cache of 4,096
+    /// entries per group, are full before the warm-up ends).
+    #[arg(long)]
+    pub pool: Option<String>,
+    /// Placement groups of the scratch pool.
+    #[arg(long, default_value_t = 4)]
+    pub pg_count: u32,
     /// Total running time (the first fifth, at least 5 s, is warm-up).
     #[arg(long, default_value_t = 60)]
     pub seconds: u64,
@@ -208,13 +213,45 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
     }
     let mon = args.target.mon_addr()?;
     let probe = Client::connect(ClientConfig::new(mon.clone())).await?;
-    if !probe.map().pools.values().any(|p| p.name == args.pool) {
-        bail!("no pool named {}", args.pool);
-    }
+    let scratch = args.pool.is_none();
+    let pool = match &args.pool {
+        Some(p) => {
+            if !probe.map().pools.values().any(|x| &x.name == p) {
+                bail!("no pool named {p}");
+            }
+            p.clone()
+        }
+        None => {
+            let name = format!("soak-{}", std::process::id());
+            let r = probe
+                .command(&["pool", "create", &name, "3", "2", &args.pg_count.to_string()])
+                .await
+                .context("cannot create the scratch pool")?;
+            let epoch = r["epoch"].as_u64().unwrap_or(0);
+            probe.wait_for_epoch(epoch, 10_000).await;
+            // Wait until its groups are active (a write would wait for them anyway).
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            name
+        }
+    };
     let procs = processes(&probe, &args.target).await?;
-    drop(probe);
+    let result = soak(&args, mon, pool.clone(), procs).await;
+    if scratch {
+        if let Err(e) = probe.command(&["pool", "rm", &pool]).await {
+            eprintln!("bench soak: could not remove the scratch pool {pool}: {e}");
+        }
+    }
+    result
+}
+
+async fn soak(
+    args: &BenchSoakArgs,
+    mon: String,
+    pool: String,
+    procs: Vec<Proc>,
+) -> anyhow::Result<()> {
     let sh = Arc::new(Shared {
-        args_pool: args.pool.clone(),
+        args_pool: pool.clone(),
         object_bytes: args.object_bytes,
         window: args.window.max(1),
         // Names unique to this run: pid and start time.
@@ -322,7 +359,7 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
             .drain(..)
             .collect();
         for i in live {
-            let _ = client.delete(&args.pool, &object_name(sh.run, i)).await;
+            let _ = client.delete(&pool, &object_name(sh.run, i)).await;
         }
     }
 
