@@ -224,7 +224,14 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
         None => {
             let name = format!("soak-{}", std::process::id());
             let r = probe
-                .command(&["pool", "create", &name, "3", "2", &args.pg_count.to_string()])
+                .command(&[
+                    "pool",
+                    "create",
+                    &name,
+                    "3",
+                    "2",
+                    &args.pg_count.to_string(),
+                ])
                 .await
                 .context("cannot create the scratch pool")?;
             let epoch = r["epoch"].as_u64().unwrap_or(0);
