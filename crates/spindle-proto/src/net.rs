@@ -720,7 +720,7 @@ pub struct ServeLimits {
     pub frame_deadline_ms_base: u64,
     pub frame_deadline_ms_per_mib: u64,
     pub write_stall_ms: u64,
-    /// Served connections open now (a gauge; tests and `bench soak` read it).
+    /// Served connections open now (a gauge).
     pub connections_open: AtomicU64,
     /// Served connections closed so far (the heap is trimmed after churn).
     pub connections_closed: AtomicU64,
@@ -1153,7 +1153,7 @@ pub async fn accept_loop<S: Service>(
 }
 
 /// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -433,7 +433,7 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
     // After a burst of large writes, hand the freed payload buffers back to the system.
     let _trimmer = {
         let server = server.clone();
-        AbortOnDrop(tokio::spawn(async move {
+        spindle_proto::net::AbortOnDrop(tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(2));
             loop {
                 tick.tick().await;
@@ -538,13 +538,4 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
-}
-
-/// Aborts a background task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

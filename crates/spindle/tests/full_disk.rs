@@ -13,12 +13,11 @@
 
 mod common;
 
-use common::{content, run_ok, spindle, Cluster};
+use common::{content, run_ok, spindle, unique_dir, Cluster, NbdProc};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -43,17 +42,7 @@ struct TestDir(PathBuf);
 
 impl TestDir {
     fn new() -> TestDir {
-        let base = std::env::var_os("SPINDLE_TEST_TMP")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir = base.join(format!(
-            "spindle-test-full-disk-{}-{nanos}",
-            std::process::id()
-        ));
+        let dir = unique_dir("full-disk");
         std::fs::create_dir_all(&dir).expect("create test dir");
         TestDir(dir)
     }
@@ -340,64 +329,6 @@ fn daemon_pids(c: &Cluster) -> Vec<i64> {
         pids.push(pid);
     }
     pids
-}
-
-/// A `spindle nbd` child (stderr to `DIR/nbd.log`); SIGKILLed on drop.
-struct NbdProc {
-    child: Child,
-    _stdout: BufReader<ChildStdout>,
-    addr: String,
-    log: PathBuf,
-}
-
-impl NbdProc {
-    fn start(c: &Cluster) -> NbdProc {
-        let log = c.dir.join("nbd.log");
-        let log_file = std::fs::File::create(&log).expect("nbd log");
-        let mut child = spindle()
-            .args(["nbd", "--listen", "127.0.0.1:0", "--dir"])
-            .arg(&c.dir)
-            .stdout(Stdio::piped())
-            .stderr(log_file)
-            .spawn()
-            .expect("spawn spindle nbd");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let addr = loop {
-            line.clear();
-            let n = stdout.read_line(&mut line).expect("read banner");
-            assert!(
-                n > 0,
-                "spindle nbd exited before listening: {:?}; log: {}",
-                child.try_wait(),
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            if let Some(rest) = line.trim().strip_prefix("spindle nbd: serving on ") {
-                break rest.to_string();
-            }
-        };
-        NbdProc {
-            child,
-            _stdout: stdout,
-            addr,
-            log,
-        }
-    }
-
-    fn uri(&self, image: &str) -> String {
-        format!("nbd://{}/{image}", self.addr)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for NbdProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Pattern byte of NBD chunk `k`.

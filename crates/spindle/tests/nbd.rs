@@ -7,10 +7,9 @@
 
 mod common;
 
-use common::{run_ok, spindle, Cluster};
-use std::io::{BufRead, BufReader};
+use common::{run_ok, spindle, Cluster, NbdProc};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -21,85 +20,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 const MIB: u64 = 1 << 20;
-
-/// A `spindle nbd` child; SIGKILLed on drop.
-struct NbdProc {
-    child: Child,
-    /// Kept open so the child never blocks on (or dies of) a closed stdout.
-    _stdout: BufReader<ChildStdout>,
-    addr: String,
-}
-
-impl NbdProc {
-    /// Starts `spindle nbd --listen 127.0.0.1:0` on the cluster and waits for its banner.
-    fn start(c: &Cluster) -> NbdProc {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(c.dir.join("nbd.log"))
-            .expect("nbd log");
-        let mut child = spindle()
-            .args(["nbd", "--listen", "127.0.0.1:0", "--dir"])
-            .arg(&c.dir)
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .expect("spawn spindle nbd");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        let addr = loop {
-            line.clear();
-            let n = stdout.read_line(&mut line).expect("read banner");
-            assert!(
-                n > 0,
-                "spindle nbd exited before listening: {:?}; log: {}",
-                child.try_wait(),
-                std::fs::read_to_string(c.dir.join("nbd.log")).unwrap_or_default()
-            );
-            if let Some(rest) = line.trim().strip_prefix("spindle nbd: serving on ") {
-                break rest.to_string();
-            }
-        };
-        // The banner is printed after bind, so connections are accepted now.
-        std::net::TcpStream::connect(&addr).expect("nbd server accepts connections");
-        NbdProc {
-            child,
-            _stdout: stdout,
-            addr,
-        }
-    }
-
-    fn uri(&self, image: &str) -> String {
-        format!("nbd://{}/{image}", self.addr)
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM and wait for a clean exit (flush, then exit 0).
-    fn terminate(&mut self) {
-        let pid = self.child.id() as i32;
-        // SAFETY: kill(2) of our own child.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                assert!(status.success(), "spindle nbd exited with {status}");
-                return;
-            }
-            assert!(Instant::now() < deadline, "spindle nbd ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for NbdProc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
 
 /// Runs an external tool; panics (naming the tool) if it is missing or fails.
 fn tool(cmd: &mut Command) -> String {

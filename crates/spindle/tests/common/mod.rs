@@ -4,8 +4,9 @@
 
 use spindle_client::{Client, ClientConfig};
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,7 @@ pub struct Cluster {
     pub osds: u32,
 }
 
-fn unique_dir(tag: &str) -> PathBuf {
+pub fn unique_dir(tag: &str) -> PathBuf {
     let base = std::env::var_os("SPINDLE_TEST_TMP")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
@@ -409,4 +410,91 @@ pub fn healthy_but_for_disk_usage(status: &serde_json::Value) -> bool {
     status["health"]["checks"]
         .as_array()
         .is_some_and(|checks| checks.iter().all(|c| c["name"] == "OSD_NEARFULL"))
+}
+
+/// A `spindle nbd` child (stderr appended to `DIR/nbd.log`); SIGKILLed on drop.
+pub struct NbdProc {
+    pub child: Child,
+    /// Kept open so the child never blocks on (or dies of) a closed stdout.
+    _stdout: BufReader<ChildStdout>,
+    pub addr: String,
+    log: PathBuf,
+}
+
+impl NbdProc {
+    /// Starts `spindle nbd --listen 127.0.0.1:0` on the cluster and waits for its banner.
+    pub fn start(c: &Cluster) -> NbdProc {
+        let log_path = c.dir.join("nbd.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("nbd log");
+        let mut child = spindle()
+            .args(["nbd", "--listen", "127.0.0.1:0", "--dir"])
+            .arg(&c.dir)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawn spindle nbd");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        let addr = loop {
+            line.clear();
+            let n = stdout.read_line(&mut line).expect("read banner");
+            assert!(
+                n > 0,
+                "spindle nbd exited before listening: {:?}; log: {}",
+                child.try_wait(),
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+            if let Some(rest) = line.trim().strip_prefix("spindle nbd: serving on ") {
+                break rest.to_string();
+            }
+        };
+        // The banner is printed after bind, so connections are accepted now.
+        std::net::TcpStream::connect(&addr).expect("nbd server accepts connections");
+        NbdProc {
+            child,
+            _stdout: stdout,
+            addr,
+            log: log_path,
+        }
+    }
+
+    /// What the server logged so far (stderr, appended across restarts).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn uri(&self, image: &str) -> String {
+        format!("nbd://{}/{image}", self.addr)
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a clean exit (flush, then exit 0).
+    pub fn terminate(&mut self) {
+        let pid = self.child.id() as i32;
+        // SAFETY: kill(2) of our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                assert!(status.success(), "spindle nbd exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "spindle nbd ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NbdProc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
 }
