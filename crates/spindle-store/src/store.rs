@@ -718,7 +718,13 @@ impl Drop for Store {
     }
 }
 
-/// (size, available bytes) of the file system holding `path` (statvfs).
+/// (usable size, available bytes) of the file system holding `path` (statvfs), counted
+/// as `df` counts them: available is `f_bavail` (what an unprivileged writer can still
+/// use) and the usable size is used + available, where used is `f_blocks - f_bfree`.
+/// Blocks reserved for root are in neither, so the used ratio `1 - avail / size` is `df`'s
+/// `Use%` (a file system with a large root reserve would otherwise look nearly full while
+/// most of it is free: 252 GB with 177 GB free but only 16 GB outside the reserve read as
+/// 94% used instead of df's 83%).
 pub(crate) fn fs_space(path: &std::path::Path) -> io::Result<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
@@ -730,9 +736,13 @@ pub(crate) fn fs_space(path: &std::path::Path) -> io::Result<(u64, u64)> {
         return Err(io::Error::last_os_error());
     }
     let frsize = st.f_frsize as u64;
+    let used_blocks = (st.f_blocks as u64).saturating_sub(st.f_bfree as u64);
+    let avail_blocks = st.f_bavail as u64;
     Ok((
-        (st.f_blocks as u64).saturating_mul(frsize),
-        (st.f_bavail as u64).saturating_mul(frsize),
+        used_blocks
+            .saturating_add(avail_blocks)
+            .saturating_mul(frsize),
+        avail_blocks.saturating_mul(frsize),
     ))
 }
 

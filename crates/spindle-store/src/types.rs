@@ -35,7 +35,8 @@ pub const RESERVE_BYTES_DEFAULT: u64 = 16 << 20;
 /// Space of the store's file system and the store's own condition (`Store::space`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SpaceInfo {
-    /// Size of the file system (statvfs `f_blocks * f_frsize`).
+    /// Usable size of the file system as `df` counts it: used (`f_blocks - f_bfree`) plus
+    /// available; blocks reserved for root are excluded.
     pub total_bytes: u64,
     /// Bytes available to unprivileged users (statvfs `f_bavail * f_frsize`).
     pub avail_bytes: u64,
