@@ -63,8 +63,8 @@ pub const OBJECT_SIZE_BYTES_MAX: u64 = crate::OBJECT_BYTES_MAX;
 pub const SECTOR_BYTES: u64 = 512;
 /// Largest image (keeps every offset computation far from u64 overflow).
 pub const IMAGE_SIZE_BYTES_MAX: u64 = 1 << 60;
-/// Longest image name.
-pub const IMAGE_NAME_BYTES_MAX: usize = 64;
+/// Longest image name (`spindle_types::limits::IMAGE_NAME_BYTES_MAX`).
+pub const IMAGE_NAME_BYTES_MAX: usize = spindle_types::limits::IMAGE_NAME_BYTES_MAX;
 /// Object operations one image call keeps in flight at most.
 pub const PARALLEL_OPS_MAX: usize = 32;
 /// Above this many objects in a range, removal lists the pool to find the objects that

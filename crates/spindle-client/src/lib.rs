@@ -25,8 +25,9 @@ pub mod image;
 pub use block::{BlockConfig, BlockLayer, BlockStats};
 pub use image::{Image, ImageError, ImageInfo, ObjectBackend};
 
-/// Largest object the object API accepts (bigger data belongs in an image).
-pub const OBJECT_BYTES_MAX: u64 = 32 << 20;
+/// Largest object the object API accepts (bigger data belongs in an image):
+/// `spindle_types::limits::OBJECT_BYTES_MAX`.
+pub const OBJECT_BYTES_MAX: u64 = spindle_types::limits::OBJECT_BYTES_MAX;
 
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum ClientError {

@@ -204,7 +204,7 @@ pub fn trailer(object_size: u64) -> [u8; TRAILER_BYTES as usize] {
     let mut t = [0u8; TRAILER_BYTES as usize];
     t[..8].copy_from_slice(&object_size.to_le_bytes());
     t[8..12].copy_from_slice(&TRAILER_MAGIC.to_le_bytes());
-    let crc = spindle_ec::crc32c::crc32c(&t[..12]);
+    let crc = spindle_types::crc::crc32c(&t[..12]);
     t[12..].copy_from_slice(&crc.to_le_bytes());
     t
 }
@@ -216,7 +216,7 @@ pub fn parse_trailer(t: &[u8]) -> Option<u64> {
     }
     let magic = u32::from_le_bytes(t[8..12].try_into().ok()?);
     let crc = u32::from_le_bytes(t[12..16].try_into().ok()?);
-    if magic != TRAILER_MAGIC || crc != spindle_ec::crc32c::crc32c(&t[..12]) {
+    if magic != TRAILER_MAGIC || crc != spindle_types::crc::crc32c(&t[..12]) {
         return None;
     }
     Some(u64::from_le_bytes(t[..8].try_into().ok()?))

@@ -28,11 +28,13 @@ use spindle_crush::CrushMap;
 use std::collections::BTreeMap;
 
 /// Largest number of placement groups in one pool.
-pub const PG_COUNT_MAX: u32 = 1 << 16;
+pub const PG_COUNT_MAX: u32 = spindle_types::limits::PG_COUNT_MAX;
 /// Largest replication factor / number of shards.
-pub const POOL_SIZE_MAX: u32 = 16;
+pub const POOL_SIZE_MAX: u32 = spindle_types::limits::POOL_SIZE_MAX;
 /// Longest pool name.
-pub const POOL_NAME_MAX: usize = 128;
+pub const POOL_NAME_MAX: usize = spindle_types::limits::POOL_NAME_BYTES_MAX;
+// The kernel crate cannot see the shared limits: they must agree.
+const _: () = assert!(spindle_types::limits::EC_CHUNKS_MAX == spindle_ec::MAX_TOTAL_CHUNKS);
 
 /// One storage daemon as the map sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,7 +80,7 @@ pub enum PoolKind {
 /// Erasure-code matrices by wire code (index): the names `spindle ec` and pools use.
 pub const EC_MATRIX_NAMES: [&str; 3] = ["isal-rs", "isal-cauchy", "jerasure-van"];
 /// Largest stripe unit of an erasure-coded pool.
-pub const STRIPE_UNIT_MAX: u32 = 1 << 20;
+pub const STRIPE_UNIT_MAX: u32 = spindle_types::limits::STRIPE_UNIT_BYTES_MAX;
 /// CRUSH rule of the embedded map used by erasure-coded pools (chooseleaf indep over hosts).
 pub const EMBEDDED_ERASURE_RULE: i32 = 1;
 

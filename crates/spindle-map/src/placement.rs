@@ -53,47 +53,7 @@ impl PgMapping {
     }
 }
 
-/// Placement-group id under which a daemon stores its copy: the group itself for
-/// replicated pools; for erasure-coded pools the shard position is folded into the high
-/// byte (`pg | (shard + 1) << 24`), so a daemon that moves to another position of a group
-/// never mistakes its old shard for the new one.
-pub fn shard_pg(pg: u32, shard: Option<u8>) -> u32 {
-    debug_assert!(pg < 1 << 24);
-    match shard {
-        None => pg,
-        Some(s) => pg | ((s as u32 + 1) << 24),
-    }
-}
-
-/// Inverse of [`shard_pg`]: (group, shard position).
-pub fn split_shard_pg(stored: u32) -> (u32, Option<u8>) {
-    let high = stored >> 24;
-    if high == 0 {
-        (stored, None)
-    } else {
-        (stored & 0x00ff_ffff, Some((high - 1) as u8))
-    }
-}
-
-/// A placement group, as every log line, error, CLI output and `spindle status` names it:
-/// `pool.pg` with the group number in lower-case hexadecimal (Ceph's format: `1.1f`). A
-/// stored shard of an erasure-coded group ([`shard_pg`]) prints with Ceph's shard suffix,
-/// `1.1fs2`. `spindle_store::PgId` (the store sits below this crate) prints the same way;
-/// a test in `spindle-osd` pins that the two agree.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PgId {
-    pub pool: u32,
-    pub pg: u32,
-}
-
-impl std::fmt::Display for PgId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match split_shard_pg(self.pg) {
-            (pg, None) => write!(f, "{}.{pg:x}", self.pool),
-            (pg, Some(shard)) => write!(f, "{}.{pg:x}s{shard}", self.pool),
-        }
-    }
-}
+pub use spindle_types::{shard_pg, split_shard_pg, PgId};
 
 /// Every placement group of every pool, computed once per epoch.
 #[derive(Clone, Debug, Default)]

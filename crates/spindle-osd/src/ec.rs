@@ -310,10 +310,13 @@ impl Osd {
             reply.send_owned(rid, epoch, self.ec_list(pgid).await);
             return;
         }
-        if name.contains('\0') || name.len() + 2 > spindle_proto::msg::NAME_MAX {
+        if name.contains('\0') || name.len() > spindle_types::limits::EC_OBJECT_NAME_BYTES_MAX {
             let msg = err(
                 ErrorCode::Invalid,
-                "object names of erasure-coded pools must be NUL-free and at most 1022 bytes",
+                format!(
+                    "object names of erasure-coded pools must be NUL-free and at most {} bytes",
+                    spindle_types::limits::EC_OBJECT_NAME_BYTES_MAX
+                ),
             );
             reply.send_owned(rid, epoch, msg);
             return;

@@ -1,6 +1,6 @@
 //! Frame encoding and an incremental decoder for byte streams.
 
-use spindle_ec::crc32c::crc32c;
+use spindle_types::crc::crc32c;
 use thiserror::Error;
 
 /// "SPND" in little endian.
@@ -9,8 +9,9 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"SPND");
 pub const VERSION: u16 = 1;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 40;
-/// Default bound on a frame's payload (64 MiB: an object chunk plus its metadata).
-pub const PAYLOAD_LEN_MAX_DEFAULT: u32 = 64 << 20;
+/// Default bound on a frame's payload (`spindle_types::limits::FRAME_PAYLOAD_BYTES_MAX`:
+/// a message's largest data payload plus its metadata).
+pub const PAYLOAD_LEN_MAX_DEFAULT: u32 = spindle_types::limits::FRAME_PAYLOAD_BYTES_MAX as u32;
 
 const _: () = assert!(HEADER_LEN == 4 + 2 + 2 + 2 + 2 + 8 + 8 + 4 + 4 + 4);
 

@@ -8,20 +8,18 @@
 
 use crate::codec::{CodecError, Reader, Writer};
 
-/// Longest object name.
-pub const NAME_MAX: usize = 1024;
-/// Largest data payload in one message (object data, replication, recovery).
-pub const DATA_MAX: usize = 48 << 20;
+/// Longest object name (`spindle_types::limits::OBJECT_NAME_BYTES_MAX`).
+pub const NAME_MAX: usize = spindle_types::limits::OBJECT_NAME_BYTES_MAX;
+/// Largest data payload in one message (`spindle_types::limits::MESSAGE_DATA_BYTES_MAX`).
+pub const DATA_MAX: usize = spindle_types::limits::MESSAGE_DATA_BYTES_MAX;
 const LIST_MAX: u32 = 1 << 22;
 const MAP_MAX: usize = 32 << 20;
 const TEXT_MAX: usize = 1 << 20;
 
-/// A placement-group version: ordered by (epoch, seq).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Ver {
-    pub epoch: u64,
-    pub seq: u64,
-}
+/// Error codes carried in `ErrorReply`.
+pub use spindle_types::ErrorCode;
+/// A placement-group version: ordered by (epoch, seq) (one type with the store's).
+pub use spindle_types::Version as Ver;
 
 /// A change to one object, as replicated from the primary.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,65 +149,6 @@ pub struct ScrubEntry {
     pub digest: u32,
     /// False when the copy failed its own block checksums.
     pub ok: bool,
-}
-
-/// Error codes carried by [`Msg::Error`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u16)]
-pub enum ErrorCode {
-    /// The object does not exist.
-    NotFound = 1,
-    /// The sender's map is older than the receiver's: the newer map is attached; retry.
-    StaleMap = 2,
-    /// The receiver's map is older than the sender's: push it the map, then retry.
-    NeedMap = 3,
-    /// The receiver is not the primary of that placement group at the sender's epoch.
-    NotPrimary = 4,
-    /// Temporarily unable (peering, recovering, too few copies up): retry later.
-    Again = 5,
-    /// Stored data failed its checksum and no good copy was found.
-    Corrupt = 6,
-    /// The request is malformed or not allowed.
-    Invalid = 7,
-    /// An I/O error on the daemon.
-    Io = 8,
-    /// No such pool or placement group.
-    NoSuchPool = 9,
-    /// Anything else.
-    Internal = 10,
-    /// The object changed since the version a conditional write was based on: re-read and
-    /// retry.
-    Conflict = 11,
-    /// The daemon's disk (or the pool) is full: free space (deletes always work) and retry.
-    NoSpace = 12,
-    /// The receiver is out of its budget for incoming payloads: retry after a short wait.
-    Busy = 13,
-}
-
-impl ErrorCode {
-    fn from_u16(v: u16) -> Result<Self, CodecError> {
-        Ok(match v {
-            1 => Self::NotFound,
-            2 => Self::StaleMap,
-            3 => Self::NeedMap,
-            4 => Self::NotPrimary,
-            5 => Self::Again,
-            6 => Self::Corrupt,
-            7 => Self::Invalid,
-            8 => Self::Io,
-            9 => Self::NoSuchPool,
-            10 => Self::Internal,
-            11 => Self::Conflict,
-            12 => Self::NoSpace,
-            13 => Self::Busy,
-            _ => {
-                return Err(CodecError::Invalid {
-                    what: "error code",
-                    value: v as u64,
-                })
-            }
-        })
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1144,7 +1083,13 @@ impl Msg {
             },
             OK => Msg::Ok,
             ERROR => Msg::Error {
-                code: ErrorCode::from_u16(r.u16("code")?)?,
+                code: {
+                    let v = r.u16("code")?;
+                    ErrorCode::from_u16(v).ok_or(CodecError::Invalid {
+                        what: "error code",
+                        value: v as u64,
+                    })?
+                },
                 message: r.str("message", TEXT_MAX)?.to_string(),
                 map: r.bytes("map", MAP_MAX)?.to_vec(),
             },

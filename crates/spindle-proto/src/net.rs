@@ -94,7 +94,7 @@ pub struct RawFrame {
 }
 
 /// Block size of [`RawFrame::bulk_block_crcs`].
-pub const BULK_BLOCK_BYTES: usize = spindle_ec::crc32c::CRC_BLOCK_BYTES;
+pub const BULK_BLOCK_BYTES: usize = spindle_types::crc::CRC_BLOCK_BYTES;
 /// Bulks at least this long get block checksums (object payloads the daemons write whole).
 pub const BULK_BLOCK_CRCS_BYTES_MIN: usize = 64 << 10;
 
@@ -164,7 +164,7 @@ async fn read_body<R: AsyncRead + Unpin>(
     let mut block_crcs = Vec::new();
     let (bulk_claim, bulk, fields, crc) = if len < 4 {
         let fields = read_vec(r, len, "payload").await?;
-        let crc = spindle_ec::crc32c::crc32c(&fields);
+        let crc = spindle_types::crc::crc32c(&fields);
         (u32::MAX, Vec::new(), fields, crc)
     } else {
         let prefix = read_vec(r, 4, "payload").await?;
@@ -176,15 +176,15 @@ async fn read_body<R: AsyncRead + Unpin>(
         };
         let bulk = read_vec(r, bulk_len, "payload").await?;
         let fields = read_vec(r, len - 4 - bulk_len, "payload").await?;
-        let crc = spindle_ec::crc32c::crc32c(&prefix);
+        let crc = spindle_types::crc::crc32c(&prefix);
         let crc =
             if bulk.len() >= BULK_BLOCK_CRCS_BYTES_MIN && crate::msg::kind_writes_objects(h.kind) {
-                let bulk_crc = spindle_ec::crc32c::crc32c_blocks(&bulk, &mut block_crcs);
-                spindle_ec::crc32c::crc32c_combine(crc, bulk_crc, bulk.len())
+                let bulk_crc = spindle_types::crc::crc32c_blocks(&bulk, &mut block_crcs);
+                spindle_types::crc::crc32c_combine(crc, bulk_crc, bulk.len())
             } else {
-                spindle_ec::crc32c::crc32c_append(crc, &bulk)
+                spindle_types::crc::crc32c_append(crc, &bulk)
             };
-        let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
+        let crc = spindle_types::crc::crc32c_append(crc, &fields);
         (claim, bulk, fields, crc)
     };
     if crc != h.payload_crc {
@@ -253,13 +253,13 @@ impl Prepared {
         let fields = msg.encode_fields();
         let mut head = Vec::with_capacity(4 + fields.len());
         head.extend_from_slice(&(src.len() as u32).to_le_bytes());
-        let mut crc = spindle_ec::crc32c::crc32c(&head);
+        let mut crc = spindle_types::crc::crc32c(&head);
         let mut bulk = Vec::with_capacity(src.len());
         for piece in src.chunks(64 << 10) {
             bulk.extend_from_slice(piece);
-            crc = spindle_ec::crc32c::crc32c_append(crc, &bulk[bulk.len() - piece.len()..]);
+            crc = spindle_types::crc::crc32c_append(crc, &bulk[bulk.len() - piece.len()..]);
         }
-        let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
+        let crc = spindle_types::crc::crc32c_append(crc, &fields);
         head.extend_from_slice(&fields);
         Prepared {
             kind: msg.kind(),
@@ -287,12 +287,12 @@ impl Prepared {
         let fields = msg.encode_fields();
         let mut head = Vec::with_capacity(4 + fields.len());
         head.extend_from_slice(&(bulk.len() as u32).to_le_bytes());
-        let crc = spindle_ec::crc32c::crc32c(&head);
+        let crc = spindle_types::crc::crc32c(&head);
         let crc = match bulk_crc {
-            Some(b) => spindle_ec::crc32c::crc32c_combine(crc, b, bulk.len()),
-            None => spindle_ec::crc32c::crc32c_append(crc, &bulk),
+            Some(b) => spindle_types::crc::crc32c_combine(crc, b, bulk.len()),
+            None => spindle_types::crc::crc32c_append(crc, &bulk),
         };
-        let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
+        let crc = spindle_types::crc::crc32c_append(crc, &fields);
         head.extend_from_slice(&fields);
         Prepared {
             kind: msg.kind(),
@@ -306,9 +306,9 @@ impl Prepared {
         let fields = msg.encode_fields();
         let mut head = Vec::with_capacity(4 + fields.len());
         head.extend_from_slice(&(bulk.len() as u32).to_le_bytes());
-        let crc = spindle_ec::crc32c::crc32c(&head);
-        let crc = spindle_ec::crc32c::crc32c_append(crc, &bulk);
-        let crc = spindle_ec::crc32c::crc32c_append(crc, &fields);
+        let crc = spindle_types::crc::crc32c(&head);
+        let crc = spindle_types::crc::crc32c_append(crc, &bulk);
+        let crc = spindle_types::crc::crc32c_append(crc, &fields);
         head.extend_from_slice(&fields);
         Prepared {
             kind: msg.kind(),

@@ -82,7 +82,7 @@ fn oversized_frames_are_rejected_from_the_header_alone() {
     encode_frame(1, 1, 1, &[], &mut big);
     let mut header = big[..HEADER_LEN].to_vec();
     header[28..32].copy_from_slice(&(1u32 << 30).to_le_bytes());
-    let crc = spindle_ec::crc32c::crc32c(&header[..36]);
+    let crc = spindle_types::crc::crc32c(&header[..36]);
     header[36..40].copy_from_slice(&crc.to_le_bytes());
     let mut decoder = FrameDecoder::new(64 << 20);
     decoder.push(&header);
@@ -103,7 +103,7 @@ fn wrong_magic_and_version_are_named() {
 
     let mut v2 = frame(1, 1, 1, b"x");
     v2[4] = 2;
-    let crc = spindle_ec::crc32c::crc32c(&v2[..36]);
+    let crc = spindle_types::crc::crc32c(&v2[..36]);
     v2[36..40].copy_from_slice(&crc.to_le_bytes());
     let mut decoder = FrameDecoder::default();
     decoder.push(&v2);

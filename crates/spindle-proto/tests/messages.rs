@@ -267,7 +267,7 @@ async fn large_bulks_arrive_with_block_checksums() {
     assert_eq!(inc.msg, big);
     let expected: Vec<u32> = data
         .chunks(BULK_BLOCK_BYTES)
-        .map(spindle_ec::crc32c::crc32c)
+        .map(spindle_types::crc::crc32c)
         .collect();
     assert_eq!(inc.bulk_block_crcs, expected);
     let inc = read_msg(&mut r).await.unwrap().unwrap();

@@ -254,7 +254,7 @@ impl Record {
         h[12] = self.kind();
         h[16..24].copy_from_slice(&epoch.to_le_bytes());
         h[24..32].copy_from_slice(&seq.to_le_bytes());
-        let crc = spindle_ec::crc32c::crc32c(&out[start + 8..]);
+        let crc = spindle_types::crc::crc32c(&out[start + 8..]);
         out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
         let padded = out.len().next_multiple_of(RECORD_ALIGN);
         out.resize(padded, 0);
@@ -459,7 +459,7 @@ pub fn parse(buf: &[u8], eof: bool, epoch: u64, seq: u64) -> Parsed {
             Parsed::NeedBytes(total)
         };
     }
-    if spindle_ec::crc32c::crc32c(&buf[8..total]) != u32_at(4) {
+    if spindle_types::crc::crc32c(&buf[8..total]) != u32_at(4) {
         return Parsed::Invalid;
     }
     match decode_body(buf[12], &buf[HEADER_BYTES..total]) {

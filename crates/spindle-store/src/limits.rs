@@ -1,16 +1,15 @@
-//! Every bound of the store in one place.
+//! Every bound of the store in one place. The limits it shares with other crates come
+//! from `spindle_types::limits`.
 
-/// Bytes covered by one data CRC.
-pub const BLOCK_BYTES: u64 = 4096;
-// Callers hand in block CRCs computed with `spindle_ec::crc32c::crc32c_blocks`
-// (`Store::apply_with_block_crcs`): the block sizes must agree.
-const _: () = assert!(BLOCK_BYTES as usize == spindle_ec::crc32c::CRC_BLOCK_BYTES);
-/// Longest object name in bytes.
-pub const NAME_BYTES_MAX: usize = 1024;
+/// Bytes covered by one data CRC: the cluster's checksum block (callers hand in block CRCs
+/// computed with `spindle_types::crc::crc32c_blocks`, `Store::apply_with_block_crcs`).
+pub const BLOCK_BYTES: u64 = spindle_types::limits::CRC_BLOCK_BYTES as u64;
+/// Longest object name in bytes (the protocol's limit: one constant).
+pub const NAME_BYTES_MAX: usize = spindle_types::limits::OBJECT_NAME_BYTES_MAX;
 /// Largest object size (offset + length of any write, truncate size).
-pub const OBJECT_BYTES_MAX: u64 = 1 << 40;
+pub const OBJECT_BYTES_MAX: u64 = spindle_types::limits::STORE_OBJECT_BYTES_MAX;
 /// Largest data payload of one mutation (journal records must fit in memory).
-pub const MUTATION_BYTES_MAX: usize = 1 << 30;
+pub const MUTATION_BYTES_MAX: usize = spindle_types::limits::STORE_MUTATION_BYTES_MAX;
 /// A journal batch stops taking transactions beyond this many bytes (a single larger
 /// transaction still forms its own batch).
 pub const BATCH_BYTES_MAX: usize = 64 << 20;

@@ -122,18 +122,18 @@ static ZEROS: [u8; BLOCK_BYTES as usize] = [0; BLOCK_BYTES as usize];
 /// CRC32C of `n <= BLOCK_BYTES` zero bytes.
 pub(crate) fn zero_crc(n: u64) -> u32 {
     let n = n.min(BLOCK_BYTES) as usize;
-    spindle_ec::crc32c::crc32c(&ZEROS[..n])
+    spindle_types::crc::crc32c(&ZEROS[..n])
 }
 
 /// CRC32C of `prev_crc`'s bytes followed by `n` zero bytes.
 pub(crate) fn append_zeros(prev_crc: u32, n: u64) -> u32 {
     let n = n.min(BLOCK_BYTES) as usize;
-    spindle_ec::crc32c::crc32c_append(prev_crc, &ZEROS[..n])
+    spindle_types::crc::crc32c_append(prev_crc, &ZEROS[..n])
 }
 
 /// Per-block CRCs of `data` (the object's whole content).
 pub(crate) fn crcs_of(data: &[u8]) -> Vec<u32> {
     data.chunks(BLOCK_BYTES as usize)
-        .map(spindle_ec::crc32c::crc32c)
+        .map(spindle_types::crc::crc32c)
         .collect()
 }

@@ -527,7 +527,7 @@ impl Store {
                 Some(buf) => buf
                     .chunks(BLOCK_BYTES as usize)
                     .zip(crcs.iter().chain(std::iter::repeat(&0)))
-                    .position(|(chunk, crc)| spindle_ec::crc32c::crc32c(chunk) != *crc)
+                    .position(|(chunk, crc)| spindle_types::crc::crc32c(chunk) != *crc)
                     .map(|i| first_block + i as u64)
                     .or((crcs.len() as u64 != last_block - first_block + 1).then_some(first_block)),
             };

@@ -76,37 +76,11 @@ impl StoreConfig {
     }
 }
 
-/// A placement group.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PgId {
-    pub pool: u32,
-    pub pg: u32,
-}
-
-/// The cluster's one format for PG ids (`spindle_map::PgId`, Ceph's): `pool.pg` with the
-/// group in lower-case hexadecimal, `1.1f`; a stored erasure-code shard (the shard position
-/// + 1 in the high byte of `pg`) as `1.1fs2`.
-impl std::fmt::Display for PgId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let (group, high) = (self.pg & 0x00ff_ffff, self.pg >> 24);
-        if high == 0 {
-            write!(f, "{}.{group:x}", self.pool)
-        } else {
-            write!(f, "{}.{group:x}s{}", self.pool, high - 1)
-        }
-    }
-}
-
-/// Placement-group version: ordered by (epoch, seq).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Version {
-    pub epoch: u64,
-    pub seq: u64,
-}
-
-impl Version {
-    pub const ZERO: Version = Version { epoch: 0, seq: 0 };
-}
+/// A placement group (the cluster's one PG id type; prints as `1.1f`, a stored
+/// erasure-code shard as `1.1fs2`).
+pub use spindle_types::PgId;
+/// Placement-group version: ordered by (epoch, seq) (the cluster's one version type).
+pub use spindle_types::Version;
 
 /// What a PG log entry did to its object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1201,7 +1201,7 @@ impl Worker {
                 (true, None) => {
                     let crcs = bytes
                         .chunks(BLOCK_BYTES as usize)
-                        .map(spindle_ec::crc32c::crc32c)
+                        .map(spindle_types::crc::crc32c)
                         .collect();
                     (data.into_iobuf(), crcs)
                 }
@@ -1217,7 +1217,7 @@ impl Worker {
                         padded_len,
                         JOURNAL_ALIGN,
                         BLOCK_BYTES as usize,
-                        |block| crcs.push(spindle_ec::crc32c::crc32c(block)),
+                        |block| crcs.push(spindle_types::crc::crc32c(block)),
                     );
                     (buf, crcs)
                 }
@@ -1546,7 +1546,7 @@ impl Worker {
                 let bs = b * BLOCK_BYTES;
                 let be = bs + block_len(new, b);
                 let crc = if offset <= bs && end >= be {
-                    spindle_ec::crc32c::crc32c(
+                    spindle_types::crc::crc32c(
                         &data[(bs - offset) as usize..(be - offset) as usize],
                     )
                 } else {
@@ -1557,7 +1557,7 @@ impl Worker {
                     let to = end.min(be);
                     block[(from - bs) as usize..(to - bs) as usize]
                         .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
-                    spindle_ec::crc32c::crc32c(&block)
+                    spindle_types::crc::crc32c(&block)
                 };
                 new_crcs.push((b, crc));
             }
@@ -1586,7 +1586,7 @@ impl Worker {
             let b = new / BLOCK_BYTES;
             let bs = b * BLOCK_BYTES;
             let block = self.read_old(&file, bs, new - bs)?;
-            let crc = spindle_ec::crc32c::crc32c(&block);
+            let crc = spindle_types::crc::crc32c(&block);
             let mut st = e.lock();
             st.crcs.truncate(b as usize);
             st.crcs.push(crc);
@@ -1748,7 +1748,7 @@ impl Worker {
                 let same_len = block_len(old, b) == block_len(new, b);
                 match st.crcs.get(b as usize) {
                     Some(c) if !touched && same_len => *c,
-                    _ => spindle_ec::crc32c::crc32c(chunk),
+                    _ => spindle_types::crc::crc32c(chunk),
                 }
             })
             .collect();

@@ -130,7 +130,7 @@ fn direct_writes_from_aligned_buffers_are_checked_like_copied_ones() {
     // Block checksums computed by the caller (as the daemon does while verifying the
     // network frame) are kept; a list of the wrong length is ignored.
     let mut crcs = Vec::new();
-    spindle_ec::crc32c::crc32c_blocks(&aligned, &mut crcs);
+    spindle_types::crc::crc32c_blocks(&aligned, &mut crcs);
     store
         .apply_with_block_crcs(
             PG,
@@ -204,7 +204,7 @@ fn shared_whole_object_writes() {
     );
     let small = std::sync::Arc::new(vec![9u8; 1000]);
     let mut crcs = Vec::new();
-    spindle_ec::crc32c::crc32c_blocks(&big, &mut crcs);
+    spindle_types::crc::crc32c_blocks(&big, &mut crcs);
     store
         .apply_full_shared(PG, "big", v(1), big.clone(), crcs)
         .wait()

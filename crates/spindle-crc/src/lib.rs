@@ -22,7 +22,9 @@
 #[cfg(target_arch = "aarch64")]
 mod arm;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod fold;
+/// The 512-bit folding kernel's streaming state, for fused kernels in other crates
+/// (`spindle-ec` folds the CRC of every chunk while it encodes).
+pub mod fold;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -191,7 +193,9 @@ impl CrcEngine {
 }
 
 /// Advances the raw register `state` over `data`.
-pub(crate) fn update(engine: CrcEngine, state: u32, data: &[u8]) -> u32 {
+/// Raw-register update (the register is the complement of a finished CRC), for fused
+/// kernels in other crates; [`crc32c_append_with`] is the finished-value form.
+pub fn update(engine: CrcEngine, state: u32, data: &[u8]) -> u32 {
     match engine {
         #[cfg(target_arch = "x86_64")]
         CrcEngine::Avx512 if engine.is_available() => {
@@ -222,7 +226,7 @@ pub(crate) fn update(engine: CrcEngine, state: u32, data: &[u8]) -> u32 {
 ///
 /// # Safety
 /// Every pointer in `buffers` must be valid for reads of `len` bytes.
-pub(crate) unsafe fn update_streams(
+pub unsafe fn update_streams(
     engine: CrcEngine,
     states: &mut [u32],
     buffers: &[*const u8],

@@ -216,13 +216,17 @@ pub(super) unsafe fn update_avx2(state: u32, data: &[u8]) -> u32 {
 
 /// The folding CRC state of one chunk inside the fused encode + CRC kernel.
 #[derive(Clone, Copy)]
-pub(crate) struct Stream(__m512i);
+pub struct Stream(__m512i);
 
 impl Stream {
     /// A fresh CRC32C (register 0xFFFFFFFF).
+    ///
+    /// # Safety
+    /// The CPU must have the features this function enables (callers check
+    /// `CrcEngine::Avx512.is_available()` first).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(crate) fn fresh() -> Stream {
+    pub fn fresh() -> Stream {
         Stream(_mm512_inserti32x4::<3>(
             _mm512_setzero_si512(),
             _mm_set_epi32(FRESH_INIT as i32, 0, 0, 0),
@@ -230,23 +234,35 @@ impl Stream {
     }
 
     /// Consumes the next 64 bytes of the chunk.
+    ///
+    /// # Safety
+    /// The CPU must have the features this function enables (callers check
+    /// `CrcEngine::Avx512.is_available()` first).
     #[inline]
     #[target_feature(enable = "avx512f,vpclmulqdq")]
-    pub(crate) fn consume(&mut self, block: __m512i, constants: __m512i) {
+    pub fn consume(&mut self, block: __m512i, constants: __m512i) {
         self.0 = fold(self.0, constants, block);
     }
 
     /// The constants `consume` needs (512-bit fold), to be kept in a register.
+    ///
+    /// # Safety
+    /// The CPU must have the features this function enables (callers check
+    /// `CrcEngine::Avx512.is_available()` first).
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(crate) fn constants() -> __m512i {
+    pub fn constants() -> __m512i {
         broadcast_pair(FOLD_512)
     }
 
     /// The CRC register after the bytes consumed so far.
+    ///
+    /// # Safety
+    /// The CPU must have the features this function enables (callers check
+    /// `CrcEngine::Avx512.is_available()` first).
     #[inline]
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.2")]
-    pub(crate) fn register(&self) -> u32 {
+    pub fn register(&self) -> u32 {
         reduce(self.0)
     }
 }

@@ -1,0 +1,88 @@
+//! Every limit that more than one crate relies on, with its reason, and compile-time
+//! assertions of how the limits relate (TigerBeetle's `constants.zig` is the model).
+//! Limits private to one crate stay in that crate (`spindle_store::limits`,
+//! `spindle_io::limits`, the connection rules in `spindle_proto::net`).
+
+use crate::ids::PG_NUMBER_LIMIT;
+
+// ---- names ----
+
+/// Longest object name in bytes, in the protocol and in the store: long enough for any
+/// S3-style key, short enough that a journal record's name length fits a `u16`.
+pub const OBJECT_NAME_BYTES_MAX: usize = 1024;
+/// An erasure-coded pool stores every object as shard slot objects whose names add this
+/// many bytes to the object's name (two versions per shard: rollback needs the old one).
+pub const EC_SLOT_SUFFIX_BYTES: usize = 2;
+/// Longest object name a client may use on an erasure-coded pool.
+pub const EC_OBJECT_NAME_BYTES_MAX: usize = OBJECT_NAME_BYTES_MAX - EC_SLOT_SUFFIX_BYTES;
+/// Longest pool name (Ceph allows any length; 128 keeps maps and status lines small).
+pub const POOL_NAME_BYTES_MAX: usize = 128;
+/// Longest image name: an image's objects are named `img.NAME.` + 16 hex digits (data) or
+/// `img.NAME.header`.
+pub const IMAGE_NAME_BYTES_MAX: usize = 64;
+/// Bytes an image adds around its name in its objects' names (`img.` + `.` + 16 digits).
+pub const IMAGE_OBJECT_NAME_OVERHEAD_BYTES: usize = 4 + 1 + 16;
+
+// ---- sizes ----
+
+/// Largest object a client may create: an object travels whole in one message (reads,
+/// whole writes, recovery), so it bounds the memory one operation pins. Images of any size
+/// are striped over objects of at most this size.
+pub const OBJECT_BYTES_MAX: u64 = 32 << 20;
+/// Largest data payload of one message: a whole object, or the encoded shards of one
+/// erasure-coded write of up to `OBJECT_BYTES_MAX * 3 / 2` bytes (k + m <= 1.5 k, as
+/// 2+1 and 4+2; wider ratios write large objects in parts).
+pub const MESSAGE_DATA_BYTES_MAX: usize = 48 << 20;
+/// Largest non-data part of a message: the object name, the block checksums of a maximal
+/// payload (4 bytes per 4 KiB), and the fixed fields with room to spare.
+pub const MESSAGE_OVERHEAD_BYTES_MAX: usize =
+    OBJECT_NAME_BYTES_MAX + MESSAGE_DATA_BYTES_MAX / CRC_BLOCK_BYTES * 4 + (64 << 10);
+/// Largest frame payload a receiver accepts (checked before anything is allocated).
+pub const FRAME_PAYLOAD_BYTES_MAX: usize = 64 << 20;
+/// Largest object the local store accepts (offsets are u64 in its format; 1 TiB keeps
+/// every size computation far from overflow). The cluster stays below `OBJECT_BYTES_MAX`;
+/// the store's own limit is for tools and tests that use it directly.
+pub const STORE_OBJECT_BYTES_MAX: u64 = 1 << 40;
+/// Largest data payload of one store mutation (a journal record is built in memory).
+pub const STORE_MUTATION_BYTES_MAX: usize = 1 << 30;
+/// Bytes covered by one data checksum, on disk and in bulk messages: the page size, so a
+/// 4 KiB random read checks exactly one CRC.
+pub const CRC_BLOCK_BYTES: usize = spindle_crc::CRC_BLOCK_BYTES;
+
+// ---- placement ----
+
+/// Largest number of placement groups in one pool (Ceph's practical maximum per pool).
+pub const PG_COUNT_MAX: u32 = 1 << 16;
+/// Largest replication factor, and largest k + m of an erasure-coded pool.
+pub const POOL_SIZE_MAX: u32 = 16;
+/// Most chunks (k + m) the erasure-coding kernel handles (`spindle_ec::MAX_TOTAL_CHUNKS`;
+/// the kernel crate cannot depend on this one, `spindle-map` asserts they agree).
+pub const EC_CHUNKS_MAX: usize = 64;
+/// Largest stripe unit of an erasure-coded pool (one shard's part of a stripe).
+pub const STRIPE_UNIT_BYTES_MAX: u32 = 1 << 20;
+
+// ---- how they relate ----
+
+// One name limit: an image object's name, and an EC slot object's name, fit it.
+const _: () =
+    assert!(IMAGE_NAME_BYTES_MAX + IMAGE_OBJECT_NAME_OVERHEAD_BYTES <= EC_OBJECT_NAME_BYTES_MAX);
+const _: () = assert!(OBJECT_NAME_BYTES_MAX <= u16::MAX as usize);
+const _: () = assert!(POOL_NAME_BYTES_MAX <= OBJECT_NAME_BYTES_MAX);
+// A whole object, and the shards of a whole object at k + m = 1.5 k, fit one message.
+const _: () = assert!(OBJECT_BYTES_MAX as usize <= MESSAGE_DATA_BYTES_MAX);
+const _: () = assert!(OBJECT_BYTES_MAX as usize * 3 / 2 <= MESSAGE_DATA_BYTES_MAX);
+// A message fits a frame.
+const _: () =
+    assert!(MESSAGE_DATA_BYTES_MAX + MESSAGE_OVERHEAD_BYTES_MAX <= FRAME_PAYLOAD_BYTES_MAX);
+const _: () = assert!(FRAME_PAYLOAD_BYTES_MAX <= u32::MAX as usize);
+// What the cluster sends, the store takes in one mutation.
+const _: () = assert!(OBJECT_BYTES_MAX <= STORE_OBJECT_BYTES_MAX);
+const _: () = assert!(MESSAGE_DATA_BYTES_MAX <= STORE_MUTATION_BYTES_MAX);
+// Checksum blocks divide objects and stripe units evenly.
+const _: () = assert!(CRC_BLOCK_BYTES.is_power_of_two());
+const _: () = assert!((OBJECT_BYTES_MAX as usize).is_multiple_of(CRC_BLOCK_BYTES));
+// Group numbers leave the high byte for the shard position; positions fit a u8.
+const _: () = assert!(PG_COUNT_MAX <= PG_NUMBER_LIMIT);
+const _: () = assert!(POOL_SIZE_MAX as usize <= EC_CHUNKS_MAX);
+const _: () = assert!(POOL_SIZE_MAX < u8::MAX as u32);
+const _: () = assert!(STRIPE_UNIT_BYTES_MAX.is_power_of_two());
