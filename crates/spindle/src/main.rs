@@ -15,6 +15,7 @@ mod daemon;
 mod ec_cmd;
 mod image_cmd;
 mod nbd_cmd;
+mod sim_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -130,6 +131,9 @@ enum Command {
     },
     /// Serve every image of a pool over NBD (nbdinfo, qemu-img, fio, nbd-client).
     Nbd(nbd_cmd::NbdArgs),
+    /// Deterministic whole-cluster simulation: one seed, simulated network and time,
+    /// faults; prints a trace hash per seed and replays failures by seed.
+    Sim(sim_cmd::SimArgs),
     /// Benchmarks that print Spindle's figures beside their reference.
     Bench {
         #[command(subcommand)]
@@ -257,6 +261,7 @@ fn main() {
         Command::Scrub(args) => cluster_cmd::scrub(args),
         Command::Image { command, target } => image_cmd::run(command, target),
         Command::Nbd(args) => nbd_cmd::run(args),
+        Command::Sim(args) => sim_cmd::run(args),
         Command::Bench { command } => match command {
             BenchCommand::Objects(args) => bench_objects::run(args),
             BenchCommand::Crush(args) => bench_crush::run(args),

@@ -1,0 +1,391 @@
+//! The `spindle status` document and the health checks, computed from the monitor's core.
+
+use crate::core::{counter, MonCore};
+use serde_json::json;
+use spindle_map::{OsdInfo, PgId, PoolKind};
+use spindle_proto::msg::{PgReport, PgStateCode};
+use std::collections::HashMap;
+
+/// The `spindle status` document.
+pub fn status(st: &MonCore) -> serde_json::Value {
+    // "inconsistent" (Ceph's name): serving, but scrub found objects with no intact
+    // copy. It outranks clean/degraded/recovering/backfilling; a group that does not
+    // serve (peering, incomplete, inactive) shows that instead, while the PG_DAMAGED
+    // check still counts its damaged objects.
+    const STATES: [&str; 8] = [
+        "clean",
+        "degraded",
+        "recovering",
+        "backfilling",
+        "peering",
+        "incomplete",
+        "inactive",
+        "inconsistent",
+    ];
+    const INCONSISTENT: usize = 7;
+    let map = &st.map;
+    let mut report_of: HashMap<(u32, u32, u32), (u64, &PgReport)> = HashMap::new();
+    for (osd, (epoch, reports)) in &st.reports {
+        for r in reports {
+            report_of.insert((*osd, r.pool, r.pg), (*epoch, r));
+        }
+    }
+    let mut totals = [0u64; STATES.len()];
+    // (group, objects with no intact copy) as the group's current primary reports it.
+    let mut damaged: Vec<(PgId, u64)> = Vec::new();
+    let (mut missing_objects_total, mut missing_bytes_total) = (0u64, 0u64);
+    let mut pools = Vec::new();
+    let mut objects_total = 0u64;
+    for pool in map.pools.values() {
+        let mut counts = [0u64; STATES.len()];
+        let (mut objects, mut missing_objects, mut missing_bytes) = (0u64, 0u64, 0u64);
+        for pg in 0..pool.pg_count {
+            let Some(mapping) = st.placement.pg(pool.id, pg) else {
+                continue;
+            };
+            let serving = if pool.is_erasure() {
+                pool.read_size()
+            } else {
+                pool.min_size()
+            };
+            let report = mapping
+                .up
+                .first()
+                .and_then(|primary| report_of.get(&(*primary, pool.id, pg)));
+            let damaged_objects = report.map_or(0, |(_, r)| r.damaged_objects);
+            if damaged_objects > 0 {
+                damaged.push((PgId { pool: pool.id, pg }, damaged_objects));
+            }
+            let slot = if (mapping.up.len() as u32) < serving {
+                6
+            } else {
+                match report {
+                    Some((e, r)) if *e >= map.epoch => {
+                        objects += r.objects;
+                        missing_objects += r.missing_objects;
+                        missing_bytes += r.missing_bytes;
+                        match r.state {
+                            PgStateCode::Clean
+                            | PgStateCode::Degraded
+                            | PgStateCode::Recovering
+                            | PgStateCode::Backfilling
+                                if damaged_objects > 0 =>
+                            {
+                                INCONSISTENT
+                            }
+                            PgStateCode::Clean if mapping.up.len() as u32 >= pool.size() => 0,
+                            PgStateCode::Clean | PgStateCode::Degraded => 1,
+                            PgStateCode::Recovering => 2,
+                            PgStateCode::Backfilling => 3,
+                            PgStateCode::Peering => 4,
+                            PgStateCode::Incomplete => 5,
+                            PgStateCode::Inactive => 6,
+                        }
+                    }
+                    _ => 4,
+                }
+            };
+            counts[slot] += 1;
+        }
+        for i in 0..counts.len() {
+            totals[i] += counts[i];
+        }
+        objects_total += objects;
+        missing_objects_total += missing_objects;
+        missing_bytes_total += missing_bytes;
+        let pgs: serde_json::Map<String, serde_json::Value> = STATES
+            .iter()
+            .zip(counts)
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
+        pools.push(json!({
+            "id": pool.id,
+            "name": pool.name,
+            "type": if pool.is_erasure() { "erasure" } else { "replicated" },
+            "erasure": match pool.kind {
+                PoolKind::Erasure { k, m, matrix, stripe_unit_bytes, .. } => json!({
+                    "k": k, "m": m,
+                    "matrix": spindle_map::EC_MATRIX_NAMES.get(matrix as usize),
+                    "stripe_unit": stripe_unit_bytes,
+                }),
+                PoolKind::Replicated { .. } => serde_json::Value::Null,
+            },
+            "size": pool.size(),
+            "min_size": pool.min_size(),
+            "pg_count": pool.pg_count,
+            "crush_rule": pool.crush_rule,
+            "objects": objects,
+            "pgs": pgs,
+            "recovery": {"objects_left": missing_objects, "bytes_left": missing_bytes},
+        }));
+    }
+    let osds: Vec<_> = map
+        .osds
+        .values()
+        .map(|o| {
+            let counters: serde_json::Map<String, serde_json::Value> = st
+                .counters
+                .get(&o.id)
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            let get = |k: &str| counters.get(k).and_then(|v| v.as_u64());
+            json!({"id": o.id, "addr": o.addr, "pid": o.pid, "up": o.up,
+                   "in": o.in_cluster, "weight": o.weight as f64 / 65536.0,
+                   "crush_weight": crush_weight(&map.crush, o.id),
+                   "up_from": o.up_from,
+                   "total_bytes": get("fs_total_bytes"),
+                   "used_bytes": get("fs_used_bytes"),
+                   "avail_bytes": get("fs_avail_bytes"),
+                   "nearfull": o.nearfull, "full": o.full,
+                   "healthy": get("store_failed").is_none_or(|f| f == 0),
+                   "counters": counters})
+        })
+        .collect();
+    let (bytes_per_sec, objects_per_sec) =
+        match (st.recovery_samples.front(), st.recovery_samples.back()) {
+            (Some(a), Some(b)) if b.0 > a.0 => {
+                let secs = (b.0 - a.0) as f64 / 1000.0;
+                (
+                    b.1.saturating_sub(a.1) as f64 / secs,
+                    b.2.saturating_sub(a.2) as f64 / secs,
+                )
+            }
+            _ => (0.0, 0.0),
+        };
+    let pgs: serde_json::Map<String, serde_json::Value> = STATES
+        .iter()
+        .zip(totals)
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let mut health = Health::default();
+    let down: Vec<String> = map
+        .osds
+        .values()
+        .filter(|o| o.in_cluster && !o.up)
+        .map(|o| format!("osd.{}", o.id))
+        .collect();
+    if !down.is_empty() {
+        health.add(
+            "OSD_DOWN",
+            Severity::Warn,
+            format!("{} daemon(s) down: {}", down.len(), down.join(", ")),
+        );
+    }
+    let not_active = totals[4] + totals[5] + totals[6];
+    if not_active > 0 {
+        health.add(
+            "PG_AVAILABILITY",
+            Severity::Warn,
+            format!("{not_active} placement group(s) peering, incomplete or inactive"),
+        );
+    }
+    let degraded = totals[1] + totals[2] + totals[3];
+    if degraded > 0 {
+        health.add(
+            "PG_DEGRADED",
+            Severity::Warn,
+            format!("{degraded} placement group(s) degraded or recovering"),
+        );
+    }
+    space_health(st, &mut health);
+    if !damaged.is_empty() {
+        health.add("PG_DAMAGED", Severity::Err, damage_message(&damaged));
+    }
+    let inconsistent_pgs: Vec<_> = damaged
+        .iter()
+        .map(|(pg, n)| json!({"pg": pg.to_string(), "damaged_objects": n}))
+        .collect();
+    json!({
+        "cluster_id": format!("{:016x}", map.cluster_id),
+        "epoch": map.epoch,
+        "nearfull_ratio": map.nearfull_ratio_ppm as f64 / 1e6,
+        "full_ratio": map.full_ratio_ppm as f64 / 1e6,
+        "health": health.to_json(),
+        "osds": osds,
+        "pools": pools,
+        "objects": objects_total,
+        "pgs": pgs,
+        "inconsistent_pgs": inconsistent_pgs,
+        "recovery": {
+            "objects_left": missing_objects_total,
+            "bytes_left": missing_bytes_total,
+            "bytes_per_sec": bytes_per_sec,
+            "objects_per_sec": objects_per_sec,
+        },
+    })
+}
+
+/// CRUSH weight of a daemon (sum over the map's buckets holding it), as a float.
+fn crush_weight(crush: &spindle_crush::CrushMap, id: u32) -> f64 {
+    crush
+        .buckets
+        .iter()
+        .flatten()
+        .flat_map(|b| b.items.iter().zip(&b.item_weights))
+        .filter(|(item, _)| **item == id as i32)
+        .map(|(_, w)| *w as f64 / 65536.0)
+        .sum()
+}
+
+/// Longest list of PG ids named in one health message.
+const HEALTH_PGS_NAMED_MAX: usize = 16;
+
+/// The `PG_DAMAGED` message (Ceph's "Possible data damage"): how many groups and objects,
+/// and which groups (the first [`HEALTH_PGS_NAMED_MAX`]).
+fn damage_message(damaged: &[(PgId, u64)]) -> String {
+    let objects: u64 = damaged.iter().map(|(_, n)| n).sum();
+    let mut named: Vec<String> = damaged
+        .iter()
+        .take(HEALTH_PGS_NAMED_MAX)
+        .map(|(pg, n)| format!("{pg} ({n})"))
+        .collect();
+    if damaged.len() > HEALTH_PGS_NAMED_MAX {
+        named.push(format!("and {} more", damaged.len() - HEALTH_PGS_NAMED_MAX));
+    }
+    format!(
+        "Possible data damage: {} placement group(s) inconsistent, {objects} object(s) with \
+         no intact copy: {}",
+        damaged.len(),
+        named.join(", ")
+    )
+}
+
+/// How bad a health check is (Ceph's HEALTH_WARN / HEALTH_ERR).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Warn,
+    Err,
+}
+
+/// OSD_NEARFULL, OSD_FULL, POOL_FULL and OSD_UNHEALTHY (a store latched by an I/O error).
+fn space_health(st: &MonCore, health: &mut Health) {
+    let map = &st.map;
+    let list = |f: &dyn Fn(&OsdInfo) -> bool| -> Vec<String> {
+        map.osds
+            .values()
+            .filter(|o| f(o))
+            .map(|o| format!("osd.{}", o.id))
+            .collect()
+    };
+    let full = list(&|o| o.full);
+    let nearfull = list(&|o| o.nearfull && !o.full);
+    let unhealthy = list(&|o| {
+        o.up && st
+            .counters
+            .get(&o.id)
+            .is_some_and(|c| counter(c, "store_failed").unwrap_or(0) != 0)
+    });
+    if !nearfull.is_empty() {
+        health.add(
+            "OSD_NEARFULL",
+            Severity::Warn,
+            format!(
+                "{} daemon(s) nearfull (above {}): {}",
+                nearfull.len(),
+                map.nearfull_ratio_ppm as f64 / 1e6,
+                nearfull.join(", ")
+            ),
+        );
+    }
+    if !full.is_empty() {
+        health.add(
+            "OSD_FULL",
+            Severity::Err,
+            format!(
+                "{} daemon(s) full (above {} or out of space): {}",
+                full.len(),
+                map.full_ratio_ppm as f64 / 1e6,
+                full.join(", ")
+            ),
+        );
+    }
+    let pools: Vec<&str> = map
+        .pools
+        .values()
+        .filter(|p| map.pool_full(p.id))
+        .map(|p| p.name.as_str())
+        .collect();
+    if !pools.is_empty() {
+        health.add(
+            "POOL_FULL",
+            Severity::Err,
+            format!(
+                "{} pool(s) full, new writes are refused (deletes work): {}",
+                pools.len(),
+                pools.join(", ")
+            ),
+        );
+    }
+    if !unhealthy.is_empty() {
+        health.add(
+            "OSD_UNHEALTHY",
+            Severity::Err,
+            format!(
+                "{} daemon(s) refuse I/O after a disk error (restart to recover): {}",
+                unhealthy.len(),
+                unhealthy.join(", ")
+            ),
+        );
+    }
+}
+
+/// The cluster's health: named checks, each with a severity and a one-line message, as
+/// Ceph reports them (`HEALTH_OK` when there are none). Shown by `spindle status`.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    checks: Vec<(&'static str, Severity, String)>,
+}
+
+impl Health {
+    pub fn add(&mut self, name: &'static str, severity: Severity, message: String) {
+        self.checks.push((name, severity, message));
+    }
+
+    /// `HEALTH_OK`, `HEALTH_WARN` or `HEALTH_ERR`: the worst check decides.
+    pub fn status(&self) -> &'static str {
+        match self.checks.iter().map(|c| c.1).max() {
+            None => "HEALTH_OK",
+            Some(Severity::Warn) => "HEALTH_WARN",
+            Some(Severity::Err) => "HEALTH_ERR",
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        let checks: Vec<_> = self
+            .checks
+            .iter()
+            .map(|(name, sev, msg)| {
+                json!({
+                    "name": name,
+                    "severity": match sev { Severity::Warn => "HEALTH_WARN", Severity::Err => "HEALTH_ERR" },
+                    "message": msg,
+                })
+            })
+            .collect();
+        json!({"status": self.status(), "checks": checks})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_damage_check_names_groups_and_counts_objects() {
+        let m = damage_message(&[
+            (PgId { pool: 1, pg: 0x1f }, 2),
+            (PgId { pool: 2, pg: 3 }, 1),
+        ]);
+        assert_eq!(
+            m,
+            "Possible data damage: 2 placement group(s) inconsistent, 3 object(s) with no \
+             intact copy: 1.1f (2), 2.3 (1)"
+        );
+        let many: Vec<(PgId, u64)> = (0..20).map(|pg| (PgId { pool: 1, pg }, 1)).collect();
+        let m = damage_message(&many);
+        assert!(m.contains("20 placement group(s)"), "{m}");
+        assert!(m.ends_with("1.f (1), and 4 more"), "{m}");
+    }
+}

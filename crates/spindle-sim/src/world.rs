@@ -1,0 +1,820 @@
+//! The simulated cluster: the real monitor core ([`spindle_mon::MonCore`]) behind a shell
+//! that mirrors `spindle_mon::Monitor` (save, install, publish, reply), storage daemons'
+//! monitor sessions, and map-following clients, all exchanging real protocol messages
+//! (encoded and decoded with `spindle_proto`) over the simulated network, on one thread,
+//! in simulated time, with faults.
+//!
+//! The daemon and client sessions here are models of `spindle_osd::Osd::mon_loop` and of
+//! the client's map follower (boot, subscribe, heartbeat every 400 ms, re-boot after 5 s
+//! without an answer or when the map says it is down): those loops do not have a sans-I/O
+//! core yet.
+
+use crate::net::{NetConfig, Network, Node};
+use crate::queue::EventQueue;
+use crate::rng::SimRng;
+use crate::trace::TraceHash;
+use spindle_map::ClusterMap;
+use spindle_mon::{InitSpec, MapChange, MonCore, MonTiming};
+use spindle_proto::Msg;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Heartbeat interval of a daemon (`OsdConfig::heartbeat_ms`).
+const HEARTBEAT_MS: u64 = 400;
+/// A daemon without an answer from the monitor for this long reconnects and boots again.
+const MON_LINK_TIMEOUT_MS: u64 = 5_000;
+/// A boot without an answer is retried after this long (the daemon's boot call timeout).
+const BOOT_TIMEOUT_MS: u64 = 10_000;
+/// The monitor's ticker (`check_heartbeats`).
+const MON_TICK_MS: u64 = 200;
+/// A client asks the monitor for a newer map this often.
+const CLIENT_POLL_MS: u64 = 1_000;
+
+/// What one run does.
+#[derive(Clone, Debug)]
+pub struct WorldConfig {
+    pub seed: u64,
+    pub daemons: u32,
+    pub clients: u32,
+    /// Faults are injected during the first `fault_window_ms` of simulated time.
+    pub fault_window_ms: u64,
+    /// At least this many faults are injected (spread over the window).
+    pub faults: u32,
+    /// After the faults stop, everything must have converged within this long.
+    pub settle_ms: u64,
+    pub timing: MonTiming,
+    /// Print the run's decisions (commits, boots, faults) to stderr.
+    pub verbose: bool,
+}
+
+impl WorldConfig {
+    pub fn new(seed: u64) -> WorldConfig {
+        WorldConfig {
+            seed,
+            daemons: 3,
+            clients: 2,
+            fault_window_ms: 120_000,
+            faults: 24,
+            settle_ms: 40_000,
+            timing: MonTiming {
+                down_after_ms: 2_000,
+                out_after_ms: 30_000,
+            },
+            verbose: false,
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct WorldReport {
+    pub seed: u64,
+    pub trace_hash: String,
+    pub sim_time_ms: u64,
+    pub events: u64,
+    pub faults: u64,
+    pub epochs: u64,
+    pub messages: crate::net::NetStats,
+    /// Violated invariants (empty: the run passed).
+    pub failures: Vec<String>,
+}
+
+#[derive(Debug)]
+enum Ev {
+    /// A frame: the sender's map epoch rides in the header, as on the wire.
+    Deliver {
+        from: Node,
+        to: Node,
+        epoch: u64,
+        kind: u16,
+        payload: Vec<u8>,
+    },
+    MonTick,
+    MonRestart,
+    OsdTimer {
+        osd: u32,
+        incarnation: u64,
+    },
+    /// A daemon process starts; `by_fault`: the restart a crash fault scheduled (dropped
+    /// once the faults are over: everything was restarted then).
+    OsdRestart {
+        osd: u32,
+        by_fault: bool,
+    },
+    ClientPoll(u32),
+    Fault,
+    Heal(Heal),
+    EndOfFaults,
+    Check,
+}
+
+#[derive(Debug)]
+enum Heal {
+    Partition(Node, Node),
+    /// The end of a lossy period: back to the clean network (overlapping periods end at
+    /// the first end).
+    Network,
+}
+
+/// The monitor's shell: the real core, its durable map store (the last saved map), and
+/// its map subscribers (connections: lost when it crashes).
+struct MonNode {
+    core: Option<MonCore>,
+    saved: ClusterMap,
+    subscribers: BTreeSet<Node>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Session {
+    Booting { since_ms: u64 },
+    Active { last_answer_ms: u64 },
+}
+
+struct OsdNode {
+    alive: bool,
+    /// Bumped at every restart; stale timers of an earlier incarnation are ignored.
+    incarnation: u64,
+    pid: u32,
+    map: Option<ClusterMap>,
+    session: Session,
+}
+
+struct ClientNode {
+    map: Option<ClusterMap>,
+}
+
+pub struct World {
+    cfg: WorldConfig,
+    now_ms: u64,
+    rng: SimRng,
+    queue: EventQueue<Ev>,
+    net: Network,
+    trace: TraceHash,
+    mon: MonNode,
+    osds: BTreeMap<u32, OsdNode>,
+    clients: BTreeMap<u32, ClientNode>,
+    /// Every published epoch's map bytes: all observers must agree on each epoch.
+    published: BTreeMap<u64, Vec<u8>>,
+    faults_injected: u64,
+    faults_over: bool,
+    events: u64,
+    failures: Vec<String>,
+}
+
+impl World {
+    pub fn new(cfg: WorldConfig) -> World {
+        let mut rng = SimRng::new(cfg.seed);
+        let spec = InitSpec {
+            osd_count: cfg.daemons,
+            default_pool: Some(("default".into(), 3.min(cfg.daemons), 1, 16)),
+        };
+        let first = spindle_mon::first_map(&spec, rng.next_u64()).expect("valid first map");
+        let mut published = BTreeMap::new();
+        published.insert(first.epoch, first.encode());
+        let mon = MonNode {
+            core: Some(MonCore::new(first.clone(), cfg.timing, 0)),
+            saved: first,
+            subscribers: BTreeSet::new(),
+        };
+        let osds = (0..cfg.daemons)
+            .map(|id| {
+                (
+                    id,
+                    OsdNode {
+                        alive: true,
+                        incarnation: 0,
+                        pid: 1000 + id,
+                        map: None,
+                        session: Session::Booting { since_ms: 0 },
+                    },
+                )
+            })
+            .collect();
+        let clients = (0..cfg.clients)
+            .map(|id| (id, ClientNode { map: None }))
+            .collect();
+        World {
+            net: Network::new(NetConfig::default()),
+            now_ms: 0,
+            queue: EventQueue::default(),
+            trace: TraceHash::default(),
+            mon,
+            osds,
+            clients,
+            published,
+            faults_injected: 0,
+            faults_over: false,
+            events: 0,
+            failures: Vec::new(),
+            rng,
+            cfg,
+        }
+    }
+
+    /// Runs the whole scenario and returns what it found.
+    pub fn run(mut self) -> WorldReport {
+        self.queue.push(0, Ev::MonTick);
+        for id in 0..self.cfg.daemons {
+            let at = self.rng.range(0, 300);
+            self.queue.push(
+                at,
+                Ev::OsdRestart {
+                    osd: id,
+                    by_fault: false,
+                },
+            );
+        }
+        for id in 0..self.cfg.clients {
+            let at = self.rng.range(0, 300);
+            self.queue.push(at, Ev::ClientPoll(id));
+        }
+        let spacing = (self.cfg.fault_window_ms / self.cfg.faults.max(1) as u64).max(1);
+        for i in 0..self.cfg.faults as u64 {
+            let at = 1_000 + i * spacing + self.rng.below(spacing);
+            self.queue.push(at.min(self.cfg.fault_window_ms), Ev::Fault);
+        }
+        let end_of_faults = self.cfg.fault_window_ms + 1;
+        self.queue.push(end_of_faults, Ev::EndOfFaults);
+        self.queue
+            .push(end_of_faults + self.cfg.settle_ms, Ev::Check);
+        let deadline = end_of_faults + self.cfg.settle_ms;
+        while let Some((at, ev)) = self.queue.pop() {
+            debug_assert!(at >= self.now_ms, "time never goes back");
+            self.now_ms = at;
+            self.events += 1;
+            self.trace.u64(at);
+            let stop = matches!(ev, Ev::Check);
+            self.step(ev);
+            if stop || at > deadline {
+                break;
+            }
+        }
+        WorldReport {
+            seed: self.cfg.seed,
+            trace_hash: format!("{:016x}", self.trace.value()),
+            sim_time_ms: self.now_ms,
+            events: self.events,
+            faults: self.faults_injected,
+            epochs: self.published.keys().next_back().copied().unwrap_or(0),
+            messages: self.net.stats,
+            failures: self.failures,
+        }
+    }
+
+    fn log(&self, what: impl FnOnce() -> String) {
+        if self.cfg.verbose {
+            eprintln!("{:>9} ms  {}", self.now_ms, what());
+        }
+    }
+
+    fn fail(&mut self, what: String) {
+        if self.failures.len() < 20 {
+            self.failures.push(format!("t={} ms: {what}", self.now_ms));
+        }
+    }
+
+    fn epoch_of(&self, node: Node) -> u64 {
+        match node {
+            Node::Mon => self.mon.core.as_ref().map_or(0, |c| c.epoch()),
+            Node::Osd(id) => self
+                .osds
+                .get(&id)
+                .and_then(|o| o.map.as_ref())
+                .map_or(0, |m| m.epoch),
+            Node::Client(id) => self
+                .clients
+                .get(&id)
+                .and_then(|c| c.map.as_ref())
+                .map_or(0, |m| m.epoch),
+        }
+    }
+
+    fn send(&mut self, from: Node, to: Node, msg: &Msg) {
+        let (kind, payload) = (msg.kind(), msg.encode());
+        let epoch = self.epoch_of(from);
+        for delay in self.net.route(&mut self.rng, from, to) {
+            self.queue.push(
+                self.now_ms + delay,
+                Ev::Deliver {
+                    from,
+                    to,
+                    epoch,
+                    kind,
+                    payload: payload.clone(),
+                },
+            );
+        }
+    }
+
+    fn step(&mut self, ev: Ev) {
+        match ev {
+            Ev::Deliver {
+                from,
+                to,
+                epoch,
+                kind,
+                payload,
+            } => {
+                self.trace.u64(from.code());
+                self.trace.u64(epoch);
+                self.trace.u64(to.code());
+                self.trace.u64(kind as u64);
+                self.trace.bytes(&payload);
+                let msg = match Msg::decode(kind, &payload) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        return self.fail(format!("{from:?} sent an undecodable {kind}: {e}"))
+                    }
+                };
+                match to {
+                    Node::Mon => self.mon_receive(from, epoch, msg),
+                    Node::Osd(id) => self.osd_receive(id, msg),
+                    Node::Client(id) => self.client_receive(id, msg),
+                }
+            }
+            Ev::MonTick => {
+                self.trace.u64(1);
+                self.mon_tick();
+                self.queue.push(self.now_ms + MON_TICK_MS, Ev::MonTick);
+            }
+            Ev::MonRestart => {
+                self.trace.u64(2);
+                if self.mon.core.is_none() {
+                    self.mon_restart();
+                }
+            }
+            Ev::OsdTimer { osd, incarnation } => {
+                self.trace.u64(3);
+                self.osd_timer(osd, incarnation);
+            }
+            Ev::OsdRestart { osd, by_fault } => {
+                self.trace.u64(4);
+                if !(by_fault && self.faults_over) {
+                    self.osd_start(osd);
+                }
+            }
+            Ev::ClientPoll(id) => {
+                self.trace.u64(5);
+                let have = self.clients[&id].map.as_ref().map_or(0, |m| m.epoch);
+                self.send(
+                    Node::Client(id),
+                    Node::Mon,
+                    &Msg::GetMap {
+                        have_epoch: have,
+                        subscribe: false,
+                    },
+                );
+                self.queue
+                    .push(self.now_ms + CLIENT_POLL_MS, Ev::ClientPoll(id));
+            }
+            Ev::Fault => {
+                self.trace.u64(6);
+                if !self.faults_over {
+                    self.inject_fault();
+                }
+            }
+            Ev::Heal(h) => {
+                self.trace.u64(7);
+                match h {
+                    Heal::Partition(a, b) => self.net.heal(a, b),
+                    Heal::Network => self.net.config = NetConfig::default(),
+                }
+            }
+            Ev::EndOfFaults => {
+                self.trace.u64(8);
+                self.end_faults();
+            }
+            Ev::Check => {
+                self.trace.u64(9);
+                self.check_converged();
+            }
+        }
+    }
+
+    // ---- the monitor's shell (as `spindle_mon::Monitor`) ----
+
+    /// Saves, installs and publishes a proposed map.
+    fn mon_commit(&mut self, next: ClusterMap, reason: &str) {
+        self.log(|| {
+            let up: Vec<u32> = next.osds.values().filter(|o| o.up).map(|o| o.id).collect();
+            format!("mon: commit epoch {} ({reason}); up {up:?}", next.epoch)
+        });
+        let Some(core) = self.mon.core.as_mut() else {
+            return;
+        };
+        if next.epoch != core.epoch() + 1 {
+            let e = core.epoch();
+            return self.fail(format!(
+                "the core proposed epoch {} at epoch {e}",
+                next.epoch
+            ));
+        }
+        self.mon.saved = next.clone();
+        core.install(next, self.now_ms);
+        let bytes = core.map().encode();
+        let epoch = core.epoch();
+        if let Some(prev) = self.published.insert(epoch, bytes.clone()) {
+            if prev != bytes {
+                self.fail(format!(
+                    "epoch {epoch} was published twice with different maps"
+                ));
+            }
+        }
+        let subscribers: Vec<Node> = self.mon.subscribers.iter().copied().collect();
+        for s in subscribers {
+            self.send(Node::Mon, s, &Msg::MapUpdate { map: bytes.clone() });
+        }
+    }
+
+    fn mon_commit_change(&mut self, change: Option<MapChange>) {
+        if let Some(MapChange { next, reason }) = change {
+            self.mon_commit(next, &reason);
+        }
+    }
+
+    fn mon_map_bytes(&self) -> Option<(u64, Vec<u8>)> {
+        let core = self.mon.core.as_ref()?;
+        Some((core.epoch(), core.map().encode()))
+    }
+
+    fn mon_receive(&mut self, from: Node, epoch: u64, msg: Msg) {
+        let now = self.now_ms;
+        let Some(core) = self.mon.core.as_mut() else {
+            return; // down: the message is lost with the connection
+        };
+        match msg {
+            Msg::OsdBoot { osd_id, addr, pid } => match core.boot(now, osd_id, &addr, pid) {
+                Ok(next) => {
+                    if let Some(next) = next {
+                        self.mon_commit(next, &format!("boot of osd.{osd_id} pid {pid}"));
+                    }
+                    if let Some((_, map)) = self.mon_map_bytes() {
+                        self.send(Node::Mon, from, &Msg::MapUpdate { map });
+                    }
+                }
+                Err(e) => self.fail(format!("boot of osd.{osd_id} refused: {e}")),
+            },
+            Msg::Heartbeat {
+                osd_id,
+                reports,
+                counters,
+            } => {
+                let change = core.heartbeat(now, osd_id, epoch, reports, counters);
+                self.mon_commit_change(change);
+                if let Some((epoch, _)) = self.mon_map_bytes() {
+                    self.send(Node::Mon, from, &Msg::HeartbeatAck { epoch });
+                }
+            }
+            Msg::GetMap {
+                have_epoch,
+                subscribe,
+            } => {
+                if subscribe {
+                    self.mon.subscribers.insert(from);
+                }
+                if let Some((epoch, map)) = self.mon_map_bytes() {
+                    if have_epoch < epoch {
+                        self.send(Node::Mon, from, &Msg::MapUpdate { map });
+                    }
+                }
+            }
+            other => self.fail(format!("the monitor got an unexpected {}", other.name())),
+        }
+    }
+
+    fn mon_tick(&mut self) {
+        for _ in 0..4 {
+            let now = self.now_ms;
+            let Some(core) = self.mon.core.as_mut() else {
+                return;
+            };
+            let Some(change) = core.tick(now) else {
+                return;
+            };
+            self.mon_commit(change.next, &change.reason);
+        }
+    }
+
+    fn mon_restart(&mut self) {
+        self.log(|| "mon: restart".into());
+        let core = MonCore::new(self.mon.saved.clone(), self.cfg.timing, self.now_ms);
+        let newest = self.published.keys().next_back().copied().unwrap_or(0);
+        if core.epoch() < newest {
+            self.fail(format!(
+                "the monitor restarted at epoch {} but epoch {newest} had been published",
+                core.epoch()
+            ));
+        }
+        self.mon.core = Some(core);
+    }
+
+    // ---- storage daemons' monitor sessions (model of `Osd::mon_loop`) ----
+
+    fn osd_start(&mut self, id: u32) {
+        let now = self.now_ms;
+        let Some(o) = self.osds.get_mut(&id) else {
+            return;
+        };
+        o.alive = true;
+        o.incarnation += 1;
+        o.pid += 100;
+        o.map = None;
+        let incarnation = o.incarnation;
+        self.osd_boot(id);
+        self.queue.push(
+            now + HEARTBEAT_MS,
+            Ev::OsdTimer {
+                osd: id,
+                incarnation,
+            },
+        );
+    }
+
+    fn osd_boot(&mut self, id: u32) {
+        let now = self.now_ms;
+        let Some(o) = self.osds.get_mut(&id) else {
+            return;
+        };
+        o.session = Session::Booting { since_ms: now };
+        let pid = o.pid;
+        let msg = Msg::OsdBoot {
+            osd_id: id,
+            addr: format!("10.0.0.{id}:6800"),
+            pid,
+        };
+        self.log(|| format!("osd.{id}: boot (pid {pid})"));
+        self.send(Node::Osd(id), Node::Mon, &msg);
+    }
+
+    fn osd_receive(&mut self, id: u32, msg: Msg) {
+        let now = self.now_ms;
+        let Some(o) = self.osds.get_mut(&id) else {
+            return;
+        };
+        if !o.alive {
+            return;
+        }
+        match msg {
+            Msg::MapUpdate { map } => {
+                let was_booting = matches!(o.session, Session::Booting { .. });
+                if was_booting {
+                    o.session = Session::Active {
+                        last_answer_ms: now,
+                    };
+                }
+                self.install(Node::Osd(id), &map);
+                if was_booting {
+                    let have = self.osds[&id].map.as_ref().map_or(0, |m| m.epoch);
+                    self.send(
+                        Node::Osd(id),
+                        Node::Mon,
+                        &Msg::GetMap {
+                            have_epoch: have,
+                            subscribe: true,
+                        },
+                    );
+                }
+            }
+            Msg::HeartbeatAck { epoch } => {
+                if let Session::Active { last_answer_ms } = &mut o.session {
+                    *last_answer_ms = now;
+                }
+                let have = o.map.as_ref().map_or(0, |m| m.epoch);
+                if epoch > have {
+                    self.send(
+                        Node::Osd(id),
+                        Node::Mon,
+                        &Msg::GetMap {
+                            have_epoch: have,
+                            subscribe: false,
+                        },
+                    );
+                }
+            }
+            other => self.fail(format!("osd.{id} got an unexpected {}", other.name())),
+        }
+    }
+
+    fn osd_timer(&mut self, id: u32, incarnation: u64) {
+        let now = self.now_ms;
+        let Some(o) = self.osds.get(&id) else {
+            return;
+        };
+        if !o.alive || o.incarnation != incarnation {
+            return;
+        }
+        match o.session {
+            Session::Booting { since_ms } => {
+                if now.saturating_sub(since_ms) >= BOOT_TIMEOUT_MS {
+                    self.osd_boot(id);
+                }
+            }
+            Session::Active { last_answer_ms } => {
+                let marked_down = o
+                    .map
+                    .as_ref()
+                    .and_then(|m| m.osds.get(&id))
+                    .is_some_and(|i| !i.up);
+                if now.saturating_sub(last_answer_ms) > MON_LINK_TIMEOUT_MS || marked_down {
+                    // Link lost, or wrongly marked down: reconnect and boot again.
+                    self.osd_boot(id);
+                } else {
+                    self.send(
+                        Node::Osd(id),
+                        Node::Mon,
+                        &Msg::Heartbeat {
+                            osd_id: id,
+                            reports: Vec::new(),
+                            counters: Vec::new(),
+                        },
+                    );
+                }
+            }
+        }
+        self.queue.push(
+            now + HEARTBEAT_MS,
+            Ev::OsdTimer {
+                osd: id,
+                incarnation,
+            },
+        );
+    }
+
+    // ---- clients ----
+
+    fn client_receive(&mut self, id: u32, msg: Msg) {
+        match msg {
+            Msg::MapUpdate { map } => self.install(Node::Client(id), &map),
+            other => self.fail(format!("client.{id} got an unexpected {}", other.name())),
+        }
+    }
+
+    /// A daemon or client installs a map it received: only newer epochs; every epoch must
+    /// be exactly the map the monitor published for it.
+    fn install(&mut self, who: Node, bytes: &[u8]) {
+        let map = match ClusterMap::decode(bytes) {
+            Ok(m) => m,
+            Err(e) => return self.fail(format!("{who:?} got a map that does not decode: {e}")),
+        };
+        match self.published.get(&map.epoch) {
+            Some(p) if p.as_slice() == bytes => {}
+            Some(_) => {
+                return self.fail(format!(
+                    "{who:?} got a different map for epoch {}",
+                    map.epoch
+                ))
+            }
+            None => {
+                return self.fail(format!(
+                    "{who:?} got epoch {} that was never published",
+                    map.epoch
+                ))
+            }
+        }
+        let slot = match who {
+            Node::Osd(id) => self.osds.get_mut(&id).map(|o| &mut o.map),
+            Node::Client(id) => self.clients.get_mut(&id).map(|c| &mut c.map),
+            Node::Mon => None,
+        };
+        if let Some(slot) = slot {
+            if slot.as_ref().is_none_or(|m| m.epoch < map.epoch) {
+                *slot = Some(map);
+            }
+        }
+    }
+
+    // ---- faults ----
+
+    fn inject_fault(&mut self) {
+        self.faults_injected += 1;
+        let daemons = self.cfg.daemons.max(1) as u64;
+        let kind = self.rng.below(6);
+        self.log(|| format!("fault kind {kind}"));
+        match kind {
+            0 | 1 => {
+                // Crash a daemon; it restarts (new process) after up to 40 s.
+                let id = self.rng.below(daemons) as u32;
+                if let Some(o) = self.osds.get_mut(&id) {
+                    if o.alive {
+                        o.alive = false;
+                        if self.cfg.verbose {
+                            eprintln!("{:>9} ms  crash osd.{id}", self.now_ms);
+                        }
+                        o.map = None;
+                        self.mon.subscribers.remove(&Node::Osd(id));
+                        let back = self.rng.range(500, 40_000);
+                        self.queue.push(
+                            self.now_ms + back,
+                            Ev::OsdRestart {
+                                osd: id,
+                                by_fault: true,
+                            },
+                        );
+                    }
+                }
+            }
+            2 => {
+                // Crash the monitor; it restarts from its saved map.
+                if self.mon.core.take().is_some() {
+                    self.mon.subscribers.clear();
+                    let back = self.rng.range(200, 5_000);
+                    self.queue.push(self.now_ms + back, Ev::MonRestart);
+                }
+            }
+            3 => {
+                // Cut a daemon off from the monitor.
+                let id = self.rng.below(daemons) as u32;
+                self.net.partition(Node::Osd(id), Node::Mon);
+                self.log(|| format!("partition osd.{id} from mon"));
+                let heal = self.rng.range(1_000, 20_000);
+                self.queue.push(
+                    self.now_ms + heal,
+                    Ev::Heal(Heal::Partition(Node::Osd(id), Node::Mon)),
+                );
+            }
+            4 => {
+                // A lossy, duplicating, slow network for a while.
+                self.net.config = NetConfig {
+                    delay_ms_min: 1,
+                    delay_ms_max: self.rng.range(20, 800),
+                    loss_ppm: self.rng.range(0, 300_000) as u32,
+                    duplicate_ppm: self.rng.range(0, 200_000) as u32,
+                };
+                let heal = self.rng.range(1_000, 10_000);
+                self.queue.push(self.now_ms + heal, Ev::Heal(Heal::Network));
+            }
+            _ => {
+                // Cut a client off from the monitor.
+                if self.cfg.clients > 0 {
+                    let id = self.rng.below(self.cfg.clients as u64) as u32;
+                    self.net.partition(Node::Client(id), Node::Mon);
+                    let heal = self.rng.range(1_000, 20_000);
+                    self.queue.push(
+                        self.now_ms + heal,
+                        Ev::Heal(Heal::Partition(Node::Client(id), Node::Mon)),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Faults stop: partitions heal, the network is clean, crashed processes restart.
+    fn end_faults(&mut self) {
+        self.faults_over = true;
+        self.net.heal_all();
+        self.net.config = NetConfig::default();
+        if self.mon.core.is_none() {
+            self.queue.push(self.now_ms + 1, Ev::MonRestart);
+        }
+        let down: Vec<u32> = self
+            .osds
+            .iter()
+            .filter(|(_, o)| !o.alive)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in down {
+            // Restarts the crash faults scheduled for later are dropped.
+            self.queue.push(
+                self.now_ms + 1,
+                Ev::OsdRestart {
+                    osd: id,
+                    by_fault: false,
+                },
+            );
+        }
+    }
+
+    /// After the faults stopped and `settle_ms` passed: the monitor is up, every daemon is
+    /// up in its map, and every daemon and client has its current map.
+    fn check_converged(&mut self) {
+        let Some(core) = self.mon.core.as_ref() else {
+            return self.fail("the monitor is not running after the faults stopped".into());
+        };
+        let map = core.map().clone();
+        for (id, o) in &self.osds {
+            if !map.osds.get(id).is_some_and(|i| i.up) {
+                self.failures.push(format!(
+                    "t={} ms: osd.{id} is alive but not up in the monitor's map (epoch {})",
+                    self.now_ms, map.epoch
+                ));
+            }
+            if o.map.as_ref().map(|m| m.epoch) != Some(map.epoch) {
+                self.failures.push(format!(
+                    "t={} ms: osd.{id} has epoch {:?}, the monitor {}",
+                    self.now_ms,
+                    o.map.as_ref().map(|m| m.epoch),
+                    map.epoch
+                ));
+            }
+        }
+        for (id, c) in &self.clients {
+            if c.map.as_ref().map(|m| m.epoch) != Some(map.epoch) {
+                self.failures.push(format!(
+                    "t={} ms: client.{id} has epoch {:?}, the monitor {}",
+                    self.now_ms,
+                    c.map.as_ref().map(|m| m.epoch),
+                    map.epoch
+                ));
+            }
+        }
+    }
+}
