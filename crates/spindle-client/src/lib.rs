@@ -19,12 +19,6 @@ use tokio::sync::{mpsc, watch};
 
 pub use spindle_proto::msg::{ObjectListing as Listing, Ver as Version};
 
-pub mod block;
-pub mod image;
-
-pub use block::{BlockConfig, BlockLayer, BlockStats};
-pub use image::{Image, ImageError, ImageInfo, ObjectBackend};
-
 /// Largest object the object API accepts (bigger data belongs in an image):
 /// `spindle_types::limits::OBJECT_BYTES_MAX`.
 pub const OBJECT_BYTES_MAX: u64 = spindle_types::limits::OBJECT_BYTES_MAX;

@@ -15,8 +15,8 @@ use crate::daemon::runtime;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
-use spindle_client::image::OBJECT_SIZE_BYTES_DEFAULT;
-use spindle_client::{Image, ImageError};
+use spindle_image::image::OBJECT_SIZE_BYTES_DEFAULT;
+use spindle_image::{Image, ImageError};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -420,7 +420,7 @@ async fn ensure_image(args: &BenchFioArgs) -> anyhow::Result<bool> {
         &args.image,
         args.size,
         args.object_size
-            .or_else(|| spindle_client::image::default_object_size(&client.map(), &args.pool))
+            .or_else(|| spindle_image::image::default_object_size(&client.map(), &args.pool))
             .unwrap_or(OBJECT_SIZE_BYTES_DEFAULT),
     )
     .await

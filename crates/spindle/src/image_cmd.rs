@@ -6,8 +6,8 @@ use crate::cluster_cmd::{ObjArgs, Target};
 use crate::daemon::runtime;
 use anyhow::{bail, Context};
 use clap::Subcommand;
-use spindle_client::image::{ImageInfo, OBJECT_SIZE_BYTES_DEFAULT, SECTOR_BYTES};
-use spindle_client::Image;
+use spindle_image::image::{ImageInfo, OBJECT_SIZE_BYTES_DEFAULT, SECTOR_BYTES};
+use spindle_image::Image;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -141,9 +141,7 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
             } => {
                 check_volume_size(size)?;
                 let object_size = object_size
-                    .or_else(|| {
-                        spindle_client::image::default_object_size(&client.map(), &obj.pool)
-                    })
+                    .or_else(|| spindle_image::image::default_object_size(&client.map(), &obj.pool))
                     .unwrap_or(OBJECT_SIZE_BYTES_DEFAULT);
                 let img = Image::create(client, &obj.pool, &name, size, object_size)
                     .await

@@ -530,7 +530,7 @@ async fn an_image_on_an_erasure_coded_pool_reads_back_its_writes() {
     );
     assert!(out.contains("256 KiB"), "default object size on EC: {out}");
     let client = std::sync::Arc::new(c.client().await);
-    let img = spindle_client::Image::open(client.clone(), EC_POOL, "disk")
+    let img = spindle_image::Image::open(client.clone(), EC_POOL, "disk")
         .await
         .unwrap();
     let size = 32usize << 20;

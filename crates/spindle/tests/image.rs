@@ -5,8 +5,9 @@
 mod common;
 
 use common::{content, run_ok, spindle, Cluster};
-use spindle_client::image::data_object_name;
-use spindle_client::{BlockConfig, BlockLayer, ClientError, Image, ImageError};
+use spindle_client::ClientError;
+use spindle_image::image::data_object_name;
+use spindle_image::{BlockConfig, BlockLayer, Image, ImageError};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

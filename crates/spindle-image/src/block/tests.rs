@@ -449,9 +449,9 @@ async fn merged_writes_race_with_reads() {
 /// them on a multi-threaded runtime).
 #[allow(dead_code)]
 fn futures_are_send(
-    bl: &BlockLayer<crate::Client>,
-    img: &Image<crate::Client>,
-    client: Arc<crate::Client>,
+    bl: &BlockLayer<spindle_client::Client>,
+    img: &Image<spindle_client::Client>,
+    client: Arc<spindle_client::Client>,
 ) {
     fn is_send<T: Send>(_: &T) {}
     is_send(&bl.read(0, 1));

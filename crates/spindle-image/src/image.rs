@@ -24,8 +24,8 @@
 //! disk); [`crate::block::BlockLayer`] orders them. [`Image::resize`] must not race with
 //! I/O to the range it removes or adds.
 
-use crate::{Client, ClientError};
 use serde::{Deserialize, Serialize};
+use spindle_client::{Client, ClientError};
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::ops::Range;
@@ -58,7 +58,7 @@ pub fn default_object_size(map: &spindle_map::ClusterMap, pool: &str) -> Option<
 /// Smallest allowed data object.
 pub const OBJECT_SIZE_BYTES_MIN: u64 = 4 << 10;
 /// Largest allowed data object (the object API's limit).
-pub const OBJECT_SIZE_BYTES_MAX: u64 = crate::OBJECT_BYTES_MAX;
+pub const OBJECT_SIZE_BYTES_MAX: u64 = spindle_client::OBJECT_BYTES_MAX;
 /// Image sizes are multiples of this (the block device sector).
 pub const SECTOR_BYTES: u64 = 512;
 /// Largest image (keeps every offset computation far from u64 overflow).
@@ -959,7 +959,7 @@ pub use memory::{MemoryBackend, MemoryOpCounts};
 #[cfg(any(test, feature = "testing"))]
 mod memory {
     use super::{lock, ObjectBackend};
-    use crate::ClientError;
+    use spindle_client::ClientError;
     use std::collections::BTreeMap;
     use std::sync::Mutex;
     use std::time::Duration;

@@ -1,0 +1,18 @@
+//! `spindle-image`: block images on the object store.
+//!
+//! - [`image`]: an image is a header object and data objects of a fixed size
+//!   (`img.NAME.header`, `img.NAME.%016x`), thin, resizable; [`Image`] is generic over an
+//!   [`ObjectBackend`] (the cluster client, or `MemoryBackend` in tests).
+//! - [`block`]: the block layer over an image (DeLiBA's LRU cache and coalescing
+//!   scheduler, write ordering and flush).
+//! - [`nbd`]: the images of a pool as NBD exports (`spindle nbd`).
+//!
+//! Layering: above `spindle-client` (objects) and `spindle-nbd` (the NBD server, generic
+//! over a block-device trait); the `spindle` binary uses it.
+
+pub mod block;
+pub mod image;
+pub mod nbd;
+
+pub use block::{BlockConfig, BlockLayer, BlockStats};
+pub use image::{Image, ImageError, ImageInfo, ObjectBackend};

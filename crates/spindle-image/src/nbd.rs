@@ -1,0 +1,296 @@
+//! The NBD adapter: images of a pool as NBD exports (`spindle_nbd::Exports`), each image
+//! behind its block layer (`ImageDevice`), with NBD's errno mapping (a full cluster is
+//! `ENOSPC`, other failures `EIO`) and rate-limited logging of failed writes.
+
+use crate::{BlockConfig, BlockLayer, Image, ImageError};
+use spindle_client::{Client, ClientError};
+use spindle_nbd::{BlockDevice, DeviceError, ExportInfo, Exports};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::Mutex;
+
+/// Maps an image error to the NBD errno family. `out_of_range` is what a range error
+/// becomes (EINVAL for reads, ENOSPC for writes past the end, as the NBD spec asks).
+fn device_error(e: ImageError, out_of_range: fn(String) -> DeviceError) -> DeviceError {
+    match e {
+        e @ ImageError::OutOfRange { .. } => out_of_range(e.to_string()),
+        // The cluster is full: the NBD client sees ENOSPC (not EIO), as from a full disk.
+        ImageError::Backend(ClientError::NoSpace(m)) => DeviceError::NoSpace(m),
+        e => DeviceError::Io(format!("{e:#}")),
+    }
+}
+
+/// Failed writes are logged once per burst: the first failure with its cause, then (at
+/// the first failure after `WRITE_ERROR_LOG_INTERVAL`, or the first success) how many
+/// more failed meanwhile. A full cluster fails every write; one line per request would
+/// flood the log.
+#[derive(Default)]
+struct WriteErrorLog {
+    in_burst: std::sync::atomic::AtomicBool,
+    state: std::sync::Mutex<WriteErrorBurst>,
+}
+
+#[derive(Default)]
+struct WriteErrorBurst {
+    started: Option<std::time::Instant>,
+    suppressed: u64,
+    last: String,
+}
+
+const WRITE_ERROR_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl WriteErrorLog {
+    fn failed(&self, image: &str, what: &str, e: &DeviceError) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let cause = e.to_string();
+        match st.started {
+            Some(t) if t.elapsed() < WRITE_ERROR_LOG_INTERVAL => {
+                st.suppressed += 1;
+                st.last = cause;
+                return;
+            }
+            Some(t) if st.suppressed > 0 => tracing::warn!(
+                "image {image}: {} more failed writes in the last {:.0} s (last: {})",
+                st.suppressed,
+                t.elapsed().as_secs_f64(),
+                st.last
+            ),
+            _ => {}
+        }
+        tracing::warn!(
+            "image {image}: {what} failed: {cause} (errno {})",
+            e.errno()
+        );
+        st.started = Some(std::time::Instant::now());
+        st.suppressed = 0;
+        st.last = cause;
+        self.in_burst
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn succeeded(&self, image: &str) {
+        if !self.in_burst.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.in_burst
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        if st.started.take().is_some() {
+            tracing::info!(
+                "image {image}: writes succeed again ({} more had failed after the logged one)",
+                st.suppressed
+            );
+        }
+        st.suppressed = 0;
+    }
+
+    fn observe<T>(
+        &self,
+        image: &str,
+        what: &str,
+        r: Result<T, DeviceError>,
+    ) -> Result<T, DeviceError> {
+        match &r {
+            Ok(_) => self.succeeded(image),
+            Err(e) => self.failed(image, what, e),
+        }
+        r
+    }
+}
+
+/// One image exported over NBD: a thin adapter over the shared block layer.
+pub struct ImageDevice {
+    layer: Arc<BlockLayer<Client>>,
+    /// Image name (for log lines).
+    name: String,
+    write_errors: WriteErrorLog,
+}
+
+impl ImageDevice {
+    /// Wraps a block layer (`name`: the image, for log lines).
+    pub fn new(layer: Arc<BlockLayer<Client>>, name: &str) -> Self {
+        ImageDevice {
+            layer,
+            name: name.to_string(),
+            write_errors: WriteErrorLog::default(),
+        }
+    }
+
+    /// The block layer (for statistics).
+    pub fn layer(&self) -> &Arc<BlockLayer<Client>> {
+        &self.layer
+    }
+}
+
+impl BlockDevice for ImageDevice {
+    fn size_bytes(&self) -> u64 {
+        self.layer.size_bytes()
+    }
+
+    /// True: all connections share this device's block layer and completed writes are
+    /// durable, so FLUSH on one connection covers writes completed on the others.
+    fn multi_conn_consistent(&self) -> bool {
+        true
+    }
+
+    async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, DeviceError> {
+        self.layer
+            .read(offset, u64::from(len))
+            .await
+            .map_err(|e| device_error(e, DeviceError::Invalid))
+    }
+
+    /// `fua` needs no extra work: a write completes only once durable on all up replicas.
+    async fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> Result<(), DeviceError> {
+        let r = self
+            .layer
+            .write_owned(offset, data)
+            .await
+            .map_err(|e| device_error(e, DeviceError::NoSpace));
+        self.write_errors.observe(&self.name, "write", r)
+    }
+
+    async fn flush(&self) -> Result<(), DeviceError> {
+        self.layer
+            .flush()
+            .await
+            .map_err(|e| device_error(e, DeviceError::Invalid))
+    }
+
+    async fn trim(&self, offset: u64, len: u32) -> Result<(), DeviceError> {
+        let r = self
+            .layer
+            .discard(offset, u64::from(len))
+            .await
+            .map_err(|e| device_error(e, DeviceError::NoSpace));
+        self.write_errors.observe(&self.name, "trim", r)
+    }
+
+    /// `may_trim` is ignored: the block layer zeroes (and may deallocate whole objects)
+    /// either way, and reads of the range return zeros in both cases.
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u32,
+        _may_trim: bool,
+        _fua: bool,
+    ) -> Result<(), DeviceError> {
+        let r = self
+            .layer
+            .write_zeroes(offset, u64::from(len))
+            .await
+            .map_err(|e| device_error(e, DeviceError::NoSpace));
+        self.write_errors.observe(&self.name, "write zeroes", r)
+    }
+}
+
+/// Every image of one pool, each as an export named after the image. Devices are opened
+/// on first use and shared by every later connection.
+pub struct ImageExports {
+    client: Arc<Client>,
+    pool: String,
+    config: BlockConfig,
+    /// Image name -> its device (opened once; held across the open so concurrent first
+    /// connections cannot create two block layers for one image).
+    open: Mutex<HashMap<String, Arc<ImageDevice>>>,
+}
+
+impl ImageExports {
+    /// Exports the images of `pool`, each behind a block layer configured by `config`.
+    pub fn new(client: Arc<Client>, pool: impl Into<String>, config: BlockConfig) -> Self {
+        ImageExports {
+            client,
+            pool: pool.into(),
+            config,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The devices opened so far (name, device), sorted by name.
+    pub async fn opened(&self) -> Vec<(String, Arc<ImageDevice>)> {
+        let mut v: Vec<_> = self
+            .open
+            .lock()
+            .await
+            .iter()
+            .map(|(n, d)| (n.clone(), d.clone()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Flushes every opened device; returns the first error.
+    pub async fn flush_all(&self) -> Result<(), DeviceError> {
+        let mut first = Ok(());
+        for (_, dev) in self.opened().await {
+            if let Err(e) = dev.flush().await {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+impl Exports for ImageExports {
+    type Device = ImageDevice;
+
+    async fn list(&self) -> Result<Vec<ExportInfo>, DeviceError> {
+        let images = Image::list(&*self.client, &self.pool)
+            .await
+            .map_err(|e| DeviceError::Io(format!("{e:#}")))?;
+        Ok(images
+            .into_iter()
+            .map(|i| ExportInfo {
+                description: format!(
+                    "spindle image {}/{} ({} objects of {} KiB)",
+                    i.pool,
+                    i.name,
+                    i.object_count,
+                    i.object_size_bytes / 1024
+                ),
+                name: i.name,
+                size_bytes: i.size_bytes,
+            })
+            .collect())
+    }
+
+    /// Opens `name`; "" (the default export) is the pool's only image, if it has exactly one.
+    async fn open(&self, name: &str) -> Result<Arc<ImageDevice>, DeviceError> {
+        let name = if name.is_empty() {
+            let images = Image::list(&*self.client, &self.pool)
+                .await
+                .map_err(|e| DeviceError::Io(format!("{e:#}")))?;
+            match images.as_slice() {
+                [only] => only.name.clone(),
+                _ => {
+                    return Err(DeviceError::Invalid(format!(
+                        "no default export: pool {} has {} images; name one",
+                        self.pool,
+                        images.len()
+                    )))
+                }
+            }
+        } else {
+            name.to_string()
+        };
+        let mut open = self.open.lock().await;
+        if let Some(dev) = open.get(&name) {
+            return Ok(dev.clone());
+        }
+        let image = Image::open(self.client.clone(), &self.pool, &name)
+            .await
+            .map_err(|e| match e {
+                ImageError::NotFound(_) | ImageError::InvalidName(_) => {
+                    DeviceError::Invalid(e.to_string())
+                }
+                e => DeviceError::Io(format!("{e:#}")),
+            })?;
+        let layer = BlockLayer::new(Arc::new(image), self.config.clone())
+            .map_err(|e| DeviceError::Io(e.to_string()))?;
+        let dev = Arc::new(ImageDevice::new(Arc::new(layer), &name));
+        open.insert(name, dev.clone());
+        Ok(dev)
+    }
+}
