@@ -21,16 +21,17 @@
 //!   the group is clean at the same epoch.
 
 use crate::{ver, Osd, PgState, Phase};
-use spindle_proto::msg::Ver;
 use spindle_proto::Msg;
 use spindle_store::PgId;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-use crate::sync::{plan, LogInfo, SyncPlan};
+use spindle_pg::peering::{Action as PgAction, Activation, Event as PgEvent, Interval};
+use spindle_pg::rules::{ListedObject, Listing};
+use spindle_pg::{LogInfo, PgCore};
 
 /// Objects some copies of a placement group still miss (on its primary).
 pub(crate) struct Recovery {
@@ -125,6 +126,11 @@ impl Osd {
     }
 
     /// Peers a placement group at `epoch`: on success it is active (maybe recovering).
+    ///
+    /// One round of `spindle_pg::PgCore`: this shell executes its actions (log queries,
+    /// listings, marks) over the network and the local store, one at a time in the order
+    /// the core gives them, and feeds the results back as events. A failed round returns
+    /// `Err` and `peer_until_done` retries it after a backoff.
     pub(crate) async fn peer(&self, pool: u32, pg: u32, epoch: u64) -> Result<(), String> {
         let pgid = PgId { pool, pg };
         let acting = {
@@ -140,124 +146,177 @@ impl Osd {
             }
         };
         let me = self.inner.id;
-        // 1. Gather every copy's log - each after its in-flight writes of the previous
-        // interval are applied, so a write that may still be acknowledged is seen.
-        let own = self.copy_pgid(pgid, me);
-        self.inflight_drain(own).await?;
-        let mut infos: Vec<(u32, LogInfo)> = vec![(me, self.local_log_info(own))];
-        for &peer in acting.iter().filter(|&&p| p != me) {
-            let copy = self.copy_pgid(pgid, peer);
-            match self
-                .call_peer(peer, epoch, &Msg::PgQuery { pool, pg: copy.pg })
-                .await?
-            {
-                Msg::PgInfo {
-                    last_version,
-                    log_tail,
-                    log,
-                    incomplete,
-                } => infos.push((
-                    peer,
-                    LogInfo {
-                        last_version,
-                        log_tail,
-                        log,
-                        incomplete,
-                    },
-                )),
-                other => return Err(format!("osd.{peer}: unexpected {}", other.name())),
-            }
+        if acting.first() != Some(&me) {
+            return Err("not the primary of this placement group".into());
         }
-        // Erasure-coded: which members had a copy before, and which other daemons still
-        // hold a shard of some position (decode sources while positions move).
-        let (ec_strays, ec_established) = self.ec_peer_sources(pgid, epoch, &infos).await;
-        // 2. The newest complete copy is authoritative (ties: prefer myself).
-        let Some((auth_id, auth)) = infos
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, info))| !info.incomplete)
-            .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
-            .map(|(_, (id, info))| (*id, info.clone()))
-        else {
-            let mut pgs = crate::lock(&self.inner.pgs);
-            if let Some(st) = pgs.get_mut(&(pool, pg)) {
-                if st.epoch == epoch {
-                    st.phase = Phase::Incomplete;
-                }
-            }
-            return Err("no complete copy is up (waiting for one to return)".into());
-        };
-        // 3. What each other copy misses.
-        let mut missing: BTreeMap<String, (Vec<u32>, u64)> = BTreeMap::new();
-        let mut backfill = false;
-        let mut auth_listing: Option<HashMap<String, (Ver, u64)>> = None;
-        let mut newest = auth.last_version;
-        for (id, info) in infos.iter().filter(|(id, _)| *id != auth_id) {
-            newest = newest.max(info.last_version);
-            let names: BTreeSet<String> = match plan(&auth, info) {
-                SyncPlan::InSync => continue,
-                SyncPlan::Objects(names) => names,
-                SyncPlan::Backfill => {
-                    backfill = true;
-                    if auth_listing.is_none() {
-                        auth_listing = Some(self.listing_sizes(auth_id, epoch, pgid).await?);
+        let mut core = PgCore::new();
+        // The floor was checked when the phase was set (on_new_epoch): not Inactive.
+        let mut actions: VecDeque<PgAction> = core
+            .on_event(PgEvent::IntervalChanged(Interval {
+                epoch,
+                me,
+                acting,
+                serve_floor: 1,
+            }))
+            .into();
+        while let Some(action) = actions.pop_front() {
+            let event = match action {
+                PgAction::QueryLog { round, copy } => match self.query_log(pgid, epoch, copy).await
+                {
+                    Ok(info) => PgEvent::LogInfo {
+                        round,
+                        from: copy,
+                        info,
+                    },
+                    Err(reason) => PgEvent::QueryFailed {
+                        round,
+                        from: copy,
+                        reason,
+                    },
+                },
+                PgAction::ListObjects { round, copy } => {
+                    match self.listing_sizes(copy, epoch, pgid).await {
+                        Ok(listing) => PgEvent::Listing {
+                            round,
+                            from: copy,
+                            listing,
+                        },
+                        Err(reason) => PgEvent::ListFailed {
+                            round,
+                            from: copy,
+                            reason,
+                        },
                     }
-                    let a = auth_listing.as_ref().ok_or("no listing")?;
-                    let s = self.listing_sizes(*id, epoch, pgid).await?;
-                    let mut names = BTreeSet::new();
-                    for (name, (v, _)) in a {
-                        if s.get(name).map(|x| x.0) != Some(*v) {
-                            names.insert(name.clone());
+                }
+                PgAction::MarkIncomplete { round, copy } => {
+                    match self.mark_copy(copy, epoch, pgid, true).await {
+                        Ok(()) => PgEvent::Marked { round, copy },
+                        Err(reason) => PgEvent::MarkFailed {
+                            round,
+                            copy,
+                            reason,
+                        },
+                    }
+                }
+                PgAction::RoundFailed { reason, .. } => return Err(reason),
+                PgAction::Inactive { up, floor } => {
+                    return Err(format!("{up} copies up, {floor} needed"));
+                }
+                PgAction::WaitForCompleteCopy { .. } => {
+                    let mut pgs = crate::lock(&self.inner.pgs);
+                    if let Some(st) = pgs.get_mut(&(pool, pg)) {
+                        if st.epoch == epoch {
+                            st.phase = Phase::Incomplete;
                         }
                     }
-                    names.extend(s.keys().filter(|n| !a.contains_key(*n)).cloned());
-                    names
+                    return Err("no complete copy is up (waiting for one to return)".into());
+                }
+                PgAction::Activate(activation) => {
+                    let infos = core.infos();
+                    return self.activate(pgid, epoch, activation, &infos).await;
                 }
             };
-            for name in names {
-                let size = auth_listing
-                    .as_ref()
-                    .and_then(|a| a.get(&name).map(|x| x.1))
-                    .or_else(|| {
-                        (auth_id == me)
-                            .then(|| self.inner.store.stat(own, &name))
-                            .flatten()
-                            .map(|m| m.size_bytes)
-                    })
-                    .unwrap_or(0);
-                missing
-                    .entry(name)
-                    .or_insert((Vec::new(), size))
-                    .0
-                    .push(*id);
-            }
+            actions.extend(core.on_event(event));
         }
-        // 4. Mark every copy that misses something incomplete, durably, before serving.
-        let incomplete: Vec<u32> = missing
-            .values()
-            .flat_map(|(osds, _)| osds.iter().copied())
-            .collect::<BTreeSet<u32>>()
-            .into_iter()
-            .collect();
-        for &id in &incomplete {
-            self.mark_copy(id, epoch, pgid, true).await?;
+        Err("peering stopped without a decision".into())
+    }
+
+    /// A copy's log, answered after its queued store transactions for the group were
+    /// applied (this daemon's own copy: the same wait, locally).
+    async fn query_log(&self, pgid: PgId, epoch: u64, copy: u32) -> Result<LogInfo, String> {
+        let stored = self.copy_pgid(pgid, copy);
+        if copy == self.inner.id {
+            self.inflight_drain(stored).await?;
+            return Ok(self.local_log_info(stored));
         }
-        let copies = missing.values().map(|(o, _)| o.len()).sum::<usize>();
-        if copies > 0 {
-            if backfill {
-                self.inner.backfills.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.inner.log_recoveries.fetch_add(1, Ordering::Relaxed);
-            }
-            tracing::info!(
-                "osd.{me}: pg {pgid} epoch {epoch}: {} object copies to recover on {:?} \
-                 from osd.{auth_id} ({})",
-                copies,
+        match self
+            .call_peer(
+                copy,
+                epoch,
+                &Msg::PgQuery {
+                    pool: stored.pool,
+                    pg: stored.pg,
+                },
+            )
+            .await?
+        {
+            Msg::PgInfo {
+                last_version,
+                log_tail,
+                log,
                 incomplete,
-                if backfill { "backfill" } else { "log" }
-            );
+            } => Ok(LogInfo {
+                last_version,
+                log_tail,
+                log,
+                incomplete,
+            }),
+            other => Err(format!("osd.{copy}: unexpected {}", other.name())),
         }
-        // 5. Activate (only if nothing changed meanwhile) and recover in the background.
+    }
+
+    /// Executes the core's activation: the group serves, recovery starts in the background
+    /// (only if nothing changed meanwhile).
+    async fn activate(
+        &self,
+        pgid: PgId,
+        epoch: u64,
+        activation: Activation,
+        infos: &[(u32, LogInfo)],
+    ) -> Result<(), String> {
+        let me = self.inner.id;
+        let (pool, pg) = (pgid.pool, pgid.pg);
+        let auth_id = activation.authoritative;
+        let recovery = match activation.recovery {
+            None => None,
+            Some(plan) => {
+                // Erasure-coded: which members had a copy before, and which other daemons
+                // still hold a shard of some position (decode sources while positions move).
+                let (ec_strays, ec_established) = self.ec_peer_sources(pgid, epoch, infos).await;
+                let own = self.copy_pgid(pgid, me);
+                let missing: BTreeMap<String, (Vec<u32>, u64)> = plan
+                    .missing
+                    .into_iter()
+                    .map(|(name, m)| {
+                        // Sizes only pace and report recovery: from the authoritative
+                        // listing, else my own copy when I am the authority, else 0.
+                        let size = m
+                            .size_bytes
+                            .or_else(|| {
+                                (auth_id == me)
+                                    .then(|| self.inner.store.stat(own, &name))
+                                    .flatten()
+                                    .map(|meta| meta.size_bytes)
+                            })
+                            .unwrap_or(0);
+                        (name, (m.copies, size))
+                    })
+                    .collect();
+                let copies = missing.values().map(|(o, _)| o.len()).sum::<usize>();
+                if plan.backfill {
+                    self.inner.backfills.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.inner.log_recoveries.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::info!(
+                    "osd.{me}: pg {pgid} epoch {epoch}: {} object copies to recover on {:?} \
+                     from osd.{auth_id} ({})",
+                    copies,
+                    plan.incomplete,
+                    if plan.backfill { "backfill" } else { "log" }
+                );
+                Some(Recovery {
+                    source: plan.source,
+                    backfill: plan.backfill,
+                    missing,
+                    in_progress: HashSet::new(),
+                    incomplete: plan.incomplete,
+                    notify: Arc::new(Notify::new()),
+                    ec_strays,
+                    ec_established,
+                })
+            }
+        };
         let since;
         let start_task = {
             let mut pgs = crate::lock(&self.inner.pgs);
@@ -268,24 +327,11 @@ impl Osd {
                 return Ok(());
             }
             st.phase = Phase::Active;
-            st.last = newest;
+            st.last = activation.last_version;
             since = st.since;
-            if missing.is_empty() {
-                st.recovery = None;
-                false
-            } else {
-                st.recovery = Some(Recovery {
-                    source: auth_id,
-                    backfill,
-                    missing,
-                    in_progress: HashSet::new(),
-                    incomplete,
-                    notify: Arc::new(Notify::new()),
-                    ec_strays,
-                    ec_established,
-                });
-                true
-            }
+            let start = recovery.is_some();
+            st.recovery = recovery;
+            start
         };
         if start_task {
             let osd = self.clone();
@@ -319,12 +365,7 @@ impl Osd {
     }
 
     /// Listing with versions and sizes (of this daemon or a peer).
-    async fn listing_sizes(
-        &self,
-        osd: u32,
-        epoch: u64,
-        pgid: PgId,
-    ) -> Result<HashMap<String, (Ver, u64)>, String> {
+    async fn listing_sizes(&self, osd: u32, epoch: u64, pgid: PgId) -> Result<Listing, String> {
         let pgid = self.copy_pgid(pgid, osd);
         if osd == self.inner.id {
             return Ok(self
@@ -332,7 +373,13 @@ impl Osd {
                 .store
                 .list(pgid)
                 .into_iter()
-                .map(|(n, m)| (n, (ver(m.version), m.size_bytes)))
+                .map(|(n, m)| {
+                    let o = ListedObject {
+                        version: ver(m.version),
+                        size_bytes: m.size_bytes,
+                    };
+                    (n, o)
+                })
                 .collect());
         }
         let msg = Msg::PgList {
@@ -342,7 +389,13 @@ impl Osd {
         match self.call_peer(osd, epoch, &msg).await? {
             Msg::ObjReply { listing, .. } => Ok(listing
                 .into_iter()
-                .map(|l| (l.name, (l.version, l.size_bytes)))
+                .map(|l| {
+                    let o = ListedObject {
+                        version: l.version,
+                        size_bytes: l.size_bytes,
+                    };
+                    (l.name, o)
+                })
                 .collect()),
             other => Err(format!("osd.{osd}: unexpected {}", other.name())),
         }
@@ -497,9 +550,7 @@ impl Osd {
                     None
                 } else {
                     Some(
-                        rec.missing
-                            .iter()
-                            .find(|(n, _)| !rec.in_progress.contains(*n))
+                        spindle_pg::rules::next_to_recover(&rec.missing, &rec.in_progress)
                             .map(|(n, (_, size))| (n.clone(), *size)),
                     )
                 }
