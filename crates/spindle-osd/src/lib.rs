@@ -688,7 +688,7 @@ impl Osd {
                 pool,
                 pg,
                 state: match (st.phase, &st.recovery) {
-                    (Phase::Active, Some(r)) if r.backfill => PgStateCode::Backfilling,
+                    (Phase::Active, Some(r)) if r.core.backfill() => PgStateCode::Backfilling,
                     (Phase::Active, Some(_)) => PgStateCode::Recovering,
                     (Phase::Active, None) if st.acting.len() as u32 >= st.size => {
                         PgStateCode::Clean
@@ -703,8 +703,8 @@ impl Osd {
                     .store
                     .pg_info(self.copy_pgid(PgId { pool, pg }, self.inner.id))
                     .object_count,
-                missing_objects: st.recovery.as_ref().map_or(0, |r| r.missing_copies()),
-                missing_bytes: st.recovery.as_ref().map_or(0, |r| r.missing_bytes()),
+                missing_objects: st.recovery.as_ref().map_or(0, |r| r.core.missing_copies()),
+                missing_bytes: st.recovery.as_ref().map_or(0, |r| r.core.missing_bytes()),
                 damaged_objects: st.damaged.len() as u64,
             })
             .collect()
@@ -1400,7 +1400,7 @@ impl Osd {
         if st
             .recovery
             .as_ref()
-            .is_some_and(|r| r.missing.contains_key(name))
+            .is_some_and(|r| r.core.is_missing(name, None))
         {
             // Never reached through client_op (it recovers first); kept as a guard.
             return Err(Msg::error(ErrorCode::Again, "object is being recovered"));

@@ -23,29 +23,23 @@
 use crate::{ver, Osd, PgState, Phase};
 use spindle_proto::Msg;
 use spindle_store::PgId;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use spindle_pg::peering::{Action as PgAction, Activation, Event as PgEvent, Interval};
+use spindle_pg::recovery::{Begin, Next, RecoveryEvent};
 use spindle_pg::rules::{ListedObject, Listing};
-use spindle_pg::{LogInfo, PgCore};
+use spindle_pg::{LogInfo, PgCore, RecoveryCore};
 
-/// Objects some copies of a placement group still miss (on its primary).
+/// Objects some copies of a placement group still miss (on its primary): the
+/// bookkeeping is `spindle_pg::RecoveryCore`; here only what the I/O needs.
 pub(crate) struct Recovery {
-    /// The authoritative copy: the source of objects the primary itself misses.
-    pub source: u32,
-    /// At least one copy is backfilled (compared by listing) rather than caught up by log.
-    pub backfill: bool,
-    /// Object name -> (daemons missing it, size in bytes as far as known).
-    pub missing: BTreeMap<String, (Vec<u32>, u64)>,
-    /// Objects being recovered right now (by the background task or on demand).
-    pub in_progress: HashSet<String>,
-    /// Copies marked incomplete for this recovery (marked complete at the end).
-    pub incomplete: Vec<u32>,
-    /// Woken whenever an object leaves `in_progress`.
+    /// Missing sets, objects in progress, order, completion (sans-I/O).
+    pub core: RecoveryCore,
+    /// Woken whenever an object's recovery ends (it leaves the in-progress set).
     pub notify: Arc<Notify>,
     /// Erasure-coded groups: other daemons holding a copy of some shard position (copies
     /// left from before a position moved), usable as decode sources: (position, daemon).
@@ -53,21 +47,6 @@ pub(crate) struct Recovery {
     /// Erasure-coded groups: members whose shard copy existed before this interval (an
     /// empty, new copy cannot tell whether a version was ever written).
     pub ec_established: Vec<u32>,
-}
-
-impl Recovery {
-    pub fn missing_bytes(&self) -> u64 {
-        self.missing
-            .values()
-            .map(|(osds, size)| size * osds.len() as u64)
-            .sum()
-    }
-    pub fn missing_copies(&self) -> u64 {
-        self.missing
-            .values()
-            .map(|(osds, _)| osds.len() as u64)
-            .sum()
-    }
 }
 
 /// Global pacing of background recovery: at most `ops` objects at once and
@@ -274,26 +253,16 @@ impl Osd {
                 // still hold a shard of some position (decode sources while positions move).
                 let (ec_strays, ec_established) = self.ec_peer_sources(pgid, epoch, infos).await;
                 let own = self.copy_pgid(pgid, me);
-                let missing: BTreeMap<String, (Vec<u32>, u64)> = plan
-                    .missing
-                    .into_iter()
-                    .map(|(name, m)| {
-                        // Sizes only pace and report recovery: from the authoritative
-                        // listing, else my own copy when I am the authority, else 0.
-                        let size = m
-                            .size_bytes
-                            .or_else(|| {
-                                (auth_id == me)
-                                    .then(|| self.inner.store.stat(own, &name))
-                                    .flatten()
-                                    .map(|meta| meta.size_bytes)
-                            })
-                            .unwrap_or(0);
-                        (name, (m.copies, size))
-                    })
-                    .collect();
-                let copies = missing.values().map(|(o, _)| o.len()).sum::<usize>();
-                if plan.backfill {
+                // Sizes only pace and report recovery: from the authoritative listing,
+                // else my own copy when I am the authority, else 0.
+                let (backfill, incomplete) = (plan.backfill, plan.incomplete.clone());
+                let core = RecoveryCore::from_plan(plan, |name| {
+                    (auth_id == me)
+                        .then(|| self.inner.store.stat(own, name))
+                        .flatten()
+                        .map(|meta| meta.size_bytes)
+                });
+                if backfill {
                     self.inner.backfills.fetch_add(1, Ordering::Relaxed);
                 } else {
                     self.inner.log_recoveries.fetch_add(1, Ordering::Relaxed);
@@ -301,16 +270,12 @@ impl Osd {
                 tracing::info!(
                     "osd.{me}: pg {pgid} epoch {epoch}: {} object copies to recover on {:?} \
                      from osd.{auth_id} ({})",
-                    copies,
-                    plan.incomplete,
-                    if plan.backfill { "backfill" } else { "log" }
+                    core.missing_copies(),
+                    incomplete,
+                    if backfill { "backfill" } else { "log" }
                 );
                 Some(Recovery {
-                    source: plan.source,
-                    backfill: plan.backfill,
-                    missing,
-                    in_progress: HashSet::new(),
-                    incomplete: plan.incomplete,
+                    core,
                     notify: Arc::new(Notify::new()),
                     ec_strays,
                     ec_established,
@@ -406,17 +371,17 @@ impl Osd {
         let pgs = crate::lock(&self.inner.pgs);
         pgs.get(&(pgid.pool, pgid.pg))
             .and_then(|st| st.recovery.as_ref())
-            .and_then(|r| r.missing.get(name))
-            .is_some_and(|(osds, _)| !me_only || osds.contains(&self.inner.id))
+            .is_some_and(|r| r.core.is_missing(name, me_only.then_some(self.inner.id)))
     }
 
     /// Whether this daemon (the primary) misses any object of the group.
     pub(crate) fn primary_misses_objects(&self, pgid: PgId) -> Option<u32> {
         let pgs = crate::lock(&self.inner.pgs);
         let rec = pgs.get(&(pgid.pool, pgid.pg))?.recovery.as_ref()?;
-        rec.incomplete
+        rec.core
+            .incomplete()
             .contains(&self.inner.id)
-            .then_some(rec.source)
+            .then_some(rec.core.source())
     }
 
     /// Makes sure no copy misses `name` any more (recovering it now if needed).
@@ -433,17 +398,13 @@ impl Osd {
                     Self::pg_entry_valid(&mut pgs, pgid, since).ok_or("placement group changed")?;
                 match st.recovery.as_mut() {
                     None => Step::Done,
-                    Some(rec) => match rec.missing.get(name) {
-                        None => Step::Done,
-                        Some(_) if rec.in_progress.contains(name) => Step::Wait(rec.notify.clone()),
-                        Some((osds, _)) => {
-                            let osds = osds.clone();
-                            rec.in_progress.insert(name.to_string());
-                            Step::Recover {
-                                osds,
-                                source: rec.source,
-                            }
-                        }
+                    Some(rec) => match rec.core.begin(name) {
+                        Begin::Done => Step::Done,
+                        Begin::Wait => Step::Wait(rec.notify.clone()),
+                        Begin::Recover { copies, source } => Step::Recover {
+                            osds: copies,
+                            source,
+                        },
                     },
                 }
             };
@@ -462,9 +423,17 @@ impl Osd {
                         .filter(|st| st.since == since)
                         .and_then(|st| st.recovery.as_mut())
                     {
-                        rec.in_progress.remove(name);
-                        if let Ok(bytes) = result {
-                            rec.missing.remove(name);
+                        let outcome = match result {
+                            Ok(_) => RecoveryEvent::Recovered {
+                                name: name.to_string(),
+                            },
+                            Err(_) => RecoveryEvent::Failed {
+                                name: name.to_string(),
+                            },
+                        };
+                        let left = rec.core.on_event(outcome);
+                        if let (Ok(bytes), Some(_)) = (&result, left) {
+                            let bytes = *bytes;
                             self.inner
                                 .recovered_objects
                                 .fetch_add(osds.len() as u64, Ordering::Relaxed);
@@ -546,23 +515,16 @@ impl Osd {
                 let Some(rec) = st.recovery.as_ref() else {
                     return;
                 };
-                if rec.missing.is_empty() {
-                    None
-                } else {
-                    Some(
-                        spindle_pg::rules::next_to_recover(&rec.missing, &rec.in_progress)
-                            .map(|(n, (_, size))| (n.clone(), *size)),
-                    )
-                }
+                rec.core.next()
             };
             let (name, size) = match next {
-                None => break,
-                Some(None) => {
+                Next::Finished => break,
+                Next::AllInProgress => {
                     // Everything left is being recovered on demand right now.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
                 }
-                Some(Some(x)) => x,
+                Next::Object { name, size_bytes } => (name, size_bytes),
             };
             let permit = match self.inner.throttle.permits.acquire().await {
                 Ok(p) => p,
@@ -599,7 +561,10 @@ impl Osd {
                 .filter(|st| st.since == since)
                 .and_then(|st| st.recovery.as_ref())
             {
-                Some(rec) => rec.incomplete.clone(),
+                Some(rec) => match rec.core.completion_marks() {
+                    Some(marks) => marks.to_vec(),
+                    None => return,
+                },
                 None => return,
             }
         };
@@ -624,7 +589,7 @@ impl Osd {
             .get_mut(&(pgid.pool, pgid.pg))
             .filter(|st| st.since == since)
         {
-            if st.recovery.as_ref().is_some_and(|r| r.missing.is_empty()) {
+            if st.recovery.as_ref().is_some_and(|r| r.core.is_done()) {
                 st.recovery = None;
                 tracing::info!("osd.{me}: pg {pgid} recovered (interval from epoch {since})");
             }

@@ -10,11 +10,13 @@ use crate::ec::split_slot;
 use crate::recovery::Recovery;
 use crate::{ver, Osd, Phase};
 use spindle_map::{Pool, PoolKind};
+use spindle_pg::recovery::Missing;
 use spindle_pg::scrub::{classify, unsettled_names, Rule, Verdict};
+use spindle_pg::RecoveryCore;
 use spindle_proto::msg::{ScrubEntry, Ver};
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{PgId, StoreError};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -235,12 +237,12 @@ impl Osd {
                 .filter(|st| st.since == since && st.phase == Phase::Active)
             {
                 Some(st) if st.recovery.is_none() => {
+                    let missing = bad
+                        .into_iter()
+                        .map(|(name, (copies, size_bytes))| (name, Missing { copies, size_bytes }))
+                        .collect();
                     st.recovery = Some(Recovery {
-                        source: source.unwrap_or(me),
-                        backfill: false,
-                        missing: bad,
-                        in_progress: HashSet::new(),
-                        incomplete: Vec::new(),
+                        core: RecoveryCore::new(source.unwrap_or(me), false, missing, Vec::new()),
                         notify: Arc::new(Notify::new()),
                         ec_strays: Vec::new(),
                         ec_established: copies.clone(),
@@ -267,7 +269,7 @@ impl Osd {
                 {
                     Some(rec) => names
                         .iter()
-                        .filter(|n| rec.missing.contains_key(*n))
+                        .filter(|n| rec.core.is_missing(n, None))
                         .count(),
                     None => 0,
                 }
