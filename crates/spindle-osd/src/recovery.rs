@@ -10,6 +10,10 @@
 //! that object first (on demand). When nothing is missing, every recovered copy is marked
 //! complete again (which resets its log: it may have gaps where objects arrived by state).
 //!
+//! The decisions are `spindle-pg`'s: `PgCore` runs the peering round (this file executes
+//! its actions and feeds the replies back), `RecoveryCore` keeps the missing sets. What
+//! stays here is I/O: queries, listings, marks, pulls and pushes, pacing and retries.
+//!
 //! Invariants:
 //! - an incomplete copy is never authoritative, and is always compared by listing;
 //! - an object is removed from the missing set only after every copy that missed it
