@@ -274,3 +274,34 @@ fn too_few_copies_up_is_inactive() {
     assert!(info(&mut core, r, 4, &log(&[], Ver::default())).is_empty());
     assert!(!core.is_active());
 }
+
+/// Peering step 1 with the copy side: osd.1 still has a write of the previous interval
+/// queued (the old primary may acknowledge it) when the query arrives. Through the gate,
+/// its answer waits for the apply, so the write is in the logs peering compares and the
+/// primary, which missed it, is told to fetch it.
+#[test]
+fn a_copy_answers_only_after_its_queued_write_is_applied() {
+    let mut core = PgCore::new();
+    let r = start(&mut core, &[0, 1]);
+    let mut gate: spindle_pg::TxnGate<u32, Round> = spindle_pg::TxnGate::new();
+    let before = log(&[(1, 1, "a")], Ver::default());
+    let after = log(&[(1, 1, "a"), (1, 2, "b")], Ver::default());
+    gate.txn_queued(1); // the write of "b" at (1, 2), not applied yet
+    assert!(info(&mut core, r, 0, &before).is_empty());
+    assert_eq!(
+        gate.log_query(1, r),
+        None,
+        "the query waits for the queued write"
+    );
+    // The write applies; the waiting query is answered with the log that has it.
+    let released = gate.txn_applied(1);
+    assert_eq!(released, vec![r]);
+    let acts = info(&mut core, released[0], 1, &after);
+    assert_eq!(acts, vec![Action::MarkIncomplete { round: r, copy: 0 }]);
+    let acts = core.on_event(Event::Marked { round: r, copy: 0 });
+    let a = activation(&acts);
+    assert_eq!(a.authoritative, 1);
+    assert_eq!(a.last_version, v(1, 2));
+    let rec = a.recovery.as_ref().expect("the primary misses b");
+    assert_eq!(rec.missing["b"].copies, vec![0]);
+}
