@@ -30,6 +30,7 @@
 use crate::{store_error_reply, ver, version, InflightGuard, Osd, Phase};
 use spindle_map::ec::{parse_trailer, trailer, EcLayout, TRAILER_BYTES};
 use spindle_map::{shard_pg, ClusterMap, PgMapping};
+use spindle_pg::ec::{decide_slot, ShardAnswer, SlotDecision, SlotView};
 use spindle_proto::msg::{Mutation as WireMutation, ObjOp, ObjectListing, Ver};
 use spindle_proto::net::Replier;
 use spindle_proto::{ErrorCode, Msg};
@@ -38,20 +39,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-/// Stored name of slot `slot` of object `name`.
-pub(crate) fn slot_name(name: &str, slot: u8) -> String {
-    format!("{name}\0{slot}")
-}
-
-/// (object name, slot) of a stored slot name.
-pub(crate) fn split_slot(stored: &str) -> Option<(&str, u8)> {
-    let (name, slot) = stored.rsplit_once('\0')?;
-    match slot {
-        "0" => Some((name, 0)),
-        "1" => Some((name, 1)),
-        _ => None,
-    }
-}
+pub(crate) use spindle_pg::ec::{slot_name, split_slot};
 
 /// One shard write queued on a copy.
 pub(crate) struct ShardJob {
@@ -526,7 +514,7 @@ impl Osd {
             .map_state()
             .and_then(|ms| ms.map.pools.get(&pgid.pool).map(|p| p.min_size()))
             .unwrap_or(u32::MAX);
-        if (members.len() as u32) < min_size {
+        if !spindle_pg::rules::may_write_with(min_size, members.len()) {
             return Err(err(
                 ErrorCode::Again,
                 format!(
@@ -916,7 +904,7 @@ impl Osd {
         &self,
         pgid: PgId,
         epoch: u64,
-        infos: &[(u32, crate::sync::LogInfo)],
+        infos: &[(u32, spindle_pg::LogInfo)],
     ) -> (Vec<(usize, u32)>, Vec<u32>) {
         let Some(ms) = self.map_state() else {
             return (Vec::new(), Vec::new());
@@ -927,11 +915,7 @@ impl Osd {
         let Some(mapping) = ms.placement.pg(pgid.pool, pgid.pg) else {
             return (Vec::new(), Vec::new());
         };
-        let established = infos
-            .iter()
-            .filter(|(_, i)| i.last_version > Ver::default() || !i.log.is_empty())
-            .map(|(d, _)| *d)
-            .collect();
+        let established = spindle_pg::rules::established(infos);
         let mut strays = Vec::new();
         let up: Vec<u32> = ms
             .map
@@ -1038,6 +1022,7 @@ impl Osd {
             }
         };
         let mut stray_states: Vec<(usize, ShardState)> = Vec::new();
+        let mut stray_failed: Vec<bool> = Vec::new();
         for &(pos, d) in &strays {
             let copy = PgId {
                 pool: pgid.pool,
@@ -1048,36 +1033,89 @@ impl Osd {
                 Err(e) => {
                     tracing::info!("osd.{me}: stray shard {pos} of {stored:?} on osd.{d}: {e}");
                     unanswered.push(pos);
-                    None
+                    stray_failed.push(true);
+                    stray_states.push((pos, None));
+                    continue;
                 }
             };
+            stray_failed.push(false);
             stray_states.push((pos, state));
         }
-        let newest = states
-            .iter()
-            .map(|(_, _, s)| s)
-            .chain(stray_states.iter().map(|(_, s)| s))
-            .filter_map(|s| s.as_ref().map(|(_, v)| *v))
-            .max();
+        // The decision is spindle_pg's (roll forward, roll back, wait); here only the
+        // bytes move.
+        let answer = |s: &ShardState| match s {
+            None => ShardAnswer::Absent,
+            Some((_, v)) => ShardAnswer::Present(*v),
+        };
+        let mut view = SlotView {
+            k: layout.k,
+            total: layout.total(),
+            min_size: pool.min_size(),
+            members: vec![None; layout.total()],
+            strays: Vec::new(),
+            established: established.clone(),
+        };
+        for (pos, d, s) in &states {
+            let a = if unanswered.contains(pos) && s.is_none() {
+                ShardAnswer::Unknown
+            } else {
+                answer(s)
+            };
+            if let Some(slot) = view.members.get_mut(*pos) {
+                *slot = Some((*d, a));
+            }
+        }
+        // A stray that failed: its position is unknown (like the original `unanswered`).
+        for (i, (pos, s)) in stray_states.iter().enumerate() {
+            let failed = stray_failed.get(i).copied().unwrap_or(false);
+            view.strays.push((
+                *pos,
+                if failed {
+                    ShardAnswer::Unknown
+                } else {
+                    answer(s)
+                },
+            ));
+        }
         let copy_of = |pos: usize| PgId {
             pool: pgid.pool,
             pg: shard_pg(pgid.pg, Some(pos as u8)),
         };
-        let Some(v) = newest else {
-            // Nobody has it: it is deleted; make sure the targets agree.
-            for &(pos, d) in members.iter().filter(|(_, d)| osds.contains(d)) {
-                self.push_shard(epoch, copy_of(pos), d, stored, None)
-                    .await?;
+        let (v, sources, targets) = match decide_slot(&view) {
+            SlotDecision::Deleted => {
+                // Nobody has it: it is deleted; make sure the targets agree.
+                for &(pos, d) in members.iter().filter(|(_, d)| osds.contains(d)) {
+                    self.push_shard(epoch, copy_of(pos), d, stored, None)
+                        .await?;
+                }
+                return Ok(0);
             }
-            return Ok(0);
+            SlotDecision::Wait { version, holding } => {
+                return Err(format!(
+                    "{stored:?} v{version:?}: only {holding} shards reachable, {} needed; \
+                     waiting for more",
+                    layout.k
+                ));
+            }
+            SlotDecision::RollBack { version } => {
+                // Never acknowledged (it could not have reached min_size shards).
+                tracing::warn!(
+                    "osd.{me}: pg {pgid}: rolling back unacknowledged {stored:?} v{version:?}"
+                );
+                for &(pos, d) in &members {
+                    self.push_shard(epoch, copy_of(pos), d, stored, None)
+                        .await?;
+                }
+                return Ok(0);
+            }
+            SlotDecision::Rebuild {
+                version,
+                sources,
+                targets,
+            } => (version, sources, targets),
         };
         // Per position, a copy at version v (the member's own, else a stray's).
         let mut at_v: Vec<Option<Vec<u8>>> = vec![None; layout.total()];
-        let member_has_v: Vec<usize> = states
-            .iter()
-            .filter(|(_, _, s)| s.as_ref().is_some_and(|(_, sv)| *sv == v))
-            .map(|(p, _, _)| *p)
-            .collect();
         for (pos, _, s) in states.iter_mut() {
             if let Some((data, sv)) = s.take() {
                 if sv == v {
@@ -1092,42 +1130,10 @@ impl Osd {
                 }
             }
         }
-        let good: Vec<usize> = (0..layout.total()).filter(|&p| at_v[p].is_some()).collect();
-        if good.len() < layout.k {
-            // Positions nobody can speak for: a hole, a member that did not answer, or a
-            // new copy with no stray. Only if even counting all of them as holders the
-            // version stays below min_size was it never acknowledged.
-            let unknown = (0..layout.total())
-                .filter(|&p| match mapping.shards.get(p).copied().flatten() {
-                    None => true,
-                    Some(_) if unanswered.contains(&p) => true,
-                    Some(d) => !established.contains(&d) && !strays.iter().any(|(sp, _)| *sp == p),
-                })
-                .count() as u32;
-            if good.len() as u32 + unknown >= pool.min_size() {
-                return Err(format!(
-                    "{stored:?} v{v:?}: only {} shards reachable, {} needed; waiting for more",
-                    good.len(),
-                    layout.k
-                ));
-            }
-            // Never acknowledged (it could not have reached min_size shards): roll back.
-            tracing::warn!(
-                "osd.{me}: pg {pgid}: rolling back unacknowledged {stored:?} v{v:?} \
-                 ({} of {} shards have it)",
-                good.len(),
-                layout.total()
-            );
-            for &(pos, d) in &members {
-                self.push_shard(epoch, copy_of(pos), d, stored, None)
-                    .await?;
-            }
-            return Ok(0);
-        }
         // Decode the shards every other member needs from k good ones.
         let mut segs: Vec<Option<Vec<u8>>> = vec![None; layout.total()];
         let mut trailer_bytes = Vec::new();
-        for &pos in good.iter().take(layout.k) {
+        for &pos in &sources {
             if let Some(mut data) = at_v[pos].take() {
                 let cut = data.len().saturating_sub(TRAILER_BYTES as usize);
                 trailer_bytes = data.split_off(cut);
@@ -1141,10 +1147,7 @@ impl Osd {
             .reconstruct(&mut segs)
             .map_err(|e| format!("decoding {stored:?}: {e}"))?;
         let mut bytes = 0;
-        for &(pos, d) in &members {
-            if member_has_v.contains(&pos) {
-                continue;
-            }
+        for &(pos, d) in members.iter().filter(|(p, _)| targets.contains(p)) {
             let mut data = segs[pos].clone().unwrap_or_default();
             data.extend_from_slice(&trailer_bytes);
             bytes = data.len() as u64;

@@ -21,11 +21,13 @@
 mod ec;
 mod recovery;
 mod scrub;
-mod sync;
 
-pub use sync::{plan, LogInfo, SyncPlan};
+/// The pure peering decisions moved to `spindle-pg`; re-exported for compatibility.
+pub use spindle_pg::{plan, LogInfo, SyncPlan};
 
 use spindle_map::{ClusterMap, PgMapping, Placement};
+use spindle_pg::rules::IntervalChange;
+use spindle_pg::TxnGate;
 use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, ObjectListing, PgReport, PgStateCode, Ver,
 };
@@ -234,9 +236,10 @@ struct Inner {
     /// heartbeat): new client writes are refused with `NoSpace`, deletes are not.
     over_full_ratio: std::sync::atomic::AtomicBool,
     /// Local store transactions queued but not yet applied, per PG (writes and recovery
-    /// pushes). A PG's log is only reported once they drained: peering must see every
-    /// write that may still be acknowledged.
-    inflight: Mutex<HashMap<PgId, u32>>,
+    /// pushes), and the log queries waiting for them (`spindle_pg::TxnGate`). A PG's log
+    /// is only reported once they drained: peering must see every write that may still
+    /// be acknowledged.
+    inflight: Mutex<TxnGate<PgId, tokio::sync::oneshot::Sender<()>>>,
     /// Coding of erasure-coded pools (by pool id).
     ec_layouts: Mutex<HashMap<u32, spindle_map::ec::EcLayout>>,
     /// Per stored erasure-coded group: the queue applying its shard writes in order.
@@ -254,12 +257,10 @@ struct InflightGuard {
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        let mut map = lock(&self.inner.inflight);
-        if let Some(n) = map.get_mut(&self.pgid) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.pgid);
-            }
+        let released = lock(&self.inner.inflight).txn_applied(self.pgid);
+        for waiter in released {
+            // The query may have timed out meanwhile: nobody to tell.
+            let _ = waiter.send(());
         }
     }
 }
@@ -326,7 +327,7 @@ impl Osd {
                 scrub: Default::default(),
                 client_ops: Default::default(),
                 over_full_ratio: Default::default(),
-                inflight: Mutex::new(HashMap::new()),
+                inflight: Mutex::new(TxnGate::new()),
                 ec_layouts: Mutex::new(HashMap::new()),
                 shard_queues: Mutex::new(HashMap::new()),
                 ec_locks: Mutex::new(HashMap::new()),
@@ -555,12 +556,7 @@ impl Osd {
                     .map(|id| (*id, ms.map.osds.get(id).map_or(0, |o| o.up_from)))
                     .collect();
                 // Erasure-coded groups serve reads with k shards (writes check min_size).
-                let min_ok = mapping.up.len() as u32
-                    >= if pool.is_erasure() {
-                        pool.read_size()
-                    } else {
-                        pool.min_size()
-                    };
+                let floor = spindle_pg::rules::serve_floor(pool);
                 let entry = pgs.entry((pool_id, pg)).or_insert_with(|| PgState {
                     epoch: 0,
                     since: 0,
@@ -572,21 +568,31 @@ impl Osd {
                     recovery: None,
                     damaged: BTreeSet::new(),
                 });
-                let same = entry.interval == interval && entry.phase == Phase::Active;
+                let change = spindle_pg::rules::interval_change(
+                    &entry.interval,
+                    &interval,
+                    entry.phase == Phase::Active,
+                    mapping.up.len(),
+                    floor,
+                );
                 entry.epoch = ms.map.epoch;
                 entry.acting = mapping.up.clone();
                 entry.size = pool.size();
-                if !min_ok {
-                    entry.phase = Phase::Inactive;
-                    entry.interval = interval;
-                    entry.recovery = None;
-                    entry.since = ms.map.epoch;
-                } else if !same {
-                    entry.phase = Phase::Peering;
-                    entry.interval = interval;
-                    entry.recovery = None;
-                    entry.since = ms.map.epoch;
-                    to_peer.push((pool_id, pg));
+                match change {
+                    IntervalChange::Keep => {}
+                    IntervalChange::Inactive => {
+                        entry.phase = Phase::Inactive;
+                        entry.interval = interval;
+                        entry.recovery = None;
+                        entry.since = ms.map.epoch;
+                    }
+                    IntervalChange::Peer => {
+                        entry.phase = Phase::Peering;
+                        entry.interval = interval;
+                        entry.recovery = None;
+                        entry.since = ms.map.epoch;
+                        to_peer.push((pool_id, pg));
+                    }
                 }
             }
             pgs.retain(|k, _| seen.contains(k));
@@ -682,7 +688,7 @@ impl Osd {
                 pool,
                 pg,
                 state: match (st.phase, &st.recovery) {
-                    (Phase::Active, Some(r)) if r.backfill => PgStateCode::Backfilling,
+                    (Phase::Active, Some(r)) if r.core.backfill() => PgStateCode::Backfilling,
                     (Phase::Active, Some(_)) => PgStateCode::Recovering,
                     (Phase::Active, None) if st.acting.len() as u32 >= st.size => {
                         PgStateCode::Clean
@@ -697,8 +703,8 @@ impl Osd {
                     .store
                     .pg_info(self.copy_pgid(PgId { pool, pg }, self.inner.id))
                     .object_count,
-                missing_objects: st.recovery.as_ref().map_or(0, |r| r.missing_copies()),
-                missing_bytes: st.recovery.as_ref().map_or(0, |r| r.missing_bytes()),
+                missing_objects: st.recovery.as_ref().map_or(0, |r| r.core.missing_copies()),
+                missing_bytes: st.recovery.as_ref().map_or(0, |r| r.core.missing_bytes()),
                 damaged_objects: st.damaged.len() as u64,
             })
             .collect()
@@ -728,7 +734,7 @@ impl Osd {
     }
 
     fn inflight_begin(&self, pgid: PgId) -> InflightGuard {
-        *lock(&self.inner.inflight).entry(pgid).or_insert(0) += 1;
+        lock(&self.inner.inflight).txn_queued(pgid);
         InflightGuard {
             inner: self.inner.clone(),
             pgid,
@@ -737,16 +743,16 @@ impl Osd {
 
     /// Waits until no store transaction of `pgid` is in flight (bounded).
     async fn inflight_drain(&self, pgid: PgId) -> Result<(), String> {
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(INFLIGHT_DRAIN_MS);
-        while lock(&self.inner.inflight).contains_key(&pgid) {
-            if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "pg {pgid}: store transactions still in flight after {INFLIGHT_DRAIN_MS} ms"
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if lock(&self.inner.inflight).log_query(pgid, tx).is_some() {
+            return Ok(());
         }
-        Ok(())
+        match tokio::time::timeout(Duration::from_millis(INFLIGHT_DRAIN_MS), rx).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(format!(
+                "pg {pgid}: store transactions still in flight after {INFLIGHT_DRAIN_MS} ms"
+            )),
+        }
     }
 
     fn local_log_info(&self, pgid: PgId) -> LogInfo {
@@ -1394,7 +1400,7 @@ impl Osd {
         if st
             .recovery
             .as_ref()
-            .is_some_and(|r| r.missing.contains_key(name))
+            .is_some_and(|r| r.core.is_missing(name, None))
         {
             // Never reached through client_op (it recovers first); kept as a guard.
             return Err(Msg::error(ErrorCode::Again, "object is being recovered"));

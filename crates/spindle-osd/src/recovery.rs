@@ -10,6 +10,10 @@
 //! that object first (on demand). When nothing is missing, every recovered copy is marked
 //! complete again (which resets its log: it may have gaps where objects arrived by state).
 //!
+//! The decisions are `spindle-pg`'s: `PgCore` runs the peering round (this file executes
+//! its actions and feeds the replies back), `RecoveryCore` keeps the missing sets. What
+//! stays here is I/O: queries, listings, marks, pulls and pushes, pacing and retries.
+//!
 //! Invariants:
 //! - an incomplete copy is never authoritative, and is always compared by listing;
 //! - an object is removed from the missing set only after every copy that missed it
@@ -21,30 +25,25 @@
 //!   the group is clean at the same epoch.
 
 use crate::{ver, Osd, PgState, Phase};
-use spindle_proto::msg::Ver;
 use spindle_proto::Msg;
 use spindle_store::PgId;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-use crate::sync::{plan, LogInfo, SyncPlan};
+use spindle_pg::peering::{Action as PgAction, Activation, Event as PgEvent, Interval};
+use spindle_pg::recovery::{Begin, Next, RecoveryEvent};
+use spindle_pg::rules::{ListedObject, Listing};
+use spindle_pg::{LogInfo, PgCore, RecoveryCore};
 
-/// Objects some copies of a placement group still miss (on its primary).
+/// Objects some copies of a placement group still miss (on its primary): the
+/// bookkeeping is `spindle_pg::RecoveryCore`; here only what the I/O needs.
 pub(crate) struct Recovery {
-    /// The authoritative copy: the source of objects the primary itself misses.
-    pub source: u32,
-    /// At least one copy is backfilled (compared by listing) rather than caught up by log.
-    pub backfill: bool,
-    /// Object name -> (daemons missing it, size in bytes as far as known).
-    pub missing: BTreeMap<String, (Vec<u32>, u64)>,
-    /// Objects being recovered right now (by the background task or on demand).
-    pub in_progress: HashSet<String>,
-    /// Copies marked incomplete for this recovery (marked complete at the end).
-    pub incomplete: Vec<u32>,
-    /// Woken whenever an object leaves `in_progress`.
+    /// Missing sets, objects in progress, order, completion (sans-I/O).
+    pub core: RecoveryCore,
+    /// Woken whenever an object's recovery ends (it leaves the in-progress set).
     pub notify: Arc<Notify>,
     /// Erasure-coded groups: other daemons holding a copy of some shard position (copies
     /// left from before a position moved), usable as decode sources: (position, daemon).
@@ -52,21 +51,6 @@ pub(crate) struct Recovery {
     /// Erasure-coded groups: members whose shard copy existed before this interval (an
     /// empty, new copy cannot tell whether a version was ever written).
     pub ec_established: Vec<u32>,
-}
-
-impl Recovery {
-    pub fn missing_bytes(&self) -> u64 {
-        self.missing
-            .values()
-            .map(|(osds, size)| size * osds.len() as u64)
-            .sum()
-    }
-    pub fn missing_copies(&self) -> u64 {
-        self.missing
-            .values()
-            .map(|(osds, _)| osds.len() as u64)
-            .sum()
-    }
 }
 
 /// Global pacing of background recovery: at most `ops` objects at once and
@@ -125,6 +109,11 @@ impl Osd {
     }
 
     /// Peers a placement group at `epoch`: on success it is active (maybe recovering).
+    ///
+    /// One round of `spindle_pg::PgCore`: this shell executes its actions (log queries,
+    /// listings, marks) over the network and the local store, one at a time in the order
+    /// the core gives them, and feeds the results back as events. A failed round returns
+    /// `Err` and `peer_until_done` retries it after a backoff.
     pub(crate) async fn peer(&self, pool: u32, pg: u32, epoch: u64) -> Result<(), String> {
         let pgid = PgId { pool, pg };
         let acting = {
@@ -140,124 +129,163 @@ impl Osd {
             }
         };
         let me = self.inner.id;
-        // 1. Gather every copy's log - each after its in-flight writes of the previous
-        // interval are applied, so a write that may still be acknowledged is seen.
-        let own = self.copy_pgid(pgid, me);
-        self.inflight_drain(own).await?;
-        let mut infos: Vec<(u32, LogInfo)> = vec![(me, self.local_log_info(own))];
-        for &peer in acting.iter().filter(|&&p| p != me) {
-            let copy = self.copy_pgid(pgid, peer);
-            match self
-                .call_peer(peer, epoch, &Msg::PgQuery { pool, pg: copy.pg })
-                .await?
-            {
-                Msg::PgInfo {
-                    last_version,
-                    log_tail,
-                    log,
-                    incomplete,
-                } => infos.push((
-                    peer,
-                    LogInfo {
-                        last_version,
-                        log_tail,
-                        log,
-                        incomplete,
-                    },
-                )),
-                other => return Err(format!("osd.{peer}: unexpected {}", other.name())),
-            }
+        if acting.first() != Some(&me) {
+            return Err("not the primary of this placement group".into());
         }
-        // Erasure-coded: which members had a copy before, and which other daemons still
-        // hold a shard of some position (decode sources while positions move).
-        let (ec_strays, ec_established) = self.ec_peer_sources(pgid, epoch, &infos).await;
-        // 2. The newest complete copy is authoritative (ties: prefer myself).
-        let Some((auth_id, auth)) = infos
-            .iter()
-            .enumerate()
-            .filter(|(_, (_, info))| !info.incomplete)
-            .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
-            .map(|(_, (id, info))| (*id, info.clone()))
-        else {
-            let mut pgs = crate::lock(&self.inner.pgs);
-            if let Some(st) = pgs.get_mut(&(pool, pg)) {
-                if st.epoch == epoch {
-                    st.phase = Phase::Incomplete;
-                }
-            }
-            return Err("no complete copy is up (waiting for one to return)".into());
-        };
-        // 3. What each other copy misses.
-        let mut missing: BTreeMap<String, (Vec<u32>, u64)> = BTreeMap::new();
-        let mut backfill = false;
-        let mut auth_listing: Option<HashMap<String, (Ver, u64)>> = None;
-        let mut newest = auth.last_version;
-        for (id, info) in infos.iter().filter(|(id, _)| *id != auth_id) {
-            newest = newest.max(info.last_version);
-            let names: BTreeSet<String> = match plan(&auth, info) {
-                SyncPlan::InSync => continue,
-                SyncPlan::Objects(names) => names,
-                SyncPlan::Backfill => {
-                    backfill = true;
-                    if auth_listing.is_none() {
-                        auth_listing = Some(self.listing_sizes(auth_id, epoch, pgid).await?);
+        let mut core = PgCore::new();
+        // The floor was checked when the phase was set (on_new_epoch): not Inactive.
+        let mut actions: VecDeque<PgAction> = core
+            .on_event(PgEvent::IntervalChanged(Interval {
+                epoch,
+                me,
+                acting,
+                serve_floor: 1,
+            }))
+            .into();
+        while let Some(action) = actions.pop_front() {
+            let event = match action {
+                PgAction::QueryLog { round, copy } => match self.query_log(pgid, epoch, copy).await
+                {
+                    Ok(info) => PgEvent::LogInfo {
+                        round,
+                        from: copy,
+                        info,
+                    },
+                    Err(reason) => PgEvent::QueryFailed {
+                        round,
+                        from: copy,
+                        reason,
+                    },
+                },
+                PgAction::ListObjects { round, copy } => {
+                    match self.listing_sizes(copy, epoch, pgid).await {
+                        Ok(listing) => PgEvent::Listing {
+                            round,
+                            from: copy,
+                            listing,
+                        },
+                        Err(reason) => PgEvent::ListFailed {
+                            round,
+                            from: copy,
+                            reason,
+                        },
                     }
-                    let a = auth_listing.as_ref().ok_or("no listing")?;
-                    let s = self.listing_sizes(*id, epoch, pgid).await?;
-                    let mut names = BTreeSet::new();
-                    for (name, (v, _)) in a {
-                        if s.get(name).map(|x| x.0) != Some(*v) {
-                            names.insert(name.clone());
+                }
+                PgAction::MarkIncomplete { round, copy } => {
+                    match self.mark_copy(copy, epoch, pgid, true).await {
+                        Ok(()) => PgEvent::Marked { round, copy },
+                        Err(reason) => PgEvent::MarkFailed {
+                            round,
+                            copy,
+                            reason,
+                        },
+                    }
+                }
+                PgAction::RoundFailed { reason, .. } => return Err(reason),
+                PgAction::Inactive { up, floor } => {
+                    return Err(format!("{up} copies up, {floor} needed"));
+                }
+                PgAction::WaitForCompleteCopy { .. } => {
+                    let mut pgs = crate::lock(&self.inner.pgs);
+                    if let Some(st) = pgs.get_mut(&(pool, pg)) {
+                        if st.epoch == epoch {
+                            st.phase = Phase::Incomplete;
                         }
                     }
-                    names.extend(s.keys().filter(|n| !a.contains_key(*n)).cloned());
-                    names
+                    return Err("no complete copy is up (waiting for one to return)".into());
+                }
+                PgAction::Activate(activation) => {
+                    let infos = core.infos();
+                    return self.activate(pgid, epoch, activation, &infos).await;
                 }
             };
-            for name in names {
-                let size = auth_listing
-                    .as_ref()
-                    .and_then(|a| a.get(&name).map(|x| x.1))
-                    .or_else(|| {
-                        (auth_id == me)
-                            .then(|| self.inner.store.stat(own, &name))
-                            .flatten()
-                            .map(|m| m.size_bytes)
-                    })
-                    .unwrap_or(0);
-                missing
-                    .entry(name)
-                    .or_insert((Vec::new(), size))
-                    .0
-                    .push(*id);
-            }
+            actions.extend(core.on_event(event));
         }
-        // 4. Mark every copy that misses something incomplete, durably, before serving.
-        let incomplete: Vec<u32> = missing
-            .values()
-            .flat_map(|(osds, _)| osds.iter().copied())
-            .collect::<BTreeSet<u32>>()
-            .into_iter()
-            .collect();
-        for &id in &incomplete {
-            self.mark_copy(id, epoch, pgid, true).await?;
+        Err("peering stopped without a decision".into())
+    }
+
+    /// A copy's log, answered after its queued store transactions for the group were
+    /// applied (this daemon's own copy: the same wait, locally).
+    async fn query_log(&self, pgid: PgId, epoch: u64, copy: u32) -> Result<LogInfo, String> {
+        let stored = self.copy_pgid(pgid, copy);
+        if copy == self.inner.id {
+            self.inflight_drain(stored).await?;
+            return Ok(self.local_log_info(stored));
         }
-        let copies = missing.values().map(|(o, _)| o.len()).sum::<usize>();
-        if copies > 0 {
-            if backfill {
-                self.inner.backfills.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.inner.log_recoveries.fetch_add(1, Ordering::Relaxed);
-            }
-            tracing::info!(
-                "osd.{me}: pg {pgid} epoch {epoch}: {} object copies to recover on {:?} \
-                 from osd.{auth_id} ({})",
-                copies,
+        match self
+            .call_peer(
+                copy,
+                epoch,
+                &Msg::PgQuery {
+                    pool: stored.pool,
+                    pg: stored.pg,
+                },
+            )
+            .await?
+        {
+            Msg::PgInfo {
+                last_version,
+                log_tail,
+                log,
                 incomplete,
-                if backfill { "backfill" } else { "log" }
-            );
+            } => Ok(LogInfo {
+                last_version,
+                log_tail,
+                log,
+                incomplete,
+            }),
+            other => Err(format!("osd.{copy}: unexpected {}", other.name())),
         }
-        // 5. Activate (only if nothing changed meanwhile) and recover in the background.
+    }
+
+    /// Executes the core's activation: the group serves, recovery starts in the background
+    /// (only if nothing changed meanwhile).
+    async fn activate(
+        &self,
+        pgid: PgId,
+        epoch: u64,
+        activation: Activation,
+        infos: &[(u32, LogInfo)],
+    ) -> Result<(), String> {
+        let me = self.inner.id;
+        let (pool, pg) = (pgid.pool, pgid.pg);
+        let auth_id = activation.authoritative;
+        let recovery = match activation.recovery {
+            None => None,
+            Some(plan) => {
+                // Erasure-coded: which members had a copy before, and which other daemons
+                // still hold a shard of some position (decode sources while positions move).
+                let (ec_strays, ec_established) = self.ec_peer_sources(pgid, epoch, infos).await;
+                let own = self.copy_pgid(pgid, me);
+                // Sizes only pace and report recovery: from the authoritative listing,
+                // else my own copy when I am the authority, else 0.
+                let (backfill, incomplete) = (plan.backfill, plan.incomplete.clone());
+                let core = RecoveryCore::from_plan(plan, |name| {
+                    (auth_id == me)
+                        .then(|| self.inner.store.stat(own, name))
+                        .flatten()
+                        .map(|meta| meta.size_bytes)
+                });
+                if backfill {
+                    self.inner.backfills.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.inner.log_recoveries.fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::info!(
+                    "osd.{me}: pg {pgid} epoch {epoch}: {} object copies to recover on {:?} \
+                     from osd.{auth_id} ({})",
+                    core.missing_copies(),
+                    incomplete,
+                    if backfill { "backfill" } else { "log" }
+                );
+                Some(Recovery {
+                    core,
+                    notify: Arc::new(Notify::new()),
+                    ec_strays,
+                    ec_established,
+                })
+            }
+        };
         let since;
         let start_task = {
             let mut pgs = crate::lock(&self.inner.pgs);
@@ -268,24 +296,11 @@ impl Osd {
                 return Ok(());
             }
             st.phase = Phase::Active;
-            st.last = newest;
+            st.last = activation.last_version;
             since = st.since;
-            if missing.is_empty() {
-                st.recovery = None;
-                false
-            } else {
-                st.recovery = Some(Recovery {
-                    source: auth_id,
-                    backfill,
-                    missing,
-                    in_progress: HashSet::new(),
-                    incomplete,
-                    notify: Arc::new(Notify::new()),
-                    ec_strays,
-                    ec_established,
-                });
-                true
-            }
+            let start = recovery.is_some();
+            st.recovery = recovery;
+            start
         };
         if start_task {
             let osd = self.clone();
@@ -319,12 +334,7 @@ impl Osd {
     }
 
     /// Listing with versions and sizes (of this daemon or a peer).
-    async fn listing_sizes(
-        &self,
-        osd: u32,
-        epoch: u64,
-        pgid: PgId,
-    ) -> Result<HashMap<String, (Ver, u64)>, String> {
+    async fn listing_sizes(&self, osd: u32, epoch: u64, pgid: PgId) -> Result<Listing, String> {
         let pgid = self.copy_pgid(pgid, osd);
         if osd == self.inner.id {
             return Ok(self
@@ -332,7 +342,13 @@ impl Osd {
                 .store
                 .list(pgid)
                 .into_iter()
-                .map(|(n, m)| (n, (ver(m.version), m.size_bytes)))
+                .map(|(n, m)| {
+                    let o = ListedObject {
+                        version: ver(m.version),
+                        size_bytes: m.size_bytes,
+                    };
+                    (n, o)
+                })
                 .collect());
         }
         let msg = Msg::PgList {
@@ -342,7 +358,13 @@ impl Osd {
         match self.call_peer(osd, epoch, &msg).await? {
             Msg::ObjReply { listing, .. } => Ok(listing
                 .into_iter()
-                .map(|l| (l.name, (l.version, l.size_bytes)))
+                .map(|l| {
+                    let o = ListedObject {
+                        version: l.version,
+                        size_bytes: l.size_bytes,
+                    };
+                    (l.name, o)
+                })
                 .collect()),
             other => Err(format!("osd.{osd}: unexpected {}", other.name())),
         }
@@ -353,17 +375,17 @@ impl Osd {
         let pgs = crate::lock(&self.inner.pgs);
         pgs.get(&(pgid.pool, pgid.pg))
             .and_then(|st| st.recovery.as_ref())
-            .and_then(|r| r.missing.get(name))
-            .is_some_and(|(osds, _)| !me_only || osds.contains(&self.inner.id))
+            .is_some_and(|r| r.core.is_missing(name, me_only.then_some(self.inner.id)))
     }
 
     /// Whether this daemon (the primary) misses any object of the group.
     pub(crate) fn primary_misses_objects(&self, pgid: PgId) -> Option<u32> {
         let pgs = crate::lock(&self.inner.pgs);
         let rec = pgs.get(&(pgid.pool, pgid.pg))?.recovery.as_ref()?;
-        rec.incomplete
+        rec.core
+            .incomplete()
             .contains(&self.inner.id)
-            .then_some(rec.source)
+            .then_some(rec.core.source())
     }
 
     /// Makes sure no copy misses `name` any more (recovering it now if needed).
@@ -380,17 +402,13 @@ impl Osd {
                     Self::pg_entry_valid(&mut pgs, pgid, since).ok_or("placement group changed")?;
                 match st.recovery.as_mut() {
                     None => Step::Done,
-                    Some(rec) => match rec.missing.get(name) {
-                        None => Step::Done,
-                        Some(_) if rec.in_progress.contains(name) => Step::Wait(rec.notify.clone()),
-                        Some((osds, _)) => {
-                            let osds = osds.clone();
-                            rec.in_progress.insert(name.to_string());
-                            Step::Recover {
-                                osds,
-                                source: rec.source,
-                            }
-                        }
+                    Some(rec) => match rec.core.begin(name) {
+                        Begin::Done => Step::Done,
+                        Begin::Wait => Step::Wait(rec.notify.clone()),
+                        Begin::Recover { copies, source } => Step::Recover {
+                            osds: copies,
+                            source,
+                        },
                     },
                 }
             };
@@ -409,9 +427,17 @@ impl Osd {
                         .filter(|st| st.since == since)
                         .and_then(|st| st.recovery.as_mut())
                     {
-                        rec.in_progress.remove(name);
-                        if let Ok(bytes) = result {
-                            rec.missing.remove(name);
+                        let outcome = match result {
+                            Ok(_) => RecoveryEvent::Recovered {
+                                name: name.to_string(),
+                            },
+                            Err(_) => RecoveryEvent::Failed {
+                                name: name.to_string(),
+                            },
+                        };
+                        let left = rec.core.on_event(outcome);
+                        if let (Ok(bytes), Some(_)) = (&result, left) {
+                            let bytes = *bytes;
                             self.inner
                                 .recovered_objects
                                 .fetch_add(osds.len() as u64, Ordering::Relaxed);
@@ -493,25 +519,16 @@ impl Osd {
                 let Some(rec) = st.recovery.as_ref() else {
                     return;
                 };
-                if rec.missing.is_empty() {
-                    None
-                } else {
-                    Some(
-                        rec.missing
-                            .iter()
-                            .find(|(n, _)| !rec.in_progress.contains(*n))
-                            .map(|(n, (_, size))| (n.clone(), *size)),
-                    )
-                }
+                rec.core.next()
             };
             let (name, size) = match next {
-                None => break,
-                Some(None) => {
+                Next::Finished => break,
+                Next::AllInProgress => {
                     // Everything left is being recovered on demand right now.
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     continue;
                 }
-                Some(Some(x)) => x,
+                Next::Object { name, size_bytes } => (name, size_bytes),
             };
             let permit = match self.inner.throttle.permits.acquire().await {
                 Ok(p) => p,
@@ -548,7 +565,10 @@ impl Osd {
                 .filter(|st| st.since == since)
                 .and_then(|st| st.recovery.as_ref())
             {
-                Some(rec) => rec.incomplete.clone(),
+                Some(rec) => match rec.core.completion_marks() {
+                    Some(marks) => marks.to_vec(),
+                    None => return,
+                },
                 None => return,
             }
         };
@@ -573,7 +593,7 @@ impl Osd {
             .get_mut(&(pgid.pool, pgid.pg))
             .filter(|st| st.since == since)
         {
-            if st.recovery.as_ref().is_some_and(|r| r.missing.is_empty()) {
+            if st.recovery.as_ref().is_some_and(|r| r.core.is_done()) {
                 st.recovery = None;
                 tracing::info!("osd.{me}: pg {pgid} recovered (interval from epoch {since})");
             }

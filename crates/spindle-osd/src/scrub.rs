@@ -10,10 +10,13 @@ use crate::ec::split_slot;
 use crate::recovery::Recovery;
 use crate::{ver, Osd, Phase};
 use spindle_map::{Pool, PoolKind};
+use spindle_pg::recovery::Missing;
+use spindle_pg::scrub::{classify, unsettled_names, Rule, Verdict};
+use spindle_pg::RecoveryCore;
 use spindle_proto::msg::{ScrubEntry, Ver};
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{PgId, StoreError};
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -234,12 +237,12 @@ impl Osd {
                 .filter(|st| st.since == since && st.phase == Phase::Active)
             {
                 Some(st) if st.recovery.is_none() => {
+                    let missing = bad
+                        .into_iter()
+                        .map(|(name, (copies, size_bytes))| (name, Missing { copies, size_bytes }))
+                        .collect();
                     st.recovery = Some(Recovery {
-                        source: source.unwrap_or(me),
-                        backfill: false,
-                        missing: bad,
-                        in_progress: HashSet::new(),
-                        incomplete: Vec::new(),
+                        core: RecoveryCore::new(source.unwrap_or(me), false, missing, Vec::new()),
                         notify: Arc::new(Notify::new()),
                         ec_strays: Vec::new(),
                         ec_established: copies.clone(),
@@ -266,7 +269,7 @@ impl Osd {
                 {
                     Some(rec) => names
                         .iter()
-                        .filter(|n| rec.missing.contains_key(*n))
+                        .filter(|n| rec.core.is_missing(n, None))
                         .count(),
                     None => 0,
                 }
@@ -355,165 +358,9 @@ impl Osd {
     }
 }
 
-/// Names whose versions are not the same on every copy that has them.
-fn unsettled_names(maps: &[(u32, BTreeMap<String, ScrubEntry>)]) -> Vec<String> {
-    let mut names = BTreeSet::new();
-    for (_, m) in maps {
-        for (n, e) in m {
-            if maps
-                .iter()
-                .any(|(_, o)| o.get(n).is_some_and(|x| x.version != e.version))
-            {
-                names.insert(n.clone());
-            }
-        }
-    }
-    names.into_iter().collect()
-}
-
-/// How scrub compares the copies of a group's objects.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Rule {
-    /// Replicated copies must have equal digests; erasure-code shards differ by design.
-    pub compare_digests: bool,
-    /// Intact copies an object needs to be readable and repairable: 1, or k shards.
-    pub intact_needed: usize,
-}
-
-/// What scrub concluded about one object.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Every copy is present, verified and agrees with the others.
-    Consistent,
-    /// Copies `wrong` are bad, missing, stale or extra (a delete left them): repair them
-    /// from `reference`'s state (an intact copy; the primary's absence for a leftover).
-    Repair {
-        wrong: Vec<u32>,
-        reference: u32,
-        size_bytes: u64,
-    },
-    /// Fewer intact copies than `Rule::intact_needed`: nothing to repair from; the
-    /// object stays damaged until a client overwrites or deletes it.
-    Damaged { bad: Vec<u32>, intact: usize },
-}
-
-/// Classifies `name` from every copy's scrub map (`me` is the primary). Pure: decides,
-/// does nothing.
-///
-/// The reference is the primary's copy if it is intact, else the intact copy with the
-/// newest version; a copy is fine when it is intact and matches the reference's version,
-/// size (and digest, for replicated pools). An object absent on the primary and on at
-/// least half of the copies is a delete's leftover: the copies holding it are wrong (they
-/// get the primary's state: absent), intact or not.
-pub(crate) fn classify(
-    name: &str,
-    me: u32,
-    maps: &[(u32, BTreeMap<String, ScrubEntry>)],
-    rule: Rule,
-) -> Verdict {
-    let mine = maps
-        .iter()
-        .find(|(o, _)| *o == me)
-        .and_then(|(_, m)| m.get(name));
-    let holding: Vec<u32> = maps
-        .iter()
-        .filter(|(_, m)| m.contains_key(name))
-        .map(|(o, _)| *o)
-        .collect();
-    let reference = match mine {
-        Some(e) if e.ok => Some((me, e)),
-        _ => maps
-            .iter()
-            .filter_map(|(o, m)| m.get(name).filter(|e| e.ok).map(|e| (*o, e)))
-            .max_by_key(|(_, e)| e.version),
-    };
-    let Some((ref_osd, reference)) = reference else {
-        if mine.is_none() && holding.len() * 2 <= maps.len() {
-            // A delete's leftover whose copies are all bad as well.
-            return Verdict::Repair {
-                wrong: holding,
-                reference: me,
-                size_bytes: 0,
-            };
-        }
-        return Verdict::Damaged {
-            bad: maps.iter().map(|(o, _)| *o).collect(),
-            intact: 0,
-        };
-    };
-    let wrong: Vec<u32> = maps
-        .iter()
-        .filter(|(_, m)| {
-            !m.get(name).is_some_and(|e| {
-                e.ok && e.version == reference.version
-                    && e.size_bytes == reference.size_bytes
-                    && (!rule.compare_digests || e.digest == reference.digest)
-            })
-        })
-        .map(|(o, _)| *o)
-        .collect();
-    let fine = maps.len() - wrong.len();
-    if mine.is_none() && fine * 2 <= maps.len() {
-        // Absent on the primary and on at least half of the copies: the absence is
-        // authoritative (a delete that reached the primary).
-        return Verdict::Repair {
-            wrong: holding,
-            reference: me,
-            size_bytes: reference.size_bytes,
-        };
-    }
-    if fine < rule.intact_needed {
-        return Verdict::Damaged {
-            bad: wrong,
-            intact: fine,
-        };
-    }
-    if wrong.is_empty() {
-        return Verdict::Consistent;
-    }
-    Verdict::Repair {
-        wrong,
-        reference: ref_osd,
-        size_bytes: reference.size_bytes,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    const REPLICATED: Rule = Rule {
-        compare_digests: true,
-        intact_needed: 1,
-    };
-    const EC_2_1: Rule = Rule {
-        compare_digests: false,
-        intact_needed: 2,
-    };
-
-    fn entry(seq: u64, digest: u32, ok: bool) -> ScrubEntry {
-        ScrubEntry {
-            name: "x".into(),
-            version: Ver { epoch: 3, seq },
-            size_bytes: 100,
-            digest,
-            ok,
-        }
-    }
-
-    /// Copy maps of osd.0 (the primary), osd.1, osd.2 for object "x" (None = absent).
-    fn maps(copies: [Option<ScrubEntry>; 3]) -> Vec<(u32, BTreeMap<String, ScrubEntry>)> {
-        copies
-            .into_iter()
-            .enumerate()
-            .map(|(i, e)| {
-                (
-                    i as u32,
-                    e.map(|e| ("x".to_string(), e)).into_iter().collect(),
-                )
-            })
-            .collect()
-    }
+    use spindle_store::PgId;
 
     /// One PG id format everywhere: the store's (logs, store errors) and the map's (CLI,
     /// status, client errors) print alike.
@@ -530,154 +377,5 @@ mod tests {
             assert!(!store.contains("{"), "{store}");
         }
         assert_eq!(PgId { pool: 1, pg: 22 }.to_string(), "1.16");
-    }
-
-    #[test]
-    fn agreeing_intact_copies_are_consistent() {
-        let m = maps([
-            Some(entry(1, 7, true)),
-            Some(entry(1, 7, true)),
-            Some(entry(1, 7, true)),
-        ]);
-        assert_eq!(classify("x", 0, &m, REPLICATED), Verdict::Consistent);
-    }
-
-    #[test]
-    fn one_corrupt_replica_is_repaired_from_the_primary() {
-        let m = maps([
-            Some(entry(1, 7, true)),
-            Some(entry(1, 0, false)),
-            Some(entry(1, 7, true)),
-        ]);
-        assert_eq!(
-            classify("x", 0, &m, REPLICATED),
-            Verdict::Repair {
-                wrong: vec![1],
-                reference: 0,
-                size_bytes: 100
-            }
-        );
-    }
-
-    #[test]
-    fn a_corrupt_primary_is_repaired_from_an_intact_replica() {
-        let m = maps([
-            Some(entry(1, 0, false)),
-            Some(entry(1, 0, false)),
-            Some(entry(1, 7, true)),
-        ]);
-        assert_eq!(
-            classify("x", 0, &m, REPLICATED),
-            Verdict::Repair {
-                wrong: vec![0, 1],
-                reference: 2,
-                size_bytes: 100
-            }
-        );
-    }
-
-    #[test]
-    fn a_digest_mismatch_is_wrong_on_replicated_pools_only() {
-        let m = maps([
-            Some(entry(1, 7, true)),
-            Some(entry(1, 8, true)),
-            Some(entry(1, 7, true)),
-        ]);
-        assert!(matches!(
-            classify("x", 0, &m, REPLICATED),
-            Verdict::Repair { .. }
-        ));
-        assert_eq!(classify("x", 0, &m, EC_2_1), Verdict::Consistent);
-    }
-
-    /// The original failure: every copy corrupt was skipped (and reported as nothing).
-    #[test]
-    fn no_intact_copy_is_damaged_not_skipped() {
-        let m = maps([
-            Some(entry(1, 0, false)),
-            Some(entry(1, 0, false)),
-            Some(entry(1, 0, false)),
-        ]);
-        assert_eq!(
-            classify("x", 0, &m, REPLICATED),
-            Verdict::Damaged {
-                bad: vec![0, 1, 2],
-                intact: 0
-            }
-        );
-    }
-
-    #[test]
-    fn absent_on_the_primary_and_corrupt_elsewhere_is_damaged() {
-        // The primary lost it; both replicas hold only corrupt copies: data loss, not a
-        // delete's leftover (a majority holds it).
-        let m = maps([None, Some(entry(1, 0, false)), Some(entry(1, 0, false))]);
-        assert!(matches!(
-            classify("x", 0, &m, REPLICATED),
-            Verdict::Damaged { intact: 0, .. }
-        ));
-    }
-
-    #[test]
-    fn a_delete_leftover_is_removed_even_when_corrupt() {
-        let m = maps([None, Some(entry(1, 0, false)), None]);
-        assert_eq!(
-            classify("x", 0, &m, REPLICATED),
-            Verdict::Repair {
-                wrong: vec![1],
-                reference: 0,
-                size_bytes: 0
-            }
-        );
-        let m = maps([None, Some(entry(1, 7, true)), None]);
-        assert_eq!(
-            classify("x", 0, &m, REPLICATED),
-            Verdict::Repair {
-                wrong: vec![1],
-                reference: 0,
-                size_bytes: 100
-            }
-        );
-    }
-
-    #[test]
-    fn erasure_coded_objects_need_k_intact_shards() {
-        // k = 2: one corrupt shard is repairable (decoded from the other two)...
-        let m = maps([
-            Some(entry(1, 1, true)),
-            Some(entry(1, 0, false)),
-            Some(entry(1, 3, true)),
-        ]);
-        assert_eq!(
-            classify("x", 0, &m, EC_2_1),
-            Verdict::Repair {
-                wrong: vec![1],
-                reference: 0,
-                size_bytes: 100
-            }
-        );
-        // ...two are not, although one shard is still intact.
-        let m = maps([
-            Some(entry(1, 1, true)),
-            Some(entry(1, 0, false)),
-            Some(entry(1, 0, false)),
-        ]);
-        assert_eq!(
-            classify("x", 0, &m, EC_2_1),
-            Verdict::Damaged {
-                bad: vec![1, 2],
-                intact: 1
-            }
-        );
-        // A stale shard does not count as intact.
-        let m = maps([
-            Some(entry(2, 1, true)),
-            Some(entry(1, 2, true)),
-            Some(entry(2, 0, false)),
-        ]);
-        assert!(matches!(
-            classify("x", 0, &m, EC_2_1),
-            Verdict::Damaged { intact: 1, .. }
-        ));
     }
 }

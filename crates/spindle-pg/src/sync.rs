@@ -1,5 +1,12 @@
 //! Which objects a stale copy of a placement group must fetch to match the authoritative
 //! one, computed from the two PG logs (pure logic, unit-tested).
+//!
+//! Invariants:
+//! - an incomplete copy is never authoritative (asserted), and is always backfilled: its
+//!   log says nothing about the objects it misses;
+//! - log-based catch-up names the objects of every entry after the last common one, on
+//!   either side, so entries only the stale copy has (divergent) are rolled back to the
+//!   authoritative state too.
 
 use spindle_proto::msg::{LogEntryMsg, Ver};
 use std::collections::{BTreeSet, HashSet};
@@ -28,7 +35,7 @@ pub enum SyncPlan {
 }
 
 pub fn plan(auth: &LogInfo, stale: &LogInfo) -> SyncPlan {
-    debug_assert!(
+    assert!(
         !auth.incomplete,
         "an incomplete copy is never authoritative"
     );

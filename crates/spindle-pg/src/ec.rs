@@ -1,0 +1,270 @@
+//! Erasure-coded groups: slot names and the recovery rule for one slot object.
+//!
+//! A shard of object `o` lives in one of two slot objects, `o\0` + `0` or `o\0` + `1`; a
+//! write always fills the slot not holding the current version, so the previous version
+//! stays intact on every shard until the new one is acknowledged (a write is acknowledged
+//! only when every up shard is durable and at least `min_size` shards are up).
+//!
+//! Recovering a slot ([`decide_slot`]): take the newest version any shard (member or
+//! stray copy of a position) holds; with at least k positions holding it, rebuild the
+//! others from k of them (roll forward); with fewer, roll it back (delete the slot
+//! everywhere) **only if** the positions holding it plus every position nobody can speak
+//! for (a hole, a member that did not answer or whose copy is unreadable, a new member
+//! with no stray copy of its position) stay below `min_size`: then no write of that
+//! version could have been acknowledged. Otherwise wait for more shards.
+//!
+//! Invariant: a version that was acknowledged (held by at least `min_size` positions) is
+//! never rolled back, whatever subset of shards answers (checked by a seeded randomized
+//! test in `tests/sim.rs`).
+
+use spindle_proto::msg::Ver;
+
+/// Stored name of slot `slot` of object `name`.
+pub fn slot_name(name: &str, slot: u8) -> String {
+    assert!(slot < 2, "an object has two slots, not {slot}");
+    format!("{name}\0{slot}")
+}
+
+/// (object name, slot) of a stored slot name.
+pub fn split_slot(stored: &str) -> Option<(&str, u8)> {
+    let (name, slot) = stored.rsplit_once('\0')?;
+    match slot {
+        "0" => Some((name, 0)),
+        "1" => Some((name, 1)),
+        _ => None,
+    }
+}
+
+/// What one shard copy said about a slot object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardAnswer {
+    /// The copy does not hold the slot.
+    Absent,
+    /// The copy holds the slot at this version (trailer valid).
+    Present(Ver),
+    /// The copy could not say: unreachable, or its bytes are unreadable or invalid. It
+    /// may hold any version.
+    Unknown,
+}
+
+/// Everything [`decide_slot`] needs about one slot object of a group.
+#[derive(Clone, Debug)]
+pub struct SlotView {
+    /// Data shards.
+    pub k: usize,
+    /// Data + parity shards (positions).
+    pub total: usize,
+    /// Shards that must be up for a write to be acknowledged.
+    pub min_size: u32,
+    /// Per position: its member (None: a hole) and what the member's copy said.
+    pub members: Vec<Option<(u32, ShardAnswer)>>,
+    /// Copies of positions held by daemons that are no longer at that position:
+    /// (position, what the copy said).
+    pub strays: Vec<(usize, ShardAnswer)>,
+    /// Members whose copy existed before this interval (an empty new copy cannot tell
+    /// whether a version was ever written).
+    pub established: Vec<u32>,
+}
+
+/// What to do with one slot object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotDecision {
+    /// No shard holds it: it is deleted; make the targets agree (push "absent").
+    Deleted,
+    /// Roll forward: decode from the k positions `sources` (all at `version`) and push
+    /// the result to the member positions `targets` (those not holding `version`).
+    Rebuild {
+        version: Ver,
+        sources: Vec<usize>,
+        targets: Vec<usize>,
+    },
+    /// `version` can never have been acknowledged: delete the slot on every member (the
+    /// other slot, the previous version, is current again).
+    RollBack { version: Ver },
+    /// Fewer than k positions hold `version` but it may have been acknowledged: wait for
+    /// more shards to answer.
+    Wait { version: Ver, holding: usize },
+}
+
+/// The recovery rule for one slot object (see the module docs). Pure.
+pub fn decide_slot(view: &SlotView) -> SlotDecision {
+    assert_eq!(
+        view.members.len(),
+        view.total,
+        "one member entry per position"
+    );
+    assert!(view.k >= 1 && view.k <= view.total, "k in 1..=total");
+    let newest = view
+        .members
+        .iter()
+        .flatten()
+        .map(|(_, a)| *a)
+        .chain(view.strays.iter().map(|(_, a)| *a))
+        .filter_map(|a| match a {
+            ShardAnswer::Present(v) => Some(v),
+            _ => None,
+        })
+        .max();
+    let Some(version) = newest else {
+        return SlotDecision::Deleted;
+    };
+    let member_has =
+        |p: usize| matches!(view.members[p], Some((_, ShardAnswer::Present(v))) if v == version);
+    let stray_has = |p: usize| {
+        view.strays
+            .iter()
+            .any(|(sp, a)| *sp == p && *a == ShardAnswer::Present(version))
+    };
+    let holding: Vec<usize> = (0..view.total)
+        .filter(|&p| member_has(p) || stray_has(p))
+        .collect();
+    if holding.len() >= view.k {
+        let sources: Vec<usize> = holding.iter().copied().take(view.k).collect();
+        let targets: Vec<usize> = (0..view.total)
+            .filter(|&p| view.members[p].is_some() && !member_has(p))
+            .collect();
+        return SlotDecision::Rebuild {
+            version,
+            sources,
+            targets,
+        };
+    }
+    let unknown = (0..view.total)
+        .filter(|&p| match view.members[p] {
+            None => true,
+            Some((_, ShardAnswer::Unknown)) => true,
+            Some((d, _)) => {
+                view.strays
+                    .iter()
+                    .any(|(sp, a)| *sp == p && *a == ShardAnswer::Unknown)
+                    || (!view.established.contains(&d)
+                        && !view.strays.iter().any(|(sp, _)| *sp == p))
+            }
+        })
+        .count();
+    if (holding.len() + unknown) as u64 >= u64::from(view.min_size) {
+        return SlotDecision::Wait {
+            version,
+            holding: holding.len(),
+        };
+    }
+    SlotDecision::RollBack { version }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(seq: u64) -> Ver {
+        Ver { epoch: 2, seq }
+    }
+
+    /// k = 2, m = 1, min_size = 3 (every shard must be up for a write).
+    fn view(members: [Option<ShardAnswer>; 3]) -> SlotView {
+        SlotView {
+            k: 2,
+            total: 3,
+            min_size: 3,
+            members: members
+                .iter()
+                .enumerate()
+                .map(|(p, a)| a.map(|a| (p as u32 + 10, a)))
+                .collect(),
+            strays: Vec::new(),
+            established: vec![10, 11, 12],
+        }
+    }
+
+    #[test]
+    fn slot_names_round_trip() {
+        assert_eq!(split_slot(&slot_name("obj", 1)), Some(("obj", 1)));
+        assert_eq!(split_slot(&slot_name("a\0b", 0)), Some(("a\0b", 0)));
+        assert_eq!(split_slot("plain"), None);
+        assert_eq!(split_slot("x\x002"), None);
+    }
+
+    #[test]
+    fn nobody_holding_the_slot_means_deleted() {
+        let d = decide_slot(&view([Some(ShardAnswer::Absent); 3]));
+        assert_eq!(d, SlotDecision::Deleted);
+    }
+
+    #[test]
+    fn k_shards_roll_forward_to_the_others() {
+        use ShardAnswer::*;
+        let d = decide_slot(&view([
+            Some(Present(v(5))),
+            Some(Absent),
+            Some(Present(v(5))),
+        ]));
+        assert_eq!(
+            d,
+            SlotDecision::Rebuild {
+                version: v(5),
+                sources: vec![0, 2],
+                targets: vec![1]
+            }
+        );
+        // An older version on a copy is a target too.
+        let d = decide_slot(&view([
+            Some(Present(v(5))),
+            Some(Present(v(4))),
+            Some(Present(v(5))),
+        ]));
+        assert!(matches!(d, SlotDecision::Rebuild { ref targets, .. } if targets == &vec![1]));
+    }
+
+    #[test]
+    fn a_version_below_min_size_is_rolled_back() {
+        use ShardAnswer::*;
+        // One shard of three has it, the other two answered "absent": never acknowledged.
+        let d = decide_slot(&view([Some(Present(v(5))), Some(Absent), Some(Absent)]));
+        assert_eq!(d, SlotDecision::RollBack { version: v(5) });
+    }
+
+    #[test]
+    fn positions_nobody_can_speak_for_block_a_roll_back() {
+        use ShardAnswer::*;
+        // The third shard did not answer: it may hold v5, and 1 + 1 + ... could have been
+        // acknowledged only with all three; one answered absent so 1 + 1 < 3: roll back.
+        let d = decide_slot(&view([Some(Present(v(5))), Some(Absent), Some(Unknown)]));
+        assert_eq!(d, SlotDecision::RollBack { version: v(5) });
+        // With min_size 2, the unknown shard could complete an acknowledged write: wait.
+        let mut w = view([Some(Present(v(5))), Some(Absent), Some(Unknown)]);
+        w.min_size = 2;
+        assert_eq!(
+            decide_slot(&w),
+            SlotDecision::Wait {
+                version: v(5),
+                holding: 1
+            }
+        );
+        // A hole counts like an unknown position.
+        let mut h = view([Some(Present(v(5))), Some(Absent), None]);
+        h.min_size = 2;
+        assert!(matches!(decide_slot(&h), SlotDecision::Wait { .. }));
+        // A new member (not established) with no stray copy of its position too.
+        let mut n = view([Some(Present(v(5))), Some(Absent), Some(Absent)]);
+        n.min_size = 2;
+        n.established = vec![10, 11];
+        assert!(matches!(decide_slot(&n), SlotDecision::Wait { .. }));
+        // ...unless a stray copy of that position answered that it does not hold it.
+        n.strays = vec![(2, Absent)];
+        assert_eq!(decide_slot(&n), SlotDecision::RollBack { version: v(5) });
+    }
+
+    #[test]
+    fn stray_copies_count_as_holders() {
+        use ShardAnswer::*;
+        let mut s = view([Some(Present(v(5))), Some(Absent), Some(Absent)]);
+        s.strays = vec![(1, Present(v(5)))];
+        assert_eq!(
+            decide_slot(&s),
+            SlotDecision::Rebuild {
+                version: v(5),
+                sources: vec![0, 1],
+                targets: vec![1, 2]
+            }
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! The small decisions of peering and recovery (pure, unit-tested): which copy is
+//! authoritative, what a backfilled copy misses, whether a group may serve, whether a
+//! map change starts a new interval, and which object background recovery takes next.
+//!
+//! Invariants:
+//! - the authoritative copy is complete and has the newest `last_version` of all complete
+//!   copies (ties: the earliest in the caller's order, i.e. the primary first);
+//! - with no complete copy there is no authoritative one: the group waits (incomplete).
+
+use crate::sync::LogInfo;
+use spindle_map::Pool;
+use spindle_proto::msg::Ver;
+use std::collections::{BTreeSet, HashMap};
+
+/// The authoritative copy among `infos` (in the caller's order, primary first): the
+/// *complete* copy with the newest `last_version`; on a tie the earlier one. `None` when
+/// every copy is incomplete: the group must wait for a complete copy.
+pub fn authoritative(infos: &[(u32, LogInfo)]) -> Option<usize> {
+    let chosen = infos
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, info))| !info.incomplete)
+        .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
+        .map(|(i, _)| i);
+    if let Some(i) = chosen {
+        assert!(
+            !infos[i].1.incomplete,
+            "an incomplete copy is never authoritative"
+        );
+        assert!(
+            infos
+                .iter()
+                .filter(|(_, x)| !x.incomplete)
+                .all(|(_, x)| x.last_version <= infos[i].1.last_version),
+            "the authoritative copy is the newest complete one"
+        );
+    }
+    chosen
+}
+
+/// One object of a listing (backfill compares them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListedObject {
+    pub version: Ver,
+    pub size_bytes: u64,
+}
+
+/// A copy's full listing: object name -> version and size.
+pub type Listing = HashMap<String, ListedObject>;
+
+/// Backfill: the objects `stale` must fetch to match `auth` (absent or at another
+/// version there), plus the objects only `stale` has (to be deleted).
+pub fn listing_diff(auth: &Listing, stale: &Listing) -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = auth
+        .iter()
+        .filter(|(name, a)| stale.get(*name).map(|s| s.version) != Some(a.version))
+        .map(|(name, _)| name.clone())
+        .collect();
+    names.extend(stale.keys().filter(|n| !auth.contains_key(*n)).cloned());
+    names
+}
+
+/// Fewest copies (shards) up for a group of `pool` to be peered and serve: `min_size`
+/// for replicated pools; k for erasure-coded ones (reads need k shards; writes check
+/// `min_size` themselves, [`may_write`]).
+pub fn serve_floor(pool: &Pool) -> u32 {
+    if pool.is_erasure() {
+        pool.read_size()
+    } else {
+        pool.min_size()
+    }
+}
+
+/// Whether a write may be acknowledged with `up` copies (shards) up.
+pub fn may_write(pool: &Pool, up: usize) -> bool {
+    may_write_with(pool.min_size(), up)
+}
+
+/// [`may_write`] with the pool's `min_size` (`u32::MAX` when the pool is unknown: never).
+pub fn may_write_with(min_size: u32, up: usize) -> bool {
+    up as u64 >= u64::from(min_size)
+}
+
+/// What a new map does to a group this daemon is primary of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntervalChange {
+    /// Same interval and the group is active: keep serving (recovery goes on).
+    Keep,
+    /// Too few copies up: stop serving, forget recovery.
+    Inactive,
+    /// A new interval (or the last peering did not finish): peer again.
+    Peer,
+}
+
+/// `old` / `new`: the interval identity (up set with each member's `up_from`); `active`:
+/// whether the group is active now; `up` copies up, `floor` = [`serve_floor`].
+pub fn interval_change(
+    old: &[(u32, u64)],
+    new: &[(u32, u64)],
+    active: bool,
+    up: usize,
+    floor: u32,
+) -> IntervalChange {
+    if (up as u64) < u64::from(floor) {
+        IntervalChange::Inactive
+    } else if old == new && active {
+        IntervalChange::Keep
+    } else {
+        IntervalChange::Peer
+    }
+}
+
+/// Recovery order: the first missing object (in name order) that nobody is recovering
+/// right now. `None` when every missing object is in progress (or none is missing).
+pub fn next_to_recover<'a, V>(
+    missing: &'a std::collections::BTreeMap<String, V>,
+    in_progress: &std::collections::HashSet<String>,
+) -> Option<(&'a String, &'a V)> {
+    missing.iter().find(|(n, _)| !in_progress.contains(*n))
+}
+
+/// Erasure-coded groups: the members whose copy existed before this interval (it has a
+/// version or a log). An empty new copy cannot tell whether a version was ever written.
+pub fn established(infos: &[(u32, LogInfo)]) -> Vec<u32> {
+    infos
+        .iter()
+        .filter(|(_, i)| i.last_version > Ver::default() || !i.log.is_empty())
+        .map(|(d, _)| *d)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spindle_map::PoolKind;
+    use std::collections::{BTreeMap, HashSet};
+
+    fn info(seq: u64, incomplete: bool) -> LogInfo {
+        LogInfo {
+            last_version: Ver { epoch: 1, seq },
+            incomplete,
+            ..LogInfo::default()
+        }
+    }
+
+    #[test]
+    fn the_newest_complete_copy_is_authoritative() {
+        let infos = vec![(0, info(3, false)), (1, info(9, true)), (2, info(5, false))];
+        assert_eq!(authoritative(&infos), Some(2));
+        // Ties prefer the earlier copy (the primary).
+        let infos = vec![(0, info(5, false)), (1, info(5, false))];
+        assert_eq!(authoritative(&infos), Some(0));
+    }
+
+    #[test]
+    fn no_complete_copy_means_no_authority() {
+        let infos = vec![(0, info(3, true)), (1, info(9, true))];
+        assert_eq!(authoritative(&infos), None);
+        assert_eq!(authoritative(&[]), None);
+    }
+
+    #[test]
+    fn backfill_diff_names_missing_stale_and_extra_objects() {
+        let o = |seq, size_bytes| ListedObject {
+            version: Ver { epoch: 1, seq },
+            size_bytes,
+        };
+        let auth: Listing = [
+            ("a".into(), o(1, 10)),
+            ("b".into(), o(2, 20)),
+            ("c".into(), o(3, 30)),
+        ]
+        .into_iter()
+        .collect();
+        let stale: Listing = [
+            ("a".into(), o(1, 10)),
+            ("b".into(), o(1, 20)),
+            ("z".into(), o(1, 1)),
+        ]
+        .into_iter()
+        .collect();
+        let want: BTreeSet<String> = ["b", "c", "z"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(listing_diff(&auth, &stale), want);
+        assert!(listing_diff(&auth, &auth).is_empty());
+    }
+
+    fn pool(kind: PoolKind) -> Pool {
+        Pool {
+            id: 1,
+            name: "p".into(),
+            kind,
+            pg_count: 8,
+            crush_rule: 0,
+        }
+    }
+
+    #[test]
+    fn serving_needs_min_size_or_k_shards() {
+        let rep = pool(PoolKind::Replicated {
+            size: 3,
+            min_size: 2,
+        });
+        assert_eq!(serve_floor(&rep), 2);
+        assert!(may_write(&rep, 2) && !may_write(&rep, 1));
+        let ec = pool(PoolKind::Erasure {
+            k: 4,
+            m: 2,
+            min_size: 5,
+            matrix: 0,
+            stripe_unit_bytes: 4096,
+        });
+        assert_eq!(serve_floor(&ec), 4);
+        assert!(may_write(&ec, 5) && !may_write(&ec, 4));
+    }
+
+    #[test]
+    fn interval_changes() {
+        let a = [(0, 1), (1, 1), (2, 1)];
+        let b = [(0, 1), (1, 7), (2, 1)]; // osd.1 restarted: a new interval
+        assert_eq!(interval_change(&a, &a, true, 3, 2), IntervalChange::Keep);
+        assert_eq!(interval_change(&a, &a, false, 3, 2), IntervalChange::Peer);
+        assert_eq!(interval_change(&a, &b, true, 3, 2), IntervalChange::Peer);
+        assert_eq!(
+            interval_change(&a, &a[..1], true, 1, 2),
+            IntervalChange::Inactive
+        );
+    }
+
+    #[test]
+    fn recovery_takes_the_first_object_not_in_progress() {
+        let missing: BTreeMap<String, u64> = [("a".into(), 1), ("b".into(), 2), ("c".into(), 3)]
+            .into_iter()
+            .collect();
+        let mut busy = HashSet::new();
+        assert_eq!(
+            next_to_recover(&missing, &busy).map(|(n, _)| n.as_str()),
+            Some("a")
+        );
+        busy.insert("a".to_string());
+        busy.insert("b".to_string());
+        assert_eq!(
+            next_to_recover(&missing, &busy).map(|(n, _)| n.as_str()),
+            Some("c")
+        );
+        busy.insert("c".to_string());
+        assert_eq!(next_to_recover(&missing, &busy), None);
+    }
+
+    #[test]
+    fn established_copies_have_a_version_or_a_log() {
+        let empty = LogInfo::default();
+        let infos = vec![(0, empty), (1, info(4, false))];
+        assert_eq!(established(&infos), vec![1]);
+    }
+}
