@@ -589,22 +589,11 @@ impl Osd {
                 Err(_) => failure = Some("local shard write dropped".to_string()),
             }
         }
-        for (d, p) in pending {
-            match p.wait(timeout).await {
-                Ok(inc) => match inc.msg {
-                    Msg::Ok => {}
-                    Msg::Error {
-                        code: ErrorCode::StaleMap,
-                        map,
-                        ..
-                    } => {
-                        let _ = self.install_map(&map);
-                        failure = Some(format!("osd.{d} has a newer map"));
-                    }
-                    other => failure = Some(format!("osd.{d}: {other:?}")),
-                },
-                Err(e) => failure = Some(format!("osd.{d}: {e}")),
+        for (d, f) in crate::fanout::wait_all(pending, timeout).await.failures {
+            if let crate::fanout::CopyFailure::NewerMap(map) = &f {
+                let _ = self.install_map(map);
             }
+            failure = Some(format!("osd.{d}: {f}"));
         }
         if let Some(f) = failure {
             tracing::info!(

@@ -19,6 +19,7 @@
 //! - bad requests get error replies; nothing a peer sends can panic the daemon.
 
 mod ec;
+mod fanout;
 mod recovery;
 mod scrub;
 
@@ -1485,36 +1486,22 @@ impl Osd {
         let timeout = self.inner.config.replica_timeout_ms;
         let local = w.commit.await;
         drop(w.inflight);
+        let answers =
+            fanout::wait_all(w.pending.into_iter().map(|p| ((), p)).collect(), timeout).await;
         let mut failure = None;
         let mut no_space = None;
         let mut replica_error = false;
-        for p in w.pending {
-            match p.wait(timeout).await {
-                Ok(inc) => match inc.msg {
-                    Msg::Ok => {}
-                    Msg::Error {
-                        code: ErrorCode::NoSpace,
-                        message,
-                        ..
-                    } => {
-                        replica_error = true;
-                        no_space = Some(format!("replica: {message}"));
-                    }
-                    Msg::Error {
-                        code: ErrorCode::StaleMap,
-                        map,
-                        ..
-                    } => {
-                        let _ = self.install_map(&map);
-                        failure = Some("a replica has a newer map".to_string());
-                    }
-                    Msg::Error { code, message, .. } => {
-                        replica_error = true;
-                        failure = Some(format!("replica: {code:?}: {message}"))
-                    }
-                    other => failure = Some(format!("replica answered {}", other.name())),
-                },
-                Err(e) => failure = Some(format!("replica: {e}")),
+        for ((), f) in answers.failures {
+            replica_error |= f.copy_refused();
+            match f {
+                fanout::CopyFailure::NoSpace(message) => {
+                    no_space = Some(format!("replica: {message}"));
+                }
+                fanout::CopyFailure::NewerMap(map) => {
+                    let _ = self.install_map(&map);
+                    failure = Some("a replica has a newer map".to_string());
+                }
+                other => failure = Some(format!("replica: {other}")),
             }
         }
         // Some copies may have applied the write and others not: peering again compares
