@@ -11,6 +11,7 @@
 //! the CRC32C of each 4 KiB block it touches. On-disk format and crash analysis: `docs/on-disk-format.md`.
 
 mod commit;
+mod disk;
 mod error;
 mod fdcache;
 mod journal;
@@ -22,6 +23,9 @@ mod types;
 mod worker;
 
 pub use commit::Commit;
+pub use disk::{
+    read_exact_at, Disk, DiskBackend, DiskFile, DiskRead, DiskSpace, FileRef, OpenHow, RealDisk,
+};
 pub use error::StoreError;
 pub use limits::DIRECT_WRITE_BYTES_MIN;
 pub use store::Store;
