@@ -17,6 +17,7 @@ mod fdcache;
 mod journal;
 mod limits;
 mod meta;
+mod sim_disk;
 mod state;
 mod store;
 mod types;
@@ -28,6 +29,7 @@ pub use disk::{
 };
 pub use error::StoreError;
 pub use limits::DIRECT_WRITE_BYTES_MIN;
+pub use sim_disk::{SimDisk, SimRng, SIM_BLOCK_BYTES, SIM_TORN_SECTOR_BYTES_DEFAULT};
 pub use store::Store;
 pub use types::{
     LogEntry, LogOp, Mutation, ObjectMeta, PgId, PgInfo, SpaceInfo, StoreConfig, StoreStats,
