@@ -175,6 +175,10 @@ impl Worker {
         };
         let sh = Arc::new(Shared::new(config, disk.clone(), db, pgs));
         let journal = disk.open(&journal_path, OpenHow::Journal)?;
+        // The names of a new journal and database must be durable before anything is
+        // acknowledged: records in a journal whose name a power loss undoes are lost.
+        // (Also on every open: cheap, and it covers a crash between create and sync.)
+        disk.sync_dir(&sh.config.dir)?;
         let journal_len = journal.len_bytes()?;
         let mut w = Worker {
             sh: sh.clone(),
