@@ -1872,9 +1872,15 @@ impl Worker {
         };
         if let Err(e) = saved {
             // redb refuses every operation after a failed write until reopened; the
-            // previous commit is intact on disk (commits are atomic).
-            if let Err(r) = self.sh.reopen_db() {
-                tracing::warn!(error = %r, "cannot reopen the metadata database yet");
+            // previous commit is intact on disk (commits are atomic). Only a lack of
+            // space is retried: after any other error (a failed fsync above all) the page
+            // cache may hold pages that never reach the disk, and a database reopened on
+            // them would write a header that points at them (after a power loss redb then
+            // finds a corrupt tree); the store latches instead and recovers at restart.
+            if matches!(e, StoreError::NoSpace(_)) {
+                if let Err(r) = self.sh.reopen_db() {
+                    tracing::warn!(error = %r, "cannot reopen the metadata database yet");
+                }
             }
             return Err(e);
         }
