@@ -157,10 +157,14 @@ pub trait Disk: Send + Sync + Debug + 'static {
     fn file_len(&self, path: &Path) -> io::Result<u64>;
     /// Size and free space of the file system holding `path`.
     fn space(&self, path: &Path) -> io::Result<DiskSpace>;
-    /// Writes each `(file, offset, bytes)`, all in flight at once where the disk can;
-    /// returns after all completed, with the first error. Not durable before `sync_data`
-    /// (except on journal files).
-    fn write_batch(&self, writes: Vec<(FileRef, u64, IoBuf)>) -> io::Result<()>;
+    /// Writes each `(file, offset, bytes)` the iterator yields, starting each as soon as
+    /// it is yielded (all in flight at once where the disk can, so the caller prepares the
+    /// next buffer while the previous ones are written); returns after all completed,
+    /// with the first error. Not durable before `sync_data` (except on journal files).
+    fn write_batch(
+        &self,
+        writes: &mut dyn Iterator<Item = (FileRef, u64, IoBuf)>,
+    ) -> io::Result<()>;
     /// `sync_data` of every file the iterator yields, at most `in_flight_max` at once
     /// (each holds an open descriptor until done); the first error (of the iterator or a
     /// sync) is returned.
@@ -343,8 +347,11 @@ impl Disk for RealDisk {
         })
     }
 
-    fn write_batch(&self, writes: Vec<(FileRef, u64, IoBuf)>) -> io::Result<()> {
-        let mut reqs = Vec::with_capacity(writes.len());
+    fn write_batch(
+        &self,
+        writes: &mut dyn Iterator<Item = (FileRef, u64, IoBuf)>,
+    ) -> io::Result<()> {
+        let mut reqs = Vec::with_capacity(writes.size_hint().0);
         let mut first_err = None;
         for (file, offset, buf) in writes {
             let submitted = real_fd(&file).and_then(|fd| {

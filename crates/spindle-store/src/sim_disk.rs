@@ -742,7 +742,10 @@ impl Disk for SimDisk {
         })
     }
 
-    fn write_batch(&self, writes: Vec<(FileRef, u64, IoBuf)>) -> io::Result<()> {
+    fn write_batch(
+        &self,
+        writes: &mut dyn Iterator<Item = (FileRef, u64, IoBuf)>,
+    ) -> io::Result<()> {
         let mut first_err = None;
         for (file, offset, buf) in writes {
             if let Err(e) = file.write_all_at(&buf, offset) {

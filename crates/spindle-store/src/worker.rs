@@ -1135,65 +1135,74 @@ impl Worker {
         }
         let direct = std::mem::take(&mut self.direct);
         let mut files = Vec::with_capacity(direct.len());
-        let mut writes = Vec::with_capacity(direct.len());
+        let mut crcs_of_batch = Vec::with_capacity(direct.len());
         let mut created = false;
-        for DirectWrite {
-            file_id,
-            data,
-            file,
-            created: new_file,
-            block_crcs,
-        } in direct
-        {
-            created |= new_file;
-            if !new_file {
-                self.sh.counters.files_reused.fetch_add(1, Relaxed);
-            }
-            let size_bytes = data.len() as u64;
-            let bytes = data.as_slice();
-            let aligned = (bytes.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
-                && bytes.len().is_multiple_of(JOURNAL_ALIGN);
-            let padded_len = bytes.len().next_multiple_of(JOURNAL_ALIGN);
-            let (buf, crcs) = match (aligned, block_crcs) {
-                // Already O_DIRECT-ready (the daemon's allocator page-aligns large blocks,
-                // and received payloads are allocated at their exact size): write the
-                // buffer itself, with the block checksums computed while the frame it came
-                // in was verified.
-                (true, Some(crcs)) => (data.into_iobuf(), crcs),
-                (true, None) => {
-                    let crcs = bytes
-                        .chunks(BLOCK_BYTES as usize)
-                        .map(spindle_ec::crc32c::crc32c)
-                        .collect();
-                    (data.into_iobuf(), crcs)
+        let sh = self.sh.clone();
+        // Each write is submitted as soon as its buffer is ready, so copying and
+        // checksumming the next one overlaps the previous one's I/O (engine on a real disk).
+        let mut writes = direct.into_iter().map(
+            |DirectWrite {
+                 file_id,
+                 data,
+                 file,
+                 created: new_file,
+                 block_crcs,
+             }| {
+                created |= new_file;
+                if !new_file {
+                    sh.counters.files_reused.fetch_add(1, Relaxed);
                 }
-                (false, Some(crcs)) => {
-                    (IoBuf::aligned_copy(bytes, padded_len, JOURNAL_ALIGN), crcs)
+                let size_bytes = data.len() as u64;
+                let bytes = data.as_slice();
+                let aligned = (bytes.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
+                    && bytes.len().is_multiple_of(JOURNAL_ALIGN);
+                let padded_len = bytes.len().next_multiple_of(JOURNAL_ALIGN);
+                let (buf, crcs) = match (aligned, block_crcs) {
+                    // Already O_DIRECT-ready (the daemon's allocator page-aligns large
+                    // blocks, and received payloads are allocated at their exact size):
+                    // write the buffer itself, with the block checksums computed while the
+                    // frame it came in was verified.
+                    (true, Some(crcs)) => (data.into_iobuf(), crcs),
+                    (true, None) => {
+                        let crcs = bytes
+                            .chunks(BLOCK_BYTES as usize)
+                            .map(spindle_ec::crc32c::crc32c)
+                            .collect();
+                        (data.into_iobuf(), crcs)
+                    }
+                    (false, Some(crcs)) => {
+                        (IoBuf::aligned_copy(bytes, padded_len, JOURNAL_ALIGN), crcs)
+                    }
+                    // One pass over the data: copy into an aligned buffer and checksum each
+                    // block.
+                    (false, None) => {
+                        let mut crcs =
+                            Vec::with_capacity(bytes.len().div_ceil(BLOCK_BYTES as usize));
+                        let buf = IoBuf::aligned_copy_inspect(
+                            bytes,
+                            padded_len,
+                            JOURNAL_ALIGN,
+                            BLOCK_BYTES as usize,
+                            |block| crcs.push(spindle_ec::crc32c::crc32c(block)),
+                        );
+                        (buf, crcs)
+                    }
+                };
+                if aligned {
+                    sh.counters.direct_writes_adopted.fetch_add(1, Relaxed);
                 }
-                // One pass over the data: copy into an aligned buffer and checksum each
-                // block.
-                (false, None) => {
-                    let mut crcs = Vec::with_capacity(bytes.len().div_ceil(BLOCK_BYTES as usize));
-                    let buf = IoBuf::aligned_copy_inspect(
-                        bytes,
-                        padded_len,
-                        JOURNAL_ALIGN,
-                        BLOCK_BYTES as usize,
-                        |block| crcs.push(spindle_ec::crc32c::crc32c(block)),
-                    );
-                    (buf, crcs)
-                }
-            };
-            if aligned {
-                self.sh.counters.direct_writes_adopted.fetch_add(1, Relaxed);
-            }
-            debug_assert_eq!(crcs.len() as u64, block_count(size_bytes));
+                assert_eq!(crcs.len() as u64, block_count(size_bytes));
+                crcs_of_batch.push((file_id, crcs));
+                files.push((file.clone(), size_bytes));
+                (file, 0, buf)
+            },
+        );
+        let written = sh.disk.write_batch(&mut writes);
+        drop(writes);
+        for (file_id, crcs) in crcs_of_batch {
             self.direct_crcs.insert(file_id, crcs);
-            writes.push((file.clone(), 0, buf));
-            files.push((file, size_bytes));
         }
-        // All in flight at once (the engine on a real disk).
-        self.sh.disk.write_batch(writes)?;
+        written?;
         for (file, size) in &files {
             if !size.is_multiple_of(JOURNAL_ALIGN as u64) {
                 file.set_len(*size)?;
@@ -1310,9 +1319,8 @@ impl Worker {
             };
             let buf = IoBuf::aligned(chunk as usize, JOURNAL_ALIGN);
             let journal = self.journal.clone();
-            self.sh
-                .disk
-                .write_batch(vec![(journal, self.journal_zeroed, buf)])?;
+            let mut write = std::iter::once((journal, self.journal_zeroed, buf));
+            self.sh.disk.write_batch(&mut write)?;
             self.journal_zeroed += chunk;
         }
         Ok(())

@@ -22,7 +22,7 @@ use spindle_store::{
 };
 
 /// Seeds run by default (each a few crash epochs).
-const SEEDS_DEFAULT: u64 = 128;
+const SEEDS_DEFAULT: u64 = 96;
 const EPOCHS: usize = 4;
 const OPS_PER_EPOCH_MAX: u64 = 60;
 const PGS: u32 = 3;
