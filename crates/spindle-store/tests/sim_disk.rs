@@ -132,7 +132,8 @@ enum Fault {
     BitFlip,
 }
 
-/// An object whose last transaction failed with an I/O error: either state is allowed.
+/// A change of one object; kept when its transaction failed with an I/O error (either
+/// state is then allowed).
 struct Uncertain {
     key: Key,
     old: Option<Vec<u8>>,
@@ -200,25 +201,81 @@ impl Run {
                     Err(e) => return Err(self.fail(format!("read of {key:?} failed: {e}"))),
                 }
             }
-            let m = random_mutation(&mut self.rng);
             self.seq += 1;
             let v = Version {
                 epoch: 1,
                 seq: self.seq,
             };
-            let old = self.model.get(&key).cloned();
-            let new = applied(old.as_ref(), &m);
-            let delete = matches!(m, Mutation::Delete);
+            // Every object the transaction changes (old and new state).
+            let mut changes: Vec<Uncertain> = Vec::new();
+            let mut delete = false;
+            let mut removes_pg = false;
+            let mut is_apply = false;
             let full_before = store.is_full();
-            match store.apply(pg(key.0), &key.1, v, m).wait() {
+            let commit = match self.rng.below(40) {
+                0 => {
+                    // The whole PG goes (recovery's stray removal).
+                    removes_pg = true;
+                    for (k, d) in self.model.range((key.0, String::new())..) {
+                        if k.0 != key.0 {
+                            break;
+                        }
+                        changes.push(Uncertain {
+                            key: k.clone(),
+                            old: Some(d.clone()),
+                            new: None,
+                        });
+                    }
+                    store.remove_pg(pg(key.0))
+                }
+                1..=3 => {
+                    // Recovery installs a state (or removes the object): no log entry.
+                    let state = (self.rng.below(4) != 0).then(|| {
+                        let len = if self.rng.below(3) == 0 {
+                            DIRECT_WRITE_BYTES_MIN + self.rng.below(10_000) as usize
+                        } else {
+                            self.rng.below(12_000) as usize
+                        };
+                        pattern(len, self.rng.next_u64())
+                    });
+                    let old = self.model.get(&key).cloned();
+                    changes.push(Uncertain {
+                        key: key.clone(),
+                        old,
+                        new: state.clone(),
+                    });
+                    store.recover_object(pg(key.0), &key.1, state.map(|d| (d, v)))
+                }
+                _ => {
+                    let m = random_mutation(&mut self.rng);
+                    let old = self.model.get(&key).cloned();
+                    let new = applied(old.as_ref(), &m);
+                    delete = matches!(m, Mutation::Delete);
+                    is_apply = true;
+                    changes.push(Uncertain {
+                        key: key.clone(),
+                        old,
+                        new,
+                    });
+                    store.apply(pg(key.0), &key.1, v, m)
+                }
+            };
+            match commit.wait() {
                 Ok(()) => {
                     self.stats.acked += 1;
-                    let last = self.last_acked.entry(key.0).or_insert(Version::ZERO);
-                    *last = (*last).max(v);
-                    match new {
-                        Some(d) => self.model.insert(key, d),
-                        None => self.model.remove(&key),
-                    };
+                    if removes_pg {
+                        self.last_acked.remove(&key.0);
+                    } else if is_apply {
+                        // An apply sets the PG's last_version (a recover does not).
+                        let last = self.last_acked.entry(key.0).or_insert(Version::ZERO);
+                        *last = (*last).max(v);
+                    }
+                    for c in changes {
+                        match c.new {
+                            Some(d) => self.model.insert(c.key, d),
+                            None => self.model.remove(&c.key),
+                        };
+                    }
                 }
                 Err(StoreError::NoSpace(e)) if delete && full_before => {
                     return Err(self.fail(format!(
@@ -228,7 +285,10 @@ impl Run {
                 Err(StoreError::NoSpace(_)) => self.stats.no_space += 1,
                 Err(e) => {
                     self.stats.io_errors += 1;
-                    self.uncertain.push(Uncertain { key, old, new });
+                    if removes_pg {
+                        self.last_acked.remove(&key.0);
+                    }
+                    self.uncertain.append(&mut changes);
                     // Latched: nothing more is acknowledged.
                     self.seq += 1;
                     let v = Version {
