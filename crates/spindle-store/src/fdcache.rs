@@ -14,9 +14,10 @@
 //! what the limit leaves after a reserve for sockets, the journal and the database.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+
+use crate::disk::FileRef;
 
 /// Descriptors kept aside for everything that is not a cached data file (sockets,
 /// journal, database, io_uring, standard streams).
@@ -47,7 +48,7 @@ fn entries_for_limit(soft_limit: u64) -> usize {
 }
 
 pub(crate) struct FdCache {
-    files: Mutex<HashMap<u64, Arc<File>>>,
+    files: Mutex<HashMap<u64, FileRef>>,
     capacity: usize,
 }
 
@@ -64,13 +65,13 @@ impl FdCache {
     pub fn get_or_open(
         &self,
         id: u64,
-        open: impl FnOnce() -> io::Result<File>,
-    ) -> io::Result<Arc<File>> {
+        open: impl FnOnce() -> io::Result<FileRef>,
+    ) -> io::Result<FileRef> {
         let mut files = self.files.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = files.get(&id) {
             return Ok(f.clone());
         }
-        let f = Arc::new(open()?);
+        let f = open()?;
         if files.len() >= self.capacity {
             // Users holding the evicted `Arc` keep the descriptor until they are done.
             if let Some(&victim) = files.keys().next() {
@@ -106,8 +107,8 @@ mod tests {
     use super::*;
     use std::cell::Cell;
 
-    fn dev_null() -> io::Result<File> {
-        File::open("/dev/null")
+    fn dev_null() -> io::Result<FileRef> {
+        Ok(std::sync::Arc::new(std::fs::File::open("/dev/null")?))
     }
 
     #[test]

@@ -11,19 +11,25 @@
 //! the CRC32C of each 4 KiB block it touches. On-disk format and crash analysis: `docs/on-disk-format.md`.
 
 mod commit;
+mod disk;
 mod error;
 mod fdcache;
 mod journal;
 mod limits;
 mod meta;
+mod sim_disk;
 mod state;
 mod store;
 mod types;
 mod worker;
 
 pub use commit::Commit;
+pub use disk::{
+    read_exact_at, Disk, DiskBackend, DiskFile, DiskRead, DiskSpace, FileRef, OpenHow, RealDisk,
+};
 pub use error::StoreError;
 pub use limits::DIRECT_WRITE_BYTES_MIN;
+pub use sim_disk::{SimDisk, SimRng, SIM_BLOCK_BYTES, SIM_TORN_SECTOR_BYTES_DEFAULT};
 pub use store::Store;
 pub use types::{
     LogEntry, LogOp, Mutation, ObjectMeta, PgId, PgInfo, SpaceInfo, StoreConfig, StoreStats,

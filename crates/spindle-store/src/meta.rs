@@ -122,17 +122,20 @@ fn bad(what: String) -> StoreError {
 /// Opens (or creates) the metadata database. `Ok(None)` from `load` means "fresh".
 /// `cache_bytes` bounds redb's page cache (its default, 1 GiB, would let a daemon's memory
 /// grow with the metadata it ever touched).
-pub fn open_db(path: &Path, cache_bytes: u64) -> Result<Database, StoreError> {
-    redb::Builder::new()
-        .set_cache_size(cache_bytes as usize)
-        .create(path)
-        .map_err(|e| {
-            StoreError::Meta(format!(
-                "cannot open metadata database {}: {}",
-                path.display(),
-                redb::Error::from(e)
-            ))
-        })
+pub fn open_db(
+    disk: &dyn crate::disk::Disk,
+    path: &Path,
+    cache_bytes: u64,
+) -> Result<Database, StoreError> {
+    let mut builder = redb::Builder::new();
+    builder.set_cache_size(cache_bytes as usize);
+    disk.open_meta(path, &builder).map_err(|e| {
+        StoreError::Meta(format!(
+            "cannot open metadata database {}: {}",
+            path.display(),
+            redb::Error::from(e)
+        ))
+    })
 }
 
 /// Loads the last checkpoint; `None` if the database has no superblock yet.

@@ -6,19 +6,17 @@
 //! as corruption only if no write touched the object meanwhile (else the read is retried).
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::mpsc;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::thread::JoinHandle;
 
-use spindle_io::{Engine, IoBuf, Op};
+use spindle_io::IoBuf;
 
 use crate::commit::Commit;
+use crate::disk::{Disk, FileRef, OpenHow, RealDisk};
 use crate::error::StoreError;
 use crate::fdcache::FdCache;
 use crate::limits::{
@@ -47,7 +45,8 @@ pub(crate) struct Counters {
 pub(crate) struct Shared {
     pub config: StoreConfig,
     pub objects_dir: PathBuf,
-    pub engine: Engine,
+    /// Every file-system operation goes through this (see `disk.rs`).
+    pub disk: Arc<dyn Disk>,
     /// The metadata database (checkpoints; inline object bytes are read from it). `None`
     /// only while it is being reopened after a failed commit (redb refuses every later
     /// operation after an I/O error, e.g. ENOSPC, until reopened).
@@ -74,7 +73,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub fn new(
         config: StoreConfig,
-        engine: Engine,
+        disk: Arc<dyn Disk>,
         db: redb::Database,
         pgs: BTreeMap<PgId, PgState>,
     ) -> Shared {
@@ -83,7 +82,7 @@ impl Shared {
             fds: FdCache::new(config.fd_cache_entries),
             direct_fds: FdCache::new(config.fd_cache_entries),
             config,
-            engine,
+            disk,
             db: RwLock::new(Some(Arc::new(db))),
             full: AtomicBool::new(false),
             space_tight: AtomicBool::new(false),
@@ -130,6 +129,7 @@ impl Shared {
             }
         }
         let db = meta::open_db(
+            &*self.disk,
             &self.config.dir.join("meta.redb"),
             self.config.meta_cache_bytes,
         )?;
@@ -149,31 +149,23 @@ impl Shared {
     }
 
     /// The data file `file_id`, from the cache or opened (created if `create`).
-    pub fn file(&self, file_id: u64, create: bool) -> io::Result<Arc<File>> {
+    pub fn file(&self, file_id: u64, create: bool) -> io::Result<FileRef> {
         self.fds.get_or_open(file_id, || {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(create)
-                .truncate(false)
-                .custom_flags(libc::O_CLOEXEC)
-                .mode(0o644)
-                .open(self.file_path(file_id))
+            self.disk
+                .open(&self.file_path(file_id), OpenHow::Data { create })
         })
     }
 
     /// A read-only O_DIRECT descriptor of data file `file_id` (cached), or `None` when
     /// the file system does not support O_DIRECT or the open failed (the caller then
     /// reads buffered, which reports real errors).
-    pub fn direct_file(&self, file_id: u64) -> Option<Arc<File>> {
+    pub fn direct_file(&self, file_id: u64) -> Option<FileRef> {
         if self.direct_reads_unsupported.load(Relaxed) {
             return None;
         }
         let opened = self.direct_fds.get_or_open(file_id, || {
-            OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_CLOEXEC | libc::O_DIRECT)
-                .open(self.file_path(file_id))
+            self.disk
+                .open(&self.file_path(file_id), OpenHow::DirectRead)
         });
         match opened {
             Ok(f) => Some(f),
@@ -254,7 +246,13 @@ fn check_sizes(end: u64, len: usize) -> Result<(), StoreError> {
 impl Store {
     /// Opens (or creates) the store in `config.dir`, replaying the journal.
     pub fn open(config: StoreConfig) -> Result<Store, StoreError> {
-        let (sh, worker) = Worker::open(config)?;
+        Store::open_on(Arc::new(RealDisk::new()?), config)
+    }
+
+    /// Opens (or creates) the store in `config.dir` of `disk` (e.g. a [`crate::SimDisk`]),
+    /// replaying the journal. [`Store::open`] is this over a [`RealDisk`].
+    pub fn open_on(disk: Arc<dyn Disk>, config: StoreConfig) -> Result<Store, StoreError> {
+        let (sh, worker) = Worker::open(disk, config)?;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("spindle-store".into())
@@ -486,11 +484,11 @@ impl Store {
                         // `RWF_NOWAIT`: a missing page makes that start a readahead, and
                         // the disk would then read the same blocks twice.
                         let direct = (want >= DIRECT_READ_BYTES_MIN
-                            && fully_cached(&file, read_start, want) == Some(false))
+                            && file.fully_cached(read_start, want) == Some(false))
                         .then(|| self.sh.direct_file(file_id))
                         .flatten();
                         if direct.is_none() {
-                            if let Some(buf) = read_cached(&file, read_start, want) {
+                            if let Some(buf) = file.read_cached(read_start, want) {
                                 self.sh.counters.file_reads_cached.fetch_add(1, Relaxed);
                                 break 'read Some(buf);
                             }
@@ -504,16 +502,11 @@ impl Store {
                             }
                             None => (file, IoBuf::zeroed(want)),
                         };
-                        let op = Op::read(fd_file.as_raw_fd(), read_start, buf);
-                        let req = self
-                            .sh
-                            .engine
-                            .submit(op)
-                            .map_err(|e| StoreError::Io(io::Error::other(e.to_string())))?;
-                        let c = req.await;
+                        let read = self.sh.disk.read_start(&fd_file, read_start, buf);
+                        let (n, buf) = read.done().await?;
                         drop(fd_file);
-                        let n = c.ok()?.min(want);
-                        let mut buf = c.buf.map(IoBuf::into_vec).unwrap_or_default();
+                        let n = n.min(want);
+                        let mut buf = buf.into_vec();
                         buf.truncate(n);
                         buf.resize(want, 0);
                         Some(buf)
@@ -659,7 +652,8 @@ impl Store {
     /// Size and free space of the store's file system, and whether the store is full or
     /// latched by an I/O error.
     pub fn space(&self) -> SpaceInfo {
-        let (total_bytes, avail_bytes) = fs_space(&self.sh.config.dir).unwrap_or((0, 0));
+        let space = self.sh.disk.space(&self.sh.config.dir).unwrap_or_default();
+        let (total_bytes, avail_bytes) = (space.total_bytes, space.avail_bytes);
         SpaceInfo {
             total_bytes,
             avail_bytes,
@@ -716,108 +710,6 @@ impl Drop for Store {
             let _ = t.join();
         }
     }
-}
-
-/// (usable size, available bytes) of the file system holding `path` (statvfs), counted
-/// as `df` counts them: available is `f_bavail` (what an unprivileged writer can still
-/// use) and the usable size is used + available, where used is `f_blocks - f_bfree`.
-/// Blocks reserved for root are in neither, so the used ratio `1 - avail / size` is `df`'s
-/// `Use%` (a file system with a large root reserve would otherwise look nearly full while
-/// most of it is free: 252 GB with 177 GB free but only 16 GB outside the reserve read as
-/// 94% used instead of df's 83%).
-pub(crate) fn fs_space(path: &std::path::Path) -> io::Result<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: `c` is a valid NUL-terminated path and `st` a properly sized out-parameter.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: see above.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let frsize = st.f_frsize as u64;
-    let used_blocks = (st.f_blocks as u64).saturating_sub(st.f_bfree as u64);
-    let avail_blocks = st.f_bavail as u64;
-    Ok((
-        used_blocks
-            .saturating_add(avail_blocks)
-            .saturating_mul(frsize),
-        avail_blocks.saturating_mul(frsize),
-    ))
-}
-
-/// Set once the kernel answered `ENOSYS` to `cachestat` (before Linux 6.5).
-static CACHESTAT_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
-
-/// Whether every page of `[offset, offset + len)` of `file` is in the page cache, asked
-/// with `cachestat(2)`, which starts no I/O; `None` where the kernel lacks it or on error.
-fn fully_cached(file: &File, offset: u64, len: usize) -> Option<bool> {
-    // The kernel's `struct cachestat_range` and `struct cachestat` (include/uapi/linux/mman.h).
-    #[repr(C)]
-    struct Range {
-        off: u64,
-        len: u64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Stat {
-        nr_cache: u64,
-        nr_dirty: u64,
-        nr_writeback: u64,
-        nr_evicted: u64,
-        nr_recently_evicted: u64,
-    }
-    // The number of `cachestat` on every architecture Rust targets (syscalls added since
-    // Linux 5.1 share one numbering; only alpha, which Rust does not target, differs); the
-    // libc crate does not export it for x86_64 glibc.
-    const SYS_CACHESTAT: libc::c_long = 451;
-    if CACHESTAT_UNSUPPORTED.load(Relaxed) || len == 0 {
-        return None;
-    }
-    let range = Range {
-        off: offset,
-        len: len as u64,
-    };
-    let mut stat = Stat::default();
-    // SAFETY: `range` and `stat` are valid for reads/writes of their C layouts for the
-    // call; the descriptor is owned by `file`, alive for the call.
-    let rc = unsafe {
-        libc::syscall(
-            SYS_CACHESTAT,
-            file.as_raw_fd(),
-            &range as *const Range,
-            &mut stat as *mut Stat,
-            0u32,
-        )
-    };
-    if rc != 0 {
-        if io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-            CACHESTAT_UNSUPPORTED.store(true, Relaxed);
-        }
-        return None;
-    }
-    // SAFETY: sysconf has no preconditions.
-    let page_bytes = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).ok()?;
-    let first = offset / page_bytes;
-    let last = (offset + len as u64 - 1) / page_bytes;
-    Some(stat.nr_cache > last - first)
-}
-
-/// `len` bytes at `offset` of `file` if all of them are in the page cache (one
-/// `preadv2(RWF_NOWAIT)`, which never waits for the disk); `None` when any would need disk
-/// I/O, at the end of the file, or on any error (the caller then reads through the
-/// engine, which reports errors).
-fn read_cached(file: &File, offset: u64, len: usize) -> Option<Vec<u8>> {
-    let offset = libc::off_t::try_from(offset).ok()?;
-    let mut buf = vec![0u8; len];
-    let iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: len,
-    };
-    // SAFETY: `iov` describes `buf`, which is valid for `len` bytes of writes and outlives
-    // the call; the descriptor is owned by `file`, alive for the call.
-    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
-    (usize::try_from(n).ok()? == len).then_some(buf)
 }
 
 #[cfg(test)]

@@ -9,19 +9,17 @@
 //!    objects, to their in-memory bytes, and to the in-memory metadata;
 //! 4. resolve the commits.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::fs::{File, OpenOptions};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_io::{Engine, IoBuf, Op};
+use spindle_io::IoBuf;
 
 use crate::commit::CommitTx;
+use crate::disk::{read_exact_at, Disk, FileRef, OpenHow};
 use crate::error::{is_no_space, StoreError};
 use crate::journal::{self, Parsed, Record};
 use crate::limits::{
@@ -30,7 +28,7 @@ use crate::limits::{
 };
 use crate::meta::{self, Super};
 use crate::state::{append_zeros, block_count, block_len, crcs_of, zero_crc, ObjEntry, ObjState};
-use crate::store::{fs_space, Shared};
+use crate::store::Shared;
 use crate::types::*;
 
 /// The change of a `TxnKind::Apply`.
@@ -96,7 +94,7 @@ pub(crate) struct Worker {
     /// before: replay and orphan removal at open).
     unlinker: Option<mpsc::Sender<std::path::PathBuf>>,
     sh: Arc<Shared>,
-    journal: File,
+    journal: FileRef,
     /// Next write offset in the journal (multiple of JOURNAL_ALIGN).
     journal_pos: u64,
     /// Journal bytes known to be allocated and written (zeros or records): O_DSYNC writes
@@ -145,66 +143,17 @@ pub(crate) struct Worker {
     inline_mem: u64,
 }
 
-fn open_journal(path: &std::path::Path) -> io::Result<File> {
-    let open = |direct: bool| {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .custom_flags(libc::O_CLOEXEC | libc::O_DSYNC | if direct { libc::O_DIRECT } else { 0 })
-            .mode(0o644)
-            .open(path)
-    };
-    match open(true) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false),
-        r => r,
-    }
-}
-
-/// Opens an existing data file for an in-place direct write (no create, no truncate).
-fn open_existing_direct(path: &std::path::Path) -> io::Result<File> {
-    let open = |direct: bool| {
-        OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 })
-            .open(path)
-    };
-    match open(true) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false),
-        r => r,
-    }
-}
-
-/// Opens a new data file for a direct (O_DIRECT when supported) write.
-fn open_direct(path: &std::path::Path) -> io::Result<File> {
-    let open = |direct: bool| {
-        OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .custom_flags(libc::O_CLOEXEC | if direct { libc::O_DIRECT } else { 0 })
-            .mode(0o644)
-            .open(path)
-    };
-    match open(true) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false),
-        r => r,
-    }
-}
-
-fn io_err(e: impl std::fmt::Display) -> StoreError {
-    StoreError::Io(io::Error::other(e.to_string()))
-}
-
 impl Worker {
     /// Opens the directory, loads the checkpoint, replays the journal and checkpoints.
-    pub fn open(config: StoreConfig) -> Result<(Arc<Shared>, Worker), StoreError> {
-        std::fs::create_dir_all(config.dir.join("objects"))?;
+    pub fn open(
+        disk: Arc<dyn Disk>,
+        config: StoreConfig,
+    ) -> Result<(Arc<Shared>, Worker), StoreError> {
+        disk.create_dir_all(&config.dir.join("objects"))?;
         let db_path = config.dir.join("meta.redb");
         let journal_path = config.dir.join("journal");
-        let journal_existed = journal_path.exists();
-        let db = meta::open_db(&db_path, config.meta_cache_bytes)?;
+        let journal_existed = disk.exists(&journal_path)?;
+        let db = meta::open_db(&*disk, &db_path, config.meta_cache_bytes)?;
         let loaded = meta::load(&db)?;
         let (sup, pgs, fresh) = match loaded {
             Some(l) => (l.sup, l.pgs, false),
@@ -224,10 +173,13 @@ impl Worker {
                 )))
             }
         };
-        let engine = Engine::new(spindle_io::Config::default()).map_err(io_err)?;
-        let sh = Arc::new(Shared::new(config, engine, db, pgs));
-        let journal = open_journal(&journal_path)?;
-        let journal_len = journal.metadata()?.len();
+        let sh = Arc::new(Shared::new(config, disk.clone(), db, pgs));
+        let journal = disk.open(&journal_path, OpenHow::Journal)?;
+        // The names of a new journal and database must be durable before anything is
+        // acknowledged: records in a journal whose name a power loss undoes are lost.
+        // (Also on every open: cheap, and it covers a crash between create and sync.)
+        disk.sync_dir(&sh.config.dir)?;
+        let journal_len = journal.len_bytes()?;
         let mut w = Worker {
             sh: sh.clone(),
             journal,
@@ -293,13 +245,16 @@ impl Worker {
     /// Replays the journal records of the current epoch; returns how many were applied.
     fn replay(&mut self) -> Result<u64, StoreError> {
         self.replaying = true;
-        let file_len = self.journal.metadata()?.len();
+        let file_len = self.journal.len_bytes()?;
         let mut base = 0u64; // file offset of buf[0]
         let mut buf: Vec<u8> = Vec::new();
         let mut pos = 0u64;
         let mut count = 0u64;
         let chunk = 16usize << 20;
-        let reader = std::fs::File::open(self.sh.config.dir.join("journal"))?;
+        let reader = self
+            .sh
+            .disk
+            .open(&self.sh.config.dir.join("journal"), OpenHow::Read)?;
         loop {
             let in_buf = (pos - base) as usize;
             let eof = base + buf.len() as u64 >= file_len;
@@ -321,7 +276,7 @@ impl Worker {
                     let avail = file_len.saturating_sub(pos);
                     let len = (want as u64).min(avail) as usize;
                     let mut nb = vec![0u8; len];
-                    reader.read_exact_at(&mut nb, pos)?;
+                    read_exact_at(&*reader, &mut nb, pos)?;
                     base = pos;
                     buf = nb;
                 }
@@ -357,10 +312,10 @@ impl Worker {
                 }
                 let mut st = entry.lock();
                 let file = self.sh.file(st.file_id, true)?;
-                if file.metadata()?.len() != st.size {
+                if file.len_bytes()? != st.size {
                     file.set_len(st.size)?;
                 }
-                st.crcs = crcs_of_file(&file, st.size)?;
+                st.crcs = crcs_of_file(&*file, st.size)?;
             }
         }
         tracing::info!(records = count, journal_bytes = pos, "journal replayed");
@@ -376,9 +331,7 @@ impl Worker {
             .flat_map(|p| p.objects.values().map(|e| e.lock().file_id))
             .collect();
         let mut removed = 0u64;
-        for ent in std::fs::read_dir(&self.sh.objects_dir)? {
-            let ent = ent?;
-            let name = ent.file_name();
+        for name in self.sh.disk.read_dir(&self.sh.objects_dir)? {
             let Some(id) = name.to_str().and_then(|n| u64::from_str_radix(n, 16).ok()) else {
                 continue;
             };
@@ -399,27 +352,31 @@ impl Worker {
         // daemons on one disk) on the path of every whole-object overwrite; the file is
         // unreferenced once its replacement's record is durable, so another thread removes
         // it. A crash before that leaves an orphan, removed at the next open.
-        let (unlink_tx, unlink_rx) = mpsc::channel::<std::path::PathBuf>();
-        let unlink_thread = std::thread::Builder::new()
-            .name("spindle-unlink".into())
-            .spawn(move || {
-                for path in unlink_rx {
-                    if let Err(e) = remove_file_if_present(&path) {
-                        tracing::warn!(path = %path.display(), error = %e,
-                            "cannot remove an unreferenced data file (removed at next open)");
+        // A deterministic (simulated) disk is used from this thread only.
+        let mut unlink_thread = None;
+        if self.sh.disk.concurrent() {
+            let (unlink_tx, unlink_rx) = mpsc::channel::<std::path::PathBuf>();
+            let disk = self.sh.disk.clone();
+            let spawned = std::thread::Builder::new()
+                .name("spindle-unlink".into())
+                .spawn(move || {
+                    for path in unlink_rx {
+                        if let Err(e) = remove_file_if_present(&*disk, &path) {
+                            tracing::warn!(path = %path.display(), error = %e,
+                                "cannot remove an unreferenced data file (removed at next open)");
+                        }
                     }
+                });
+            match spawned {
+                Ok(t) => {
+                    self.unlinker = Some(unlink_tx);
+                    unlink_thread = Some(t);
                 }
-            });
-        let mut unlink_thread = match unlink_thread {
-            Ok(t) => {
-                self.unlinker = Some(unlink_tx);
-                Some(t)
+                Err(e) => {
+                    tracing::warn!(error = %e, "no unlink thread; data files are removed inline");
+                }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "no unlink thread; data files are removed inline");
-                None
-            }
-        };
+        }
         loop {
             // Block for work (or until a checkpoint is due). Transactions that arrive while
             // a batch is being committed queue up and become the next batch: group commit
@@ -526,7 +483,9 @@ impl Worker {
             return;
         }
         self.space_check_at = Instant::now() + SPACE_CHECK_INTERVAL;
-        let Ok((_, avail_bytes)) = fs_space(&self.sh.config.dir) else {
+        let Ok(crate::disk::DiskSpace { avail_bytes, .. }) =
+            self.sh.disk.space(&self.sh.config.dir)
+        else {
             return;
         };
         let want_bytes = self
@@ -562,7 +521,7 @@ impl Worker {
         }
         self.full = true;
         self.sh.full.store(true, Relaxed);
-        let released = remove_file_if_present(&self.reserve_path());
+        let released = remove_file_if_present(&*self.sh.disk, &self.reserve_path());
         self.drop_kept_files();
         tracing::warn!(
             error = %why,
@@ -602,17 +561,12 @@ impl Worker {
         let path = self.reserve_path();
         let want = self.sh.config.reserve_bytes;
         let made = (|| -> Result<(), StoreError> {
-            let file = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o644)
-                .open(&path)?;
-            if file.metadata()?.len() >= want {
+            let file = self.sh.disk.open(&path, OpenHow::Data { create: true })?;
+            if file.len_bytes()? >= want {
                 return Ok(());
             }
-            fallocate(&file, 0, 0, want)?;
-            if file.metadata()?.len() < want {
+            file.allocate(0, want, false)?;
+            if file.len_bytes()? < want {
                 // No fallocate here (EOPNOTSUPP): write the zeros.
                 let chunk = vec![0u8; 1 << 20];
                 let mut pos = 0;
@@ -626,7 +580,7 @@ impl Worker {
             Ok(())
         })();
         if let Err(e) = made {
-            let _ = remove_file_if_present(&path);
+            let _ = remove_file_if_present(&*self.sh.disk, &path);
             return Err(e.classify());
         }
         Ok(())
@@ -794,7 +748,7 @@ impl Worker {
             },
             None => path,
         };
-        if let Err(e) = remove_file_if_present(&path) {
+        if let Err(e) = remove_file_if_present(&*self.sh.disk, &path) {
             tracing::warn!(file_id, error = %e, "cannot remove an unreferenced data file");
         }
     }
@@ -805,7 +759,7 @@ impl Worker {
         self.batch_reused.retain(|&(id, _)| id != file_id);
         self.sh.forget_file(file_id);
         self.dirty_files.remove(&file_id);
-        if let Err(e) = remove_file_if_present(&self.sh.file_path(file_id)) {
+        if let Err(e) = remove_file_if_present(&*self.sh.disk, &self.sh.file_path(file_id)) {
             tracing::warn!(file_id, error = %e, "cannot remove an unjournaled data file");
         }
     }
@@ -818,7 +772,8 @@ impl Worker {
             return Ok(());
         }
         let file = self.sh.file(file_id, true)?;
-        fallocate(&file, libc::FALLOC_FL_KEEP_SIZE, offset, len)
+        file.allocate(offset, len, true)
+            .map_err(|e| StoreError::Io(e).classify())
     }
 
     /// The file system has at least [`PREALLOC_SKIP_AVAIL_BYTES_MIN`] available (asked at
@@ -832,8 +787,11 @@ impl Worker {
         if self.roomy_until.is_some_and(|t| now < t) {
             return true;
         }
-        let roomy = crate::store::fs_space(&self.sh.config.dir)
-            .is_ok_and(|(_, avail)| avail >= PREALLOC_SKIP_AVAIL_BYTES_MIN);
+        let roomy = self
+            .sh
+            .disk
+            .space(&self.sh.config.dir)
+            .is_ok_and(|s| s.avail_bytes >= PREALLOC_SKIP_AVAIL_BYTES_MIN);
         self.roomy_until = roomy.then(|| now + ROOM_CHECK_INTERVAL);
         roomy
     }
@@ -941,16 +899,20 @@ impl Worker {
         &mut self,
         file_id: u64,
         reuse: bool,
-    ) -> Result<(Arc<File>, bool), StoreError> {
+    ) -> Result<(FileRef, bool), StoreError> {
         let path = self.sh.file_path(file_id);
         if reuse {
-            if let Ok(f) = open_existing_direct(&path) {
-                return Ok((Arc::new(f), false));
+            if let Ok(f) = self.sh.disk.open(&path, OpenHow::DirectExisting) {
+                return Ok((f, false));
             }
         }
-        let opened = open_direct(&path).map_err(StoreError::from);
+        let opened = self
+            .sh
+            .disk
+            .open(&path, OpenHow::DirectNew)
+            .map_err(StoreError::from);
         match opened {
-            Ok(f) => Ok((Arc::new(f), true)),
+            Ok(f) => Ok((f, true)),
             Err(e) => {
                 self.remove_new_file(file_id);
                 Err(e.classify())
@@ -1173,98 +1135,86 @@ impl Worker {
         }
         let direct = std::mem::take(&mut self.direct);
         let mut files = Vec::with_capacity(direct.len());
-        let mut reqs = Vec::with_capacity(direct.len());
+        let mut crcs_of_batch = Vec::with_capacity(direct.len());
         let mut created = false;
-        for DirectWrite {
-            file_id,
-            data,
-            file,
-            created: new_file,
-            block_crcs,
-        } in direct
-        {
-            created |= new_file;
-            if !new_file {
-                self.sh.counters.files_reused.fetch_add(1, Relaxed);
-            }
-            let size_bytes = data.len() as u64;
-            let bytes = data.as_slice();
-            let aligned = (bytes.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
-                && bytes.len().is_multiple_of(JOURNAL_ALIGN);
-            let padded_len = bytes.len().next_multiple_of(JOURNAL_ALIGN);
-            let (buf, crcs) = match (aligned, block_crcs) {
-                // Already O_DIRECT-ready (the daemon's allocator page-aligns large blocks,
-                // and received payloads are allocated at their exact size): write the
-                // buffer itself, with the block checksums computed while the frame it came
-                // in was verified.
-                (true, Some(crcs)) => (data.into_iobuf(), crcs),
-                (true, None) => {
-                    let crcs = bytes
-                        .chunks(BLOCK_BYTES as usize)
-                        .map(spindle_types::crc::crc32c)
-                        .collect();
-                    (data.into_iobuf(), crcs)
+        let sh = self.sh.clone();
+        // Each write is submitted as soon as its buffer is ready, so copying and
+        // checksumming the next one overlaps the previous one's I/O (engine on a real disk).
+        let mut writes = direct.into_iter().map(
+            |DirectWrite {
+                 file_id,
+                 data,
+                 file,
+                 created: new_file,
+                 block_crcs,
+             }| {
+                created |= new_file;
+                if !new_file {
+                    sh.counters.files_reused.fetch_add(1, Relaxed);
                 }
-                (false, Some(crcs)) => {
-                    (IoBuf::aligned_copy(bytes, padded_len, JOURNAL_ALIGN), crcs)
+                let size_bytes = data.len() as u64;
+                let bytes = data.as_slice();
+                let aligned = (bytes.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
+                    && bytes.len().is_multiple_of(JOURNAL_ALIGN);
+                let padded_len = bytes.len().next_multiple_of(JOURNAL_ALIGN);
+                let (buf, crcs) = match (aligned, block_crcs) {
+                    // Already O_DIRECT-ready (the daemon's allocator page-aligns large
+                    // blocks, and received payloads are allocated at their exact size):
+                    // write the buffer itself, with the block checksums computed while the
+                    // frame it came in was verified.
+                    (true, Some(crcs)) => (data.into_iobuf(), crcs),
+                    (true, None) => {
+                        let crcs = bytes
+                            .chunks(BLOCK_BYTES as usize)
+                            .map(spindle_types::crc::crc32c)
+                            .collect();
+                        (data.into_iobuf(), crcs)
+                    }
+                    (false, Some(crcs)) => {
+                        (IoBuf::aligned_copy(bytes, padded_len, JOURNAL_ALIGN), crcs)
+                    }
+                    // One pass over the data: copy into an aligned buffer and checksum each
+                    // block.
+                    (false, None) => {
+                        let mut crcs =
+                            Vec::with_capacity(bytes.len().div_ceil(BLOCK_BYTES as usize));
+                        let buf = IoBuf::aligned_copy_inspect(
+                            bytes,
+                            padded_len,
+                            JOURNAL_ALIGN,
+                            BLOCK_BYTES as usize,
+                            |block| crcs.push(spindle_types::crc::crc32c(block)),
+                        );
+                        (buf, crcs)
+                    }
+                };
+                if aligned {
+                    sh.counters.direct_writes_adopted.fetch_add(1, Relaxed);
                 }
-                // One pass over the data: copy into an aligned buffer and checksum each
-                // block.
-                (false, None) => {
-                    let mut crcs = Vec::with_capacity(bytes.len().div_ceil(BLOCK_BYTES as usize));
-                    let buf = IoBuf::aligned_copy_inspect(
-                        bytes,
-                        padded_len,
-                        JOURNAL_ALIGN,
-                        BLOCK_BYTES as usize,
-                        |block| crcs.push(spindle_types::crc::crc32c(block)),
-                    );
-                    (buf, crcs)
-                }
-            };
-            if aligned {
-                self.sh.counters.direct_writes_adopted.fetch_add(1, Relaxed);
-            }
-            debug_assert_eq!(crcs.len() as u64, block_count(size_bytes));
-            let req = self
-                .sh
-                .engine
-                .submit(Op::write(file.as_raw_fd(), 0, buf))
-                .map_err(io_err)?;
+                assert_eq!(crcs.len() as u64, block_count(size_bytes));
+                crcs_of_batch.push((file_id, crcs));
+                files.push((file.clone(), size_bytes));
+                (file, 0, buf)
+            },
+        );
+        let written = sh.disk.write_batch(&mut writes);
+        drop(writes);
+        for (file_id, crcs) in crcs_of_batch {
             self.direct_crcs.insert(file_id, crcs);
-            reqs.push(req);
-            files.push((file, size_bytes));
         }
-        let mut first_err = None;
-        for r in reqs {
-            if let Err(e) = r.wait().ok() {
-                first_err.get_or_insert(e);
-            }
-        }
-        if let Some(e) = first_err {
-            return Err(e.into());
-        }
-        let mut syncs = Vec::with_capacity(files.len());
+        written?;
         for (file, size) in &files {
             if !size.is_multiple_of(JOURNAL_ALIGN as u64) {
                 file.set_len(*size)?;
             }
-            let req = self
-                .sh
-                .engine
-                .submit(Op::Fdatasync {
-                    fd: file.as_raw_fd(),
-                })
-                .map_err(io_err)?;
-            syncs.push(req);
         }
-        for r in syncs {
-            r.wait().ok()?;
-        }
+        let len = files.len();
+        let mut each = files.into_iter().map(|(f, _)| Ok(f));
+        self.sh.disk.sync_data_each(&mut each, len)?;
         // New names must be durable before a record refers to them; a reused file's name
         // already is (it was synced when the file was created).
         if created {
-            File::open(&self.sh.objects_dir)?.sync_all()?;
+            self.sh.disk.sync_dir(&self.sh.objects_dir)?;
         }
         Ok(())
     }
@@ -1368,9 +1318,9 @@ impl Worker {
                 JOURNAL_ZERO_CHUNK_BYTES.max(end - self.journal_zeroed)
             };
             let buf = IoBuf::aligned(chunk as usize, JOURNAL_ALIGN);
-            let op = Op::write(self.journal.as_raw_fd(), self.journal_zeroed, buf);
-            let c = self.sh.engine.submit(op).map_err(io_err)?.wait();
-            c.ok()?;
+            let journal = self.journal.clone();
+            let mut write = std::iter::once((journal, self.journal_zeroed, buf));
+            self.sh.disk.write_batch(&mut write)?;
             self.journal_zeroed += chunk;
         }
         Ok(())
@@ -1453,8 +1403,7 @@ impl Worker {
             && !self.sh.space_tight.load(Relaxed)
             && self.freed_this_epoch.len() + self.reusable.len() < REUSABLE_FILES_MAX
         {
-            if let Ok(meta) = std::fs::metadata(&path) {
-                let size = meta.len();
+            if let Ok(size) = self.sh.disk.file_len(&path) {
                 if size >= DIRECT_WRITE_BYTES_MIN as u64
                     && size.is_multiple_of(JOURNAL_ALIGN as u64)
                 {
@@ -1473,12 +1422,12 @@ impl Worker {
             },
             None => path,
         };
-        Ok(remove_file_if_present(&path)?)
+        Ok(remove_file_if_present(&*self.sh.disk, &path)?)
     }
 
     fn submit_write(
         &mut self,
-        file: &Arc<File>,
+        file: &FileRef,
         offset: u64,
         data: Vec<u8>,
     ) -> Result<(), StoreError> {
@@ -1490,19 +1439,17 @@ impl Worker {
     }
 
     /// Reads `[start, start + len)` of `file` (zeros past its end).
-    fn read_old(&mut self, file: &Arc<File>, start: u64, len: u64) -> Result<Vec<u8>, StoreError> {
+    fn read_old(&mut self, file: &FileRef, start: u64, len: u64) -> Result<Vec<u8>, StoreError> {
         let mut buf = vec![0u8; len as usize];
         if len == 0 {
             return Ok(buf);
         }
-        let c = self
+        let (n, buf) = self
             .sh
-            .engine
-            .submit(Op::read(file.as_raw_fd(), start, std::mem::take(&mut buf)))
-            .map_err(io_err)?
-            .wait();
-        let n = c.ok()?;
-        let mut buf = c.buf.map(IoBuf::into_vec).unwrap_or_default();
+            .disk
+            .read_start(file, start, IoBuf::from(std::mem::take(&mut buf)))
+            .wait()?;
+        let mut buf = buf.into_vec();
         buf.truncate(n);
         buf.resize(len as usize, 0);
         Ok(buf)
@@ -1908,39 +1855,18 @@ impl Worker {
     fn checkpoint(&mut self) -> Result<(), StoreError> {
         // At most SYNCS_IN_FLIGHT_MAX syncs (and open descriptors) at a time: a random
         // write workload over a large image dirties one file per write, tens of thousands
-        // per checkpoint, and the engine's request slab (8,192) would run out. A submit
-        // that finds no free slot waits for one, and only this thread would free them: with
-        // every sync submitted before any is waited for, that was a deadlock (found by an
-        // erasure-coded image whose shards were all files).
-        let mut syncs: VecDeque<(spindle_io::Request, Arc<File>)> =
-            VecDeque::with_capacity(SYNCS_IN_FLIGHT_MAX);
+        // per checkpoint (see `Disk::sync_data_each`).
         // Kept dirty until the checkpoint commits: a checkpoint that fails (for lack of
         // space, in the database commit) is retried with the same files.
         let dirty: Vec<u64> = self.dirty_files.iter().copied().collect();
-        for id in dirty {
-            match self.sh.file(id, false) {
-                Ok(f) => {
-                    if syncs.len() >= SYNCS_IN_FLIGHT_MAX {
-                        if let Some((req, _f)) = syncs.pop_front() {
-                            req.wait().ok()?;
-                        }
-                    }
-                    let req = self
-                        .sh
-                        .engine
-                        .submit(Op::Fdatasync { fd: f.as_raw_fd() })
-                        .map_err(io_err)?;
-                    syncs.push_back((req, f));
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        debug_assert!(syncs.len() <= SYNCS_IN_FLIGHT_MAX);
-        for (req, _f) in syncs {
-            req.wait().ok()?;
-        }
-        File::open(&self.sh.objects_dir)?.sync_all()?;
+        let sh = &self.sh;
+        let mut files = dirty.into_iter().filter_map(|id| match sh.file(id, false) {
+            Ok(f) => Some(Ok(f)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => Some(Err(e)),
+        });
+        sh.disk.sync_data_each(&mut files, SYNCS_IN_FLIGHT_MAX)?;
+        sh.disk.sync_dir(&sh.objects_dir)?;
         let sup = Super {
             epoch: self.epoch + 1,
             next_seq: self.next_seq,
@@ -1954,9 +1880,15 @@ impl Worker {
         };
         if let Err(e) = saved {
             // redb refuses every operation after a failed write until reopened; the
-            // previous commit is intact on disk (commits are atomic).
-            if let Err(r) = self.sh.reopen_db() {
-                tracing::warn!(error = %r, "cannot reopen the metadata database yet");
+            // previous commit is intact on disk (commits are atomic). Only a lack of
+            // space is retried: after any other error (a failed fsync above all) the page
+            // cache may hold pages that never reach the disk, and a database reopened on
+            // them would write a header that points at them (after a power loss redb then
+            // finds a corrupt tree); the store latches instead and recovers at restart.
+            if matches!(e, StoreError::NoSpace(_)) {
+                if let Err(r) = self.sh.reopen_db() {
+                    tracing::warn!(error = %r, "cannot reopen the metadata database yet");
+                }
             }
             return Err(e);
         }
@@ -1993,8 +1925,8 @@ impl Worker {
 /// Per-block CRCs of the first `size` bytes of `file` (zeros past its end), read in chunks.
 /// The state of `pg`, created dirty (and with its log marked for reset if the PG was
 /// removed since the last checkpoint) when missing.
-fn remove_file_if_present(path: &std::path::Path) -> io::Result<()> {
-    match std::fs::remove_file(path) {
+fn remove_file_if_present(disk: &dyn Disk, path: &std::path::Path) -> io::Result<()> {
+    match disk.remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
@@ -2012,7 +1944,7 @@ fn pg_entry(
     })
 }
 
-fn crcs_of_file(file: &File, size: u64) -> io::Result<Vec<u32>> {
+fn crcs_of_file(file: &dyn crate::disk::DiskFile, size: u64) -> io::Result<Vec<u32>> {
     const CHUNK: u64 = 1 << 20;
     let mut crcs = Vec::with_capacity(block_count(size) as usize);
     let mut buf = vec![0u8; CHUNK as usize];
@@ -2020,24 +1952,11 @@ fn crcs_of_file(file: &File, size: u64) -> io::Result<Vec<u32>> {
     while pos < size {
         let len = (size - pos).min(CHUNK) as usize;
         buf[..len].fill(0);
-        read_full_at(file, &mut buf[..len], pos)?;
+        file.read_at(&mut buf[..len], pos)?;
         crcs.extend(crcs_of(&buf[..len]));
         pos += len as u64;
     }
     Ok(crcs)
-}
-
-fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 fn txn_bytes_hint(k: &TxnKind) -> usize {
@@ -2095,7 +2014,7 @@ struct DirectWrite {
     file_id: u64,
     data: DirectData,
     /// The target, opened (and, when new, preallocated) at validation.
-    file: Arc<File>,
+    file: FileRef,
     /// A new file (else a reusable file of exactly `data.len()` bytes, overwritten in
     /// place): the objects directory is synced after the batch's direct writes.
     created: bool,
@@ -2136,30 +2055,6 @@ fn frees_space(kind: &TxnKind) -> bool {
         ),
         TxnKind::Recover { state, .. } => state.is_none(),
         TxnKind::SetPgLog { .. } | TxnKind::RemovePg { .. } | TxnKind::PgMark { .. } => true,
-    }
-}
-
-/// `fallocate(2)` of `[offset, offset + len)`; a file system without it reserves nothing
-/// (EOPNOTSUPP is not an error). ENOSPC / EDQUOT become `NoSpace`.
-fn fallocate(file: &File, mode: i32, offset: u64, len: u64) -> Result<(), StoreError> {
-    let range = i64::try_from(offset).ok().zip(i64::try_from(len).ok());
-    let Some((offset, len)) = range else {
-        return Err(StoreError::InvalidArgument(
-            "range too large to allocate".into(),
-        ));
-    };
-    loop {
-        // SAFETY: plain syscall on a descriptor we own; no memory is passed.
-        let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset, len) };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EOPNOTSUPP) => return Ok(()),
-            _ => return Err(StoreError::Io(e).classify()),
-        }
     }
 }
 
