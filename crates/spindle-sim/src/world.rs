@@ -85,6 +85,8 @@ enum Ev {
         from: Node,
         to: Node,
         epoch: u64,
+        /// Matches a reply to its request; 0 = unsolicited.
+        request_id: u64,
         kind: u16,
         payload: Vec<u8>,
     },
@@ -138,6 +140,27 @@ struct OsdNode {
     session: Session,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CmdKind {
+    Create,
+    Remove,
+    Other,
+}
+
+struct Command {
+    kind: CmdKind,
+    pool: String,
+}
+
+/// What the commands about one pool were told: an acknowledged create that was never
+/// followed by a remove must leave the pool in the map; an acknowledged remove must not.
+#[derive(Default)]
+struct PoolFate {
+    create_acked: bool,
+    remove_sent: bool,
+    remove_acked: bool,
+}
+
 struct ClientNode {
     map: Option<ClusterMap>,
 }
@@ -154,6 +177,11 @@ pub struct World {
     clients: BTreeMap<u32, ClientNode>,
     /// Every published epoch's map bytes: all observers must agree on each epoch.
     published: BTreeMap<u64, Vec<u8>>,
+    /// Administrative commands sent and not answered yet, by request id.
+    commands: BTreeMap<u64, Command>,
+    /// Pools created by commands during the run, and what their commands were told.
+    pools: BTreeMap<String, PoolFate>,
+    next_request_id: u64,
     faults_injected: u64,
     faults_over: bool,
     events: u64,
@@ -201,6 +229,9 @@ impl World {
             osds,
             clients,
             published,
+            commands: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            next_request_id: 1,
             faults_injected: 0,
             faults_over: false,
             events: 0,
@@ -289,6 +320,10 @@ impl World {
     }
 
     fn send(&mut self, from: Node, to: Node, msg: &Msg) {
+        self.send_rid(from, to, 0, msg);
+    }
+
+    fn send_rid(&mut self, from: Node, to: Node, request_id: u64, msg: &Msg) {
         let (kind, payload) = (msg.kind(), msg.encode());
         let epoch = self.epoch_of(from);
         for delay in self.net.route(&mut self.rng, from, to) {
@@ -298,6 +333,7 @@ impl World {
                     from,
                     to,
                     epoch,
+                    request_id,
                     kind,
                     payload: payload.clone(),
                 },
@@ -311,11 +347,13 @@ impl World {
                 from,
                 to,
                 epoch,
+                request_id,
                 kind,
                 payload,
             } => {
                 self.trace.u64(from.code());
                 self.trace.u64(epoch);
+                self.trace.u64(request_id);
                 self.trace.u64(to.code());
                 self.trace.u64(kind as u64);
                 self.trace.bytes(&payload);
@@ -326,9 +364,9 @@ impl World {
                     }
                 };
                 match to {
-                    Node::Mon => self.mon_receive(from, epoch, msg),
+                    Node::Mon => self.mon_receive(from, epoch, request_id, msg),
                     Node::Osd(id) => self.osd_receive(id, msg),
-                    Node::Client(id) => self.client_receive(id, msg),
+                    Node::Client(id) => self.client_receive(id, request_id, msg),
                 }
             }
             Ev::MonTick => {
@@ -436,7 +474,7 @@ impl World {
         Some((core.epoch(), core.map().encode()))
     }
 
-    fn mon_receive(&mut self, from: Node, epoch: u64, msg: Msg) {
+    fn mon_receive(&mut self, from: Node, epoch: u64, request_id: u64, msg: Msg) {
         let now = self.now_ms;
         let Some(core) = self.mon.core.as_mut() else {
             return; // down: the message is lost with the connection
@@ -476,6 +514,24 @@ impl World {
                         self.send(Node::Mon, from, &Msg::MapUpdate { map });
                     }
                 }
+            }
+            Msg::Command { args } => {
+                let reply = match core.command(&args) {
+                    Ok((out, next)) => {
+                        if let Some(next) = next {
+                            self.mon_commit(next, &args.join(" "));
+                        }
+                        Msg::CommandReply {
+                            ok: true,
+                            output: out.to_string(),
+                        }
+                    }
+                    Err(e) => Msg::CommandReply {
+                        ok: false,
+                        output: e,
+                    },
+                };
+                self.send_rid(Node::Mon, from, request_id, &reply);
             }
             other => self.fail(format!("the monitor got an unexpected {}", other.name())),
         }
@@ -641,9 +697,27 @@ impl World {
 
     // ---- clients ----
 
-    fn client_receive(&mut self, id: u32, msg: Msg) {
+    fn client_receive(&mut self, id: u32, request_id: u64, msg: Msg) {
         match msg {
             Msg::MapUpdate { map } => self.install(Node::Client(id), &map),
+            Msg::CommandReply { ok, output } => {
+                // A duplicated reply finds its command already answered.
+                let Some(cmd) = self.commands.remove(&request_id) else {
+                    return;
+                };
+                if let Some(fate) = self.pools.get_mut(&cmd.pool) {
+                    match (cmd.kind, ok) {
+                        (CmdKind::Create, true) => fate.create_acked = true,
+                        (CmdKind::Remove, true) => fate.remove_acked = true,
+                        _ => {}
+                    }
+                }
+                // Refusals are fine (a duplicate create finds the pool); anything else
+                // that fails must say why.
+                if !ok && output.is_empty() {
+                    self.fail(format!("client.{id}: a command failed without a reason"));
+                }
+            }
             other => self.fail(format!("client.{id} got an unexpected {}", other.name())),
         }
     }
@@ -687,7 +761,7 @@ impl World {
     fn inject_fault(&mut self) {
         self.faults_injected += 1;
         let daemons = self.cfg.daemons.max(1) as u64;
-        let kind = self.rng.below(6);
+        let kind = self.rng.below(8);
         self.log(|| format!("fault kind {kind}"));
         match kind {
             0 | 1 => {
@@ -742,6 +816,7 @@ impl World {
                 let heal = self.rng.range(1_000, 10_000);
                 self.queue.push(self.now_ms + heal, Ev::Heal(Heal::Network));
             }
+            6 | 7 => self.admin_command(),
             _ => {
                 // Cut a client off from the monitor.
                 if self.cfg.clients > 0 {
@@ -755,6 +830,52 @@ impl World {
                 }
             }
         }
+    }
+
+    /// A client sends an administrative command (map changes while everything else goes
+    /// on): create a pool, remove one created earlier, take a daemon out or put it in.
+    fn admin_command(&mut self) {
+        if self.cfg.clients == 0 {
+            return;
+        }
+        let client = self.rng.below(self.cfg.clients as u64) as u32;
+        let (kind, pool, args) = match self.rng.below(4) {
+            0 | 1 => {
+                let name = format!("sim{}", self.pools.len());
+                self.pools.insert(name.clone(), PoolFate::default());
+                let size = 3.min(self.cfg.daemons).to_string();
+                let args = ["pool", "create", &name, &size, "1", "8"].map(String::from);
+                (CmdKind::Create, name, args.to_vec())
+            }
+            2 => {
+                let created: Vec<String> = self
+                    .pools
+                    .iter()
+                    .filter(|(_, f)| !f.remove_sent)
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                if created.is_empty() {
+                    return;
+                }
+                let name = created[self.rng.below(created.len() as u64) as usize].clone();
+                if let Some(f) = self.pools.get_mut(&name) {
+                    f.remove_sent = true;
+                }
+                let args = vec!["pool".into(), "rm".into(), name.clone()];
+                (CmdKind::Remove, name, args)
+            }
+            _ => {
+                let id = self.rng.below(self.cfg.daemons.max(1) as u64);
+                let verb = if self.rng.below(2) == 0 { "out" } else { "in" };
+                let args = vec!["osd".into(), verb.into(), id.to_string()];
+                (CmdKind::Other, String::new(), args)
+            }
+        };
+        self.log(|| format!("client.{client}: {}", args.join(" ")));
+        let rid = self.next_request_id;
+        self.next_request_id += 1;
+        self.commands.insert(rid, Command { kind, pool });
+        self.send_rid(Node::Client(client), Node::Mon, rid, &Msg::Command { args });
     }
 
     /// Faults stop: partitions heal, the network is clean, crashed processes restart.
@@ -803,6 +924,22 @@ impl World {
                     self.now_ms,
                     o.map.as_ref().map(|m| m.epoch),
                     map.epoch
+                ));
+            }
+        }
+        for (name, fate) in &self.pools {
+            let exists = map.pools.values().any(|p| &p.name == name);
+            if fate.create_acked && !fate.remove_sent && !exists {
+                self.failures.push(format!(
+                    "t={} ms: pool {name} was created (acknowledged) and never removed, but \
+                     the monitor's map (epoch {}) does not have it",
+                    self.now_ms, map.epoch
+                ));
+            }
+            if fate.remove_acked && exists {
+                self.failures.push(format!(
+                    "t={} ms: pool {name} was removed (acknowledged) but is in the map",
+                    self.now_ms
                 ));
             }
         }
