@@ -17,6 +17,7 @@
 //!   `out_after_ms` down (0 = never), and every daemon gets a full grace period when the
 //!   core starts or the daemon joins the map.
 
+use crate::command::{AdminCommand, OsdVerb};
 use serde_json::json;
 use spindle_map::{ClusterMap, OsdInfo, Placement, PoolKind};
 use spindle_proto::msg::PgReport;
@@ -289,51 +290,44 @@ impl MonCore {
         &self,
         args: &[String],
     ) -> Result<(serde_json::Value, Option<ClusterMap>), String> {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        let parse_u32 = |s: &str, what: &str| {
-            s.parse::<u32>()
-                .map_err(|_| format!("{what} must be a number, got '{s}'"))
-        };
-        match a.as_slice() {
-            ["status"] => Ok((crate::status::status(self), None)),
-            ["pool", "ls"] => Ok((crate::status::status(self)["pools"].clone(), None)),
-            ["pool", "create", name, size, min_size, pg_count] => {
-                let (size, min_size, pg_count) = (
-                    parse_u32(size, "size")?,
-                    parse_u32(min_size, "min_size")?,
-                    parse_u32(pg_count, "pg count")?,
-                );
-                let name = name.to_string();
+        self.execute(&AdminCommand::parse(args)?)
+    }
+
+    /// A typed administrative command: its JSON answer and the next map, if it changes it.
+    pub fn execute(
+        &self,
+        cmd: &AdminCommand,
+    ) -> Result<(serde_json::Value, Option<ClusterMap>), String> {
+        match cmd {
+            AdminCommand::Status => Ok((crate::status::status(self), None)),
+            AdminCommand::PoolLs => Ok((crate::status::status(self)["pools"].clone(), None)),
+            AdminCommand::PoolCreate {
+                name,
+                size,
+                min_size,
+                pg_count,
+            } => {
+                let (size, min_size, pg_count) = (*size, *min_size, *pg_count);
+                let name = name.clone();
                 let (id, next) = propose(&self.map, |m| {
-                    m.add_pool(
-                        &name,
-                        PoolKind::Replicated { size, min_size },
-                        pg_count,
-                        0,
-                    )
-                    .map_err(|e| e.to_string())
+                    m.add_pool(&name, PoolKind::Replicated { size, min_size }, pg_count, 0)
+                        .map_err(|e| e.to_string())
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
                 Ok((json!({"pool": name, "id": id, "epoch": epoch}), next))
             }
-            ["pool", "create-ec", name, k, m, min_size, matrix, stripe_unit, pg_count] => {
-                let (k, m, min_size, stripe_unit_bytes, pg_count) = (
-                    parse_u32(k, "k")?,
-                    parse_u32(m, "m")?,
-                    parse_u32(min_size, "min_size")?,
-                    parse_u32(stripe_unit, "stripe unit")?,
-                    parse_u32(pg_count, "pg count")?,
-                );
-                let matrix = spindle_map::EC_MATRIX_NAMES
-                    .iter()
-                    .position(|n| n == matrix)
-                    .ok_or_else(|| {
-                        format!(
-                            "unknown matrix '{matrix}' (one of {})",
-                            spindle_map::EC_MATRIX_NAMES.join(", ")
-                        )
-                    })? as u8;
-                let name = name.to_string();
+            AdminCommand::PoolCreateEc {
+                name,
+                k,
+                m,
+                min_size,
+                matrix,
+                stripe_unit_bytes,
+                pg_count,
+            } => {
+                let (k, m, min_size, matrix, stripe_unit_bytes, pg_count) =
+                    (*k, *m, *min_size, *matrix, *stripe_unit_bytes, *pg_count);
+                let name = name.clone();
                 let (id, next) = propose(&self.map, |map| {
                     // The first rule placing positionally (the embedded map's erasure_rule).
                     let rule = (0..map.crush.rules.len() as i32)
@@ -366,32 +360,35 @@ impl MonCore {
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
                 Ok((json!({"pool": name, "id": id, "epoch": epoch}), next))
             }
-            ["pool", "rm", name] => {
-                let name = name.to_string();
-                let (id, next) =
-                    propose(&self.map, |m| m.remove_pool(&name).map_err(|e| e.to_string()))?;
+            AdminCommand::PoolRm { name } => {
+                let name = name.clone();
+                let (id, next) = propose(&self.map, |m| {
+                    m.remove_pool(&name).map_err(|e| e.to_string())
+                })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
                 Ok((json!({"removed": name, "id": id, "epoch": epoch}), next))
             }
-            ["osd", verb @ ("out" | "in" | "down"), id] => {
-                let id = parse_u32(id, "osd id")?;
-                let verb = verb.to_string();
+            AdminCommand::Osd { verb, id } => {
+                let (verb, id) = (*verb, *id);
                 let ((), next) = propose(&self.map, |m| {
                     let osd = m
                         .osds
                         .get_mut(&id)
                         .ok_or_else(|| format!("no storage daemon osd.{id}"))?;
-                    match verb.as_str() {
-                        "out" => osd.in_cluster = false,
-                        "in" => osd.in_cluster = true,
-                        _ => osd.up = false,
+                    match verb {
+                        OsdVerb::Out => osd.in_cluster = false,
+                        OsdVerb::In => osd.in_cluster = true,
+                        OsdVerb::Down => osd.up = false,
                     }
                     Ok(())
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
-                Ok((json!({"osd": id, "done": verb, "epoch": epoch}), next))
+                Ok((
+                    json!({"osd": id, "done": verb.as_str(), "epoch": epoch}),
+                    next,
+                ))
             }
-            ["crush", "set", text] => {
+            AdminCommand::CrushSet { text } => {
                 let crush = spindle_crush::text::parse_text(text)
                     .map_err(|e| format!("CRUSH map does not parse: {e}"))?;
                 crush
@@ -414,12 +411,8 @@ impl MonCore {
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
                 Ok((json!({"epoch": epoch}), next))
             }
-            ["osd", "add", weight] => {
-                let weight: f64 = weight
-                    .parse()
-                    .ok()
-                    .filter(|w: &f64| w.is_finite() && *w > 0.0 && *w <= 65535.0)
-                    .ok_or_else(|| format!("weight must be a positive number, got '{weight}'"))?;
+            AdminCommand::OsdAdd { weight } => {
+                let weight = *weight;
                 let (id, next) = propose(&self.map, |m| {
                     let ids: Vec<u32> = m.osds.keys().copied().collect();
                     let mut weighted = spindle_map::embedded_weights(&m.crush, &ids).ok_or(
@@ -450,14 +443,13 @@ impl MonCore {
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
                 Ok((json!({"osd": id, "epoch": epoch}), next))
             }
-            ["osd", verb @ ("set-full-ratio" | "set-nearfull-ratio"), ratio] => {
-                let ppm = ratio
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|r| *r > 0.0 && *r <= 1.0)
-                    .map(|r| (r * 1e6).round() as u32)
-                    .ok_or_else(|| format!("ratio must be a number in (0, 1], got '{ratio}'"))?;
-                let full = *verb == "set-full-ratio";
+            AdminCommand::SetRatio { full, ratio_ppm } => {
+                let (full, ppm) = (*full, *ratio_ppm);
+                let verb = if full {
+                    "set-full-ratio"
+                } else {
+                    "set-nearfull-ratio"
+                };
                 let ((), next) = propose(&self.map, |m| {
                     let (nearfull_ppm, full_ppm) = if full {
                         (m.nearfull_ratio_ppm, ppm)
@@ -476,12 +468,14 @@ impl MonCore {
                     Ok(())
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
-                Ok((json!({"done": verb, "ratio": ppm as f64 / 1e6, "epoch": epoch}), next))
+                Ok((
+                    json!({"done": verb, "ratio": ppm as f64 / 1e6, "epoch": epoch}),
+                    next,
+                ))
             }
-            ["crush", "get"] => Ok((json!(spindle_crush::text::print_text(&self.map.crush)), None)),
-            _ => Err(format!(
-                "unknown command '{}' (known: status, pool ls|create|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set)",
-                a.join(" ")
+            AdminCommand::CrushGet => Ok((
+                json!(spindle_crush::text::print_text(&self.map.crush)),
+                None,
             )),
         }
     }

@@ -13,10 +13,12 @@
 //! - epochs strictly increase by one per change;
 //! - malformed requests get an error reply; the monitor never panics on input.
 
+pub mod command;
 pub mod core;
 mod status;
 mod store;
 
+pub use command::{AdminCommand, OsdVerb};
 pub use core::{propose, MapChange, MonCore, MonTiming};
 pub use status::{status, Health, Severity};
 pub use store::{MapStore, MapStoreError, RedbMapStore};

@@ -14,7 +14,7 @@ use crate::queue::EventQueue;
 use crate::rng::SimRng;
 use crate::trace::TraceHash;
 use spindle_map::ClusterMap;
-use spindle_mon::{InitSpec, MapChange, MonCore, MonTiming};
+use spindle_mon::{AdminCommand, InitSpec, MapChange, MonCore, MonTiming, OsdVerb};
 use spindle_proto::Msg;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -839,13 +839,17 @@ impl World {
             return;
         }
         let client = self.rng.below(self.cfg.clients as u64) as u32;
-        let (kind, pool, args) = match self.rng.below(4) {
+        let (kind, pool, cmd) = match self.rng.below(4) {
             0 | 1 => {
                 let name = format!("sim{}", self.pools.len());
                 self.pools.insert(name.clone(), PoolFate::default());
-                let size = 3.min(self.cfg.daemons).to_string();
-                let args = ["pool", "create", &name, &size, "1", "8"].map(String::from);
-                (CmdKind::Create, name, args.to_vec())
+                let cmd = AdminCommand::PoolCreate {
+                    name: name.clone(),
+                    size: 3.min(self.cfg.daemons),
+                    min_size: 1,
+                    pg_count: 8,
+                };
+                (CmdKind::Create, name, cmd)
             }
             2 => {
                 let created: Vec<String> = self
@@ -861,16 +865,24 @@ impl World {
                 if let Some(f) = self.pools.get_mut(&name) {
                     f.remove_sent = true;
                 }
-                let args = vec!["pool".into(), "rm".into(), name.clone()];
-                (CmdKind::Remove, name, args)
+                let cmd = AdminCommand::PoolRm { name: name.clone() };
+                (CmdKind::Remove, name, cmd)
             }
             _ => {
-                let id = self.rng.below(self.cfg.daemons.max(1) as u64);
-                let verb = if self.rng.below(2) == 0 { "out" } else { "in" };
-                let args = vec!["osd".into(), verb.into(), id.to_string()];
-                (CmdKind::Other, String::new(), args)
+                let id = self.rng.below(self.cfg.daemons.max(1) as u64) as u32;
+                let verb = if self.rng.below(2) == 0 {
+                    OsdVerb::Out
+                } else {
+                    OsdVerb::In
+                };
+                (
+                    CmdKind::Other,
+                    String::new(),
+                    AdminCommand::Osd { verb, id },
+                )
             }
         };
+        let args = cmd.to_args();
         self.log(|| format!("client.{client}: {}", args.join(" ")));
         let rid = self.next_request_id;
         self.next_request_id += 1;

@@ -1,0 +1,298 @@
+//! Administrative commands, typed. On the wire a command is still its argument list
+//! (`Msg::Command { args }`, what `spindle` sends); the monitor parses it into an
+//! [`AdminCommand`] (every number and name checked here, with a clear error) before the
+//! core executes it, and [`AdminCommand::to_args`] is the inverse.
+
+/// What `spindle osd out|in|down ID` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OsdVerb {
+    Out,
+    In,
+    Down,
+}
+
+impl OsdVerb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OsdVerb::Out => "out",
+            OsdVerb::In => "in",
+            OsdVerb::Down => "down",
+        }
+    }
+}
+
+/// One administrative command.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AdminCommand {
+    /// The `spindle status` document.
+    Status,
+    /// The pools part of the status document.
+    PoolLs,
+    PoolCreate {
+        name: String,
+        size: u32,
+        min_size: u32,
+        pg_count: u32,
+    },
+    PoolCreateEc {
+        name: String,
+        k: u32,
+        m: u32,
+        min_size: u32,
+        /// Index into `spindle_map::EC_MATRIX_NAMES`.
+        matrix: u8,
+        stripe_unit_bytes: u32,
+        pg_count: u32,
+    },
+    PoolRm {
+        name: String,
+    },
+    Osd {
+        verb: OsdVerb,
+        id: u32,
+    },
+    /// Add a daemon to the embedded CRUSH map with this weight (0 < weight <= 65535).
+    OsdAdd {
+        weight: f64,
+    },
+    /// Set the full (`full: true`) or nearfull ratio, in parts per million (0, 1e6].
+    SetRatio {
+        full: bool,
+        ratio_ppm: u32,
+    },
+    CrushGet,
+    /// Replace the CRUSH map with this `crushtool -d` text.
+    CrushSet {
+        text: String,
+    },
+}
+
+const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set";
+
+fn number(s: &str, what: &str) -> Result<u32, String> {
+    s.parse::<u32>()
+        .map_err(|_| format!("{what} must be a number, got '{s}'"))
+}
+
+impl AdminCommand {
+    /// Parses an argument list (`["pool", "create", "rbd", "3", "2", "64"]`).
+    pub fn parse(args: &[String]) -> Result<AdminCommand, String> {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        Ok(match a.as_slice() {
+            ["status"] => AdminCommand::Status,
+            ["pool", "ls"] => AdminCommand::PoolLs,
+            ["pool", "create", name, size, min_size, pg_count] => AdminCommand::PoolCreate {
+                name: name.to_string(),
+                size: number(size, "size")?,
+                min_size: number(min_size, "min_size")?,
+                pg_count: number(pg_count, "pg count")?,
+            },
+            ["pool", "create-ec", name, k, m, min_size, matrix, stripe_unit, pg_count] => {
+                AdminCommand::PoolCreateEc {
+                    name: name.to_string(),
+                    k: number(k, "k")?,
+                    m: number(m, "m")?,
+                    min_size: number(min_size, "min_size")?,
+                    matrix: spindle_map::EC_MATRIX_NAMES
+                        .iter()
+                        .position(|n| n == matrix)
+                        .ok_or_else(|| {
+                            format!(
+                                "unknown matrix '{matrix}' (one of {})",
+                                spindle_map::EC_MATRIX_NAMES.join(", ")
+                            )
+                        })? as u8,
+                    stripe_unit_bytes: number(stripe_unit, "stripe unit")?,
+                    pg_count: number(pg_count, "pg count")?,
+                }
+            }
+            ["pool", "rm", name] => AdminCommand::PoolRm {
+                name: name.to_string(),
+            },
+            ["osd", verb @ ("out" | "in" | "down"), id] => AdminCommand::Osd {
+                verb: match *verb {
+                    "out" => OsdVerb::Out,
+                    "in" => OsdVerb::In,
+                    _ => OsdVerb::Down,
+                },
+                id: number(id, "osd id")?,
+            },
+            ["osd", "add", weight] => AdminCommand::OsdAdd {
+                weight: weight
+                    .parse()
+                    .ok()
+                    .filter(|w: &f64| w.is_finite() && *w > 0.0 && *w <= 65535.0)
+                    .ok_or_else(|| format!("weight must be a positive number, got '{weight}'"))?,
+            },
+            ["osd", verb @ ("set-full-ratio" | "set-nearfull-ratio"), ratio] => {
+                AdminCommand::SetRatio {
+                    full: *verb == "set-full-ratio",
+                    ratio_ppm: ratio
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|r| *r > 0.0 && *r <= 1.0)
+                        .map(|r| (r * 1e6).round() as u32)
+                        .ok_or_else(|| {
+                            format!("ratio must be a number in (0, 1], got '{ratio}'")
+                        })?,
+                }
+            }
+            ["crush", "get"] => AdminCommand::CrushGet,
+            ["crush", "set", text] => AdminCommand::CrushSet {
+                text: text.to_string(),
+            },
+            _ => {
+                return Err(format!(
+                    "unknown command '{}' (known: {KNOWN})",
+                    a.join(" ")
+                ))
+            }
+        })
+    }
+
+    /// The argument list that [`AdminCommand::parse`] turns back into this command.
+    pub fn to_args(&self) -> Vec<String> {
+        let v: Vec<String> = match self {
+            AdminCommand::Status => vec!["status".into()],
+            AdminCommand::PoolLs => vec!["pool".into(), "ls".into()],
+            AdminCommand::PoolCreate {
+                name,
+                size,
+                min_size,
+                pg_count,
+            } => vec![
+                "pool".into(),
+                "create".into(),
+                name.clone(),
+                size.to_string(),
+                min_size.to_string(),
+                pg_count.to_string(),
+            ],
+            AdminCommand::PoolCreateEc {
+                name,
+                k,
+                m,
+                min_size,
+                matrix,
+                stripe_unit_bytes,
+                pg_count,
+            } => vec![
+                "pool".into(),
+                "create-ec".into(),
+                name.clone(),
+                k.to_string(),
+                m.to_string(),
+                min_size.to_string(),
+                spindle_map::EC_MATRIX_NAMES
+                    .get(*matrix as usize)
+                    .copied()
+                    .unwrap_or("?")
+                    .to_string(),
+                stripe_unit_bytes.to_string(),
+                pg_count.to_string(),
+            ],
+            AdminCommand::PoolRm { name } => vec!["pool".into(), "rm".into(), name.clone()],
+            AdminCommand::Osd { verb, id } => {
+                vec!["osd".into(), verb.as_str().into(), id.to_string()]
+            }
+            AdminCommand::OsdAdd { weight } => {
+                vec!["osd".into(), "add".into(), weight.to_string()]
+            }
+            AdminCommand::SetRatio { full, ratio_ppm } => vec![
+                "osd".into(),
+                if *full {
+                    "set-full-ratio"
+                } else {
+                    "set-nearfull-ratio"
+                }
+                .into(),
+                (*ratio_ppm as f64 / 1e6).to_string(),
+            ],
+            AdminCommand::CrushGet => vec!["crush".into(), "get".into()],
+            AdminCommand::CrushSet { text } => vec!["crush".into(), "set".into(), text.clone()],
+        };
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn every_command_round_trips_through_its_arguments() {
+        let all = [
+            AdminCommand::Status,
+            AdminCommand::PoolLs,
+            AdminCommand::PoolCreate {
+                name: "rbd".into(),
+                size: 3,
+                min_size: 2,
+                pg_count: 64,
+            },
+            AdminCommand::PoolCreateEc {
+                name: "ec".into(),
+                k: 4,
+                m: 2,
+                min_size: 5,
+                matrix: 1,
+                stripe_unit_bytes: 4096,
+                pg_count: 32,
+            },
+            AdminCommand::PoolRm { name: "rbd".into() },
+            AdminCommand::Osd {
+                verb: OsdVerb::Out,
+                id: 3,
+            },
+            AdminCommand::Osd {
+                verb: OsdVerb::Down,
+                id: 0,
+            },
+            AdminCommand::OsdAdd { weight: 1.5 },
+            AdminCommand::SetRatio {
+                full: true,
+                ratio_ppm: 950_000,
+            },
+            AdminCommand::SetRatio {
+                full: false,
+                ratio_ppm: 850_000,
+            },
+            AdminCommand::CrushGet,
+            AdminCommand::CrushSet {
+                text: "# begin crush map\n".into(),
+            },
+        ];
+        for c in all {
+            assert_eq!(AdminCommand::parse(&c.to_args()), Ok(c.clone()), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_clear_errors() {
+        let e = AdminCommand::parse(&args(&["pool", "create", "p", "three", "2", "8"]));
+        assert_eq!(e, Err("size must be a number, got 'three'".into()));
+        let e = AdminCommand::parse(&args(&["osd", "set-full-ratio", "1.5"])).unwrap_err();
+        assert!(e.contains("(0, 1]"), "{e}");
+        let e = AdminCommand::parse(&args(&["osd", "add", "-1"])).unwrap_err();
+        assert!(e.contains("positive"), "{e}");
+        let e = AdminCommand::parse(&args(&[
+            "pool",
+            "create-ec",
+            "e",
+            "2",
+            "1",
+            "3",
+            "bogus",
+            "4096",
+            "8",
+        ]))
+        .unwrap_err();
+        assert!(e.contains("unknown matrix 'bogus'"), "{e}");
+        let e = AdminCommand::parse(&args(&["frobnicate"])).unwrap_err();
+        assert!(e.starts_with("unknown command 'frobnicate'"), "{e}");
+    }
+}
