@@ -59,6 +59,24 @@ pub struct OsdInfo {
     pub full: bool,
 }
 
+impl OsdInfo {
+    /// A daemon as it enters the map (a new cluster, `spindle osd add`): not booted yet
+    /// (down, no address), in, reweight 1.
+    pub fn joining(id: u32) -> OsdInfo {
+        OsdInfo {
+            id,
+            addr: String::new(),
+            pid: 0,
+            up: false,
+            in_cluster: true,
+            weight: 0x10000,
+            up_from: 0,
+            nearfull: false,
+            full: false,
+        }
+    }
+}
+
 /// How a pool stores its objects.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PoolKind {

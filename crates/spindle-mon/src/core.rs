@@ -424,20 +424,7 @@ impl MonCore {
                     let crush = spindle_map::embedded_crush_map_weighted(&weighted)
                         .map_err(|e| e.to_string())?;
                     m.crush = crush;
-                    m.osds.insert(
-                        id,
-                        OsdInfo {
-                            id,
-                            addr: String::new(),
-                            pid: 0,
-                            up: false,
-                            in_cluster: true,
-                            weight: 0x10000,
-                            up_from: 0,
-                            nearfull: false,
-                            full: false,
-                        },
-                    );
+                    m.osds.insert(id, OsdInfo::joining(id));
                     Ok(id)
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);

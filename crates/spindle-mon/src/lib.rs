@@ -86,25 +86,7 @@ pub fn first_map(spec: &InitSpec, cluster_id: u64) -> Result<ClusterMap, MonErro
     let mut map = ClusterMap {
         cluster_id,
         epoch: 1,
-        osds: ids
-            .iter()
-            .map(|&id| {
-                (
-                    id,
-                    OsdInfo {
-                        id,
-                        addr: String::new(),
-                        pid: 0,
-                        up: false,
-                        in_cluster: true,
-                        weight: 0x10000,
-                        up_from: 0,
-                        nearfull: false,
-                        full: false,
-                    },
-                )
-            })
-            .collect(),
+        osds: ids.iter().map(|&id| (id, OsdInfo::joining(id))).collect(),
         pools: Default::default(),
         crush: spindle_map::embedded_crush_map(&ids)?,
         nearfull_ratio_ppm: spindle_map::NEARFULL_RATIO_PPM_DEFAULT,
