@@ -27,7 +27,8 @@
 //! go through one queue per stored group, whose task reads a base slot if needed and
 //! submits the store transaction before taking the next one.
 
-use crate::{store_error_reply, ver, version, InflightGuard, Osd, Phase};
+use crate::counters::OsdCounters;
+use crate::{store_error_reply, InflightGuard, Osd, Phase};
 use spindle_map::ec::{parse_trailer, trailer, EcLayout, TRAILER_BYTES};
 use spindle_map::{shard_pg, ClusterMap, PgMapping};
 use spindle_pg::ec::{decide_slot, ShardAnswer, SlotDecision, SlotView};
@@ -70,6 +71,45 @@ fn err(code: ErrorCode, m: impl Into<String>) -> Msg {
 }
 
 impl Osd {
+    /// The erasure-coded shard protocol, copy side: shard writes (through the group's ordered queue) and shard reads.
+    pub(crate) fn serve_shard(&self, msg: Msg, rid: u64, epoch: u64, reply: Replier) {
+        match msg {
+            Msg::RepWrite {
+                pool,
+                pg,
+                name,
+                version: v,
+                mutation,
+            } if spindle_map::split_shard_pg(pg).1.is_some() => {
+                // A shard of an erasure-coded group: through the group's ordered queue.
+                let done = self.queue_shard_write(PgId { pool, pg }, name, v, mutation);
+                tokio::spawn(async move {
+                    let msg = done
+                        .await
+                        .unwrap_or_else(|_| Msg::error(ErrorCode::Internal, "shard write dropped"));
+                    reply.send_owned(rid, epoch, msg);
+                });
+            }
+            Msg::ShardRead {
+                pool,
+                pg,
+                name,
+                version: want,
+                offset,
+                len,
+            } => {
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let msg = osd
+                        .shard_read(PgId { pool, pg }, &name, want, offset, len)
+                        .await;
+                    reply.send_owned(rid, epoch, msg);
+                });
+            }
+            other => crate::not_handled(&reply, rid, epoch, &other),
+        }
+    }
+
     /// Stored group id of `osd`'s copy of group `pgid` at the current map (the group
     /// itself for replicated pools).
     pub(crate) fn copy_pgid(&self, pgid: PgId, osd: u32) -> PgId {
@@ -138,7 +178,7 @@ impl Osd {
         while let Some(job) = rx.recv().await {
             let store = self.inner.store.clone();
             let commit = match self.compose_shard(stored, &job).await {
-                Ok(m) => store.apply(stored, &job.name, version(job.version), m),
+                Ok(m) => store.apply(stored, &job.name, job.version, m),
                 Err(msg) => {
                     let _ = job.done.send(msg);
                     continue;
@@ -188,7 +228,7 @@ impl Osd {
                         let meta = store.stat(stored, &other).ok_or_else(|| {
                             err(ErrorCode::Conflict, format!("base slot of {name} missing"))
                         })?;
-                        if ver(meta.version) != *bv {
+                        if meta.version != *bv {
                             return Err(err(
                                 ErrorCode::Conflict,
                                 format!("base slot of {name} is not at the expected version"),
@@ -234,7 +274,7 @@ impl Osd {
         let Some(meta) = store.stat(stored, name) else {
             return err(ErrorCode::NotFound, format!("{name}: no such shard"));
         };
-        if ver(meta.version) != want {
+        if meta.version != want {
             return err(ErrorCode::Conflict, "shard is at another version");
         }
         match store.read(stored, name, offset, len).await {
@@ -257,7 +297,7 @@ impl Osd {
             .filter_map(|slot| {
                 store.stat(own, &slot_name(name, slot)).map(|m| Current {
                     slot,
-                    version: ver(m.version),
+                    version: m.version,
                     stored_bytes: m.size_bytes,
                 })
             })
@@ -266,34 +306,22 @@ impl Osd {
 
     /// A client operation on an object of an erasure-coded group (this daemon is primary
     /// and the group is active).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn ec_client_op(
         &self,
         epoch: u64,
-        pgid: PgId,
-        mapping: PgMapping,
-        layout: EcLayout,
-        name: String,
-        op: ObjOp,
-        reply: Replier,
-        rid: u64,
-    ) {
-        self.ec_client_op_inner(epoch, pgid, &mapping, &layout, &name, op, reply, rid)
-            .await;
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn ec_client_op_inner(
-        &self,
-        epoch: u64,
-        pgid: PgId,
         mapping: &PgMapping,
         layout: &EcLayout,
-        name: &str,
-        op: ObjOp,
+        req: crate::client::ClientOp,
         reply: Replier,
-        rid: u64,
     ) {
+        let crate::client::ClientOp {
+            rid,
+            pgid,
+            name,
+            op,
+            ..
+        } = req;
+        let name = name.as_str();
         if let ObjOp::List = op {
             reply.send_owned(rid, epoch, self.ec_list(pgid).await);
             return;
@@ -824,9 +852,9 @@ impl Osd {
                 tokio::spawn(async move {
                     match osd.ec_recover(pgid, &stored, &corrupt).await {
                         Ok(_) => {
-                            osd.inner.repaired.fetch_add(
+                            OsdCounters::add(
+                                &osd.inner.counters.corruptions_repaired,
                                 corrupt.len() as u64,
-                                std::sync::atomic::Ordering::Relaxed,
                             );
                         }
                         Err(e) => tracing::error!("repairing {stored:?} failed: {e}"),
@@ -858,7 +886,7 @@ impl Osd {
             let Some((name, _)) = split_slot(&stored) else {
                 continue;
             };
-            let v = ver(meta.version);
+            let v = meta.version;
             if newest.get(name).is_none_or(|(have, _, _)| *have < v) {
                 newest.insert(name.to_string(), (v, stored.clone(), meta.size_bytes));
             }
@@ -1156,10 +1184,7 @@ impl Osd {
         stored: &str,
     ) -> Result<ShardState, String> {
         if osd != self.inner.id {
-            return Ok(self
-                .pull(osd, epoch, copy, stored)
-                .await?
-                .map(|(data, v)| (data, ver(v))));
+            return self.pull(osd, epoch, copy, stored).await;
         }
         let Some(meta) = self.inner.store.stat(copy, stored) else {
             return Ok(None);
@@ -1170,7 +1195,7 @@ impl Osd {
             .read(copy, stored, 0, meta.size_bytes)
             .await
             .map_err(|e| format!("reading my shard {stored:?}: {e}"))?;
-        Ok(Some((data, ver(meta.version))))
+        Ok(Some((data, meta.version)))
     }
 
     async fn push_shard(
@@ -1186,7 +1211,7 @@ impl Osd {
             let r = self
                 .inner
                 .store
-                .recover_object(copy, stored, state.map(|(d, v)| (d, version(v))))
+                .recover_object(copy, stored, state)
                 .await
                 .map_err(|e| format!("recovering {stored:?} locally: {e}"));
             drop(guard);

@@ -8,6 +8,13 @@
 //! copy has it durable. A read that fails its checksum locally is served from another
 //! copy and the local copy is repaired.
 //!
+//! Where things are: `handle_request` (below) checks the sender's map epoch and routes by
+//! protocol to `client.rs` (client operations on the primary), `replication.rs` (replica
+//! writes), `ec.rs` (erasure-coded operations and shard writes/reads), `peering.rs` (the
+//! copy side of peering and recovery), `recovery.rs` (the primary side: peering rounds over
+//! `spindle_pg::PgCore`, recovery, stray removal), `scrub.rs`; `fanout.rs` waits for the
+//! copies of a write; `counters.rs` holds every event count.
+//!
 //! Invariants:
 //! - a placement group serves client I/O only after peering completed at the current
 //!   epoch and only while at least `min_size` copies are up;
@@ -18,9 +25,14 @@
 //!   placement;
 //! - bad requests get error replies; nothing a peer sends can panic the daemon.
 
+mod client;
+mod counters;
+use counters::OsdCounters;
 mod ec;
 mod fanout;
+mod peering;
 mod recovery;
+mod replication;
 mod scrub;
 
 /// The pure peering decisions moved to `spindle-pg`; re-exported for compatibility.
@@ -30,7 +42,7 @@ use spindle_map::{ClusterMap, PgMapping, Placement};
 use spindle_pg::rules::IntervalChange;
 use spindle_pg::TxnGate;
 use spindle_proto::msg::{
-    LogEntryMsg, Mutation as WireMutation, ObjOp, ObjectListing, PgReport, PgStateCode, Ver,
+    LogEntryMsg, Mutation as WireMutation, ObjOp, PgReport, PgStateCode, Ver,
 };
 use spindle_proto::net::{
     accept_loop, Incoming, NetError, PendingReply, Prepared, Replier, RpcConn, Service,
@@ -39,7 +51,7 @@ use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{LogEntry, LogOp, Mutation, PgId, Store, StoreConfig, StoreError, Version};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -95,36 +107,30 @@ impl OsdConfig {
     }
 }
 
-fn ver(v: Version) -> Ver {
-    Ver {
-        epoch: v.epoch,
-        seq: v.seq,
-    }
-}
-fn version(v: Ver) -> Version {
-    Version {
-        epoch: v.epoch,
-        seq: v.seq,
-    }
-}
 /// Whole-object writes at least this large are replicated from the buffer the local
 /// store writes too (see `start_write`): those the store writes straight from the buffer
 /// (smaller ones it copies into its journal anyway).
 const SHARED_WRITE_BYTES_MIN: usize = spindle_store::DIRECT_WRITE_BYTES_MIN;
 
-fn to_store_mutation(m: WireMutation) -> Mutation {
-    match m {
+/// The store's form of a replicated mutation; `None` for the erasure-coded ones (they are
+/// applied through the shard path, `ec.rs`): callers refuse those with
+/// [`not_replicated`].
+fn to_store_mutation(m: WireMutation) -> Option<Mutation> {
+    Some(match m {
         WireMutation::WriteFull(d) => Mutation::WriteFull(d),
         WireMutation::Write { offset, data } => Mutation::Write { offset, data },
         WireMutation::Truncate { size_bytes } => Mutation::Truncate { size_bytes },
         WireMutation::Delete => Mutation::Delete,
-        // Never reaches a replicated copy (client_op and the RepWrite handler refuse it);
-        // an empty truncate of offset 0 would be wrong, so make it an invalid write.
-        WireMutation::EcWrite { .. } | WireMutation::EcPatch { .. } => Mutation::Write {
-            offset: u64::MAX,
-            data: vec![0],
-        },
-    }
+        WireMutation::EcWrite { .. } | WireMutation::EcPatch { .. } => return None,
+    })
+}
+
+/// The refusal of an erasure-coded mutation sent to a replicated group.
+fn not_replicated() -> Msg {
+    Msg::error(
+        ErrorCode::Invalid,
+        "an erasure-coded write to a replicated group",
+    )
 }
 
 fn is_shard_mutation(m: &WireMutation) -> bool {
@@ -136,7 +142,7 @@ fn is_shard_mutation(m: &WireMutation) -> bool {
 fn log_to_wire(log: &[LogEntry]) -> Vec<LogEntryMsg> {
     log.iter()
         .map(|e| LogEntryMsg {
-            version: ver(e.version),
+            version: e.version,
             name: e.name.clone(),
             delete: e.op == LogOp::Delete,
         })
@@ -145,7 +151,7 @@ fn log_to_wire(log: &[LogEntry]) -> Vec<LogEntryMsg> {
 fn log_from_wire(log: &[LogEntryMsg]) -> Vec<LogEntry> {
     log.iter()
         .map(|e| LogEntry {
-            version: version(e.version),
+            version: e.version,
             name: e.name.clone(),
             op: if e.delete {
                 LogOp::Delete
@@ -221,18 +227,11 @@ struct Inner {
     peers: Mutex<HashMap<u32, Arc<RpcConn>>>,
     mon: Mutex<Option<Arc<RpcConn>>>,
     push_tx: mpsc::UnboundedSender<Incoming>,
-    repaired: AtomicU64,
     throttle: recovery::Throttle,
     /// Stray groups being removed: requests for them get `Again`.
     removing: Mutex<HashSet<PgId>>,
-    recovered_objects: AtomicU64,
-    recovered_bytes: AtomicU64,
-    backfills: AtomicU64,
-    log_recoveries: AtomicU64,
-    strays_removed: AtomicU64,
-    scrub: scrub::ScrubCounters,
-    /// Client operations received (recovery yields while this moves).
-    client_ops: AtomicU64,
+    /// Every event count, reported with each heartbeat.
+    counters: OsdCounters,
     /// This daemon's file system is above the map's full ratio (updated with every
     /// heartbeat): new client writes are refused with `NoSpace`, deletes are not.
     over_full_ratio: std::sync::atomic::AtomicBool,
@@ -314,19 +313,12 @@ impl Osd {
                 peers: Mutex::new(HashMap::new()),
                 mon: Mutex::new(None),
                 push_tx,
-                repaired: Default::default(),
                 throttle: recovery::Throttle::new(
                     config.recovery_ops_max,
                     config.recovery_bytes_per_sec,
                 ),
                 removing: Mutex::new(HashSet::new()),
-                recovered_objects: Default::default(),
-                recovered_bytes: Default::default(),
-                backfills: Default::default(),
-                log_recoveries: Default::default(),
-                strays_removed: Default::default(),
-                scrub: Default::default(),
-                client_ops: Default::default(),
+                counters: OsdCounters::default(),
                 over_full_ratio: Default::default(),
                 inflight: Mutex::new(TxnGate::new()),
                 ec_layouts: Mutex::new(HashMap::new()),
@@ -607,24 +599,20 @@ impl Osd {
 
     fn counters(&self) -> Vec<(String, u64)> {
         let s = self.inner.store.stats();
-        let i = &self.inner;
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut counters = vec![
-            ("corruptions_repaired".to_string(), get(&i.repaired)),
-            ("recovered_objects".to_string(), get(&i.recovered_objects)),
-            ("recovered_bytes".to_string(), get(&i.recovered_bytes)),
-            ("backfills".to_string(), get(&i.backfills)),
-            ("log_recoveries".to_string(), get(&i.log_recoveries)),
-            ("strays_removed".to_string(), get(&i.strays_removed)),
-            ("scrubbed_objects".to_string(), get(&i.scrub.objects)),
-            ("scrub_inconsistent".to_string(), get(&i.scrub.inconsistent)),
-            ("scrub_repaired".to_string(), get(&i.scrub.repaired)),
+        let mut counters: Vec<(String, u64)> = self
+            .inner
+            .counters
+            .snapshot()
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect();
+        counters.extend([
             ("corruptions_detected".to_string(), s.corruptions_detected),
             ("transactions".to_string(), s.transactions),
             ("flushes".to_string(), s.flushes),
             ("objects".to_string(), s.objects),
             ("data_bytes".to_string(), s.data_bytes),
-        ];
+        ]);
         // Space of the data directory's file system and the store's condition: the
         // monitor derives nearfull / full (map flags) and OSD_UNHEALTHY from these.
         let space = self.inner.store.space();
@@ -659,27 +647,6 @@ impl Osd {
             ("store_failed".to_string(), space.failed.is_some() as u64),
         ]);
         counters
-    }
-
-    /// Why a new client write to `mapping` must be refused for lack of space (before a
-    /// version is assigned, so no copy applies it): this daemon's store is full or its
-    /// file system is above the full ratio, or the map marks a copy's daemon full.
-    fn refuse_for_space(&self, map: &ClusterMap, mapping: &PgMapping) -> Option<String> {
-        let me = self.inner.id;
-        if self.inner.store.is_full() {
-            return Some(format!("osd.{me}: store is full"));
-        }
-        if self.inner.over_full_ratio.load(Ordering::Relaxed) {
-            return Some(format!(
-                "osd.{me}: file system above the full ratio {}",
-                map.full_ratio_ppm as f64 / 1e6
-            ));
-        }
-        mapping
-            .up
-            .iter()
-            .find(|o| map.osds.get(o).is_some_and(|i| i.full))
-            .map(|o| format!("osd.{o} is full"))
     }
 
     fn pg_reports(&self) -> Vec<PgReport> {
@@ -759,8 +726,8 @@ impl Osd {
     fn local_log_info(&self, pgid: PgId) -> LogInfo {
         let info = self.inner.store.pg_info(pgid);
         LogInfo {
-            last_version: ver(info.last_version),
-            log_tail: ver(info.log_tail),
+            last_version: info.last_version,
+            log_tail: info.log_tail,
             log: log_to_wire(&self.inner.store.pg_log(pgid)),
             incomplete: info.incomplete,
         }
@@ -781,7 +748,7 @@ impl Osd {
         match self.call_peer(osd, epoch, &msg).await? {
             Msg::ObjState {
                 version: v, data, ..
-            } => Ok(v.map(|v| (data, version(v)))),
+            } => Ok(v.map(|v| (data, v))),
             other => Err(format!("osd.{osd}: unexpected {}", other.name())),
         }
     }
@@ -940,239 +907,34 @@ impl Osd {
         let block_crcs = inc.bulk_block_crcs;
         match inc.msg {
             Msg::ObjRequest { pool, pg, name, op } => {
-                self.client_op(&ms, rid, pool, pg, name, op, block_crcs, reply)
-            }
-            Msg::RepWrite {
-                pool,
-                pg,
-                name,
-                version: v,
-                mutation,
-            } if spindle_map::split_shard_pg(pg).1.is_some() => {
-                // A shard of an erasure-coded group: through the group's ordered queue.
-                let done = self.queue_shard_write(PgId { pool, pg }, name, v, mutation);
-                tokio::spawn(async move {
-                    let msg = done
-                        .await
-                        .unwrap_or_else(|_| Msg::error(ErrorCode::Internal, "shard write dropped"));
-                    reply.send_owned(rid, epoch, msg);
-                });
-            }
-            Msg::ShardRead {
-                pool,
-                pg,
-                name,
-                version: want,
-                offset,
-                len,
-            } => {
-                let osd = self.clone();
-                tokio::spawn(async move {
-                    let msg = osd
-                        .shard_read(PgId { pool, pg }, &name, want, offset, len)
-                        .await;
-                    reply.send_owned(rid, epoch, msg);
-                });
-            }
-            Msg::RepWrite { ref mutation, .. } if is_shard_mutation(mutation) => {
-                reply.send(
+                let req = client::ClientOp {
                     rid,
-                    epoch,
-                    &Msg::error(ErrorCode::Invalid, "shard write to a replicated group"),
-                );
-            }
-            Msg::RepWrite {
-                pool,
-                pg,
-                name,
-                version: v,
-                mutation,
-            } => {
-                let guard = self.inflight_begin(PgId { pool, pg });
-                let commit = self.inner.store.apply_with_block_crcs(
-                    PgId { pool, pg },
-                    &name,
-                    version(v),
-                    to_store_mutation(mutation),
+                    pgid: PgId { pool, pg },
+                    name,
+                    op,
                     block_crcs,
-                );
-                tokio::spawn(async move {
-                    let committed = commit.await;
-                    drop(guard);
-                    let msg = match committed {
-                        Ok(()) => Msg::Ok,
-                        Err(e) => store_error_reply(&e),
-                    };
-                    reply.send(rid, epoch, &msg);
-                });
-            }
-            Msg::PgQuery { pool, pg } => {
-                let osd = self.clone();
-                tokio::spawn(async move {
-                    let pgid = PgId { pool, pg };
-                    let msg = match osd.inflight_drain(pgid).await {
-                        Ok(()) => {
-                            let info = osd.local_log_info(pgid);
-                            Msg::PgInfo {
-                                last_version: info.last_version,
-                                log_tail: info.log_tail,
-                                log: info.log,
-                                incomplete: info.incomplete,
-                            }
-                        }
-                        Err(e) => Msg::error(ErrorCode::Again, e),
-                    };
-                    reply.send_owned(rid, epoch, msg);
-                });
-            }
-            Msg::PgMark {
-                pool,
-                pg,
-                incomplete,
-            } => {
-                let commit = self.inner.store.mark_pg(PgId { pool, pg }, incomplete);
-                tokio::spawn(async move {
-                    let msg = match commit.await {
-                        Ok(()) => Msg::Ok,
-                        Err(e) => store_error_reply(&e),
-                    };
-                    reply.send(rid, epoch, &msg);
-                });
-            }
-            Msg::PgCleanQuery { pool, pg } => {
-                let msg = if self.pg_is_clean(PgId { pool, pg }, epoch) {
-                    Msg::Ok
-                } else {
-                    Msg::error(ErrorCode::Again, "not clean")
                 };
-                reply.send(rid, epoch, &msg);
+                self.client_op(&ms, req, reply)
             }
-            Msg::ScrubPg { pool, pg } => {
-                let osd = self.clone();
-                tokio::spawn(async move {
-                    let msg = osd.scrub_pg(PgId { pool, pg }, epoch).await;
-                    reply.send(rid, epoch, &msg);
-                });
+            // Erasure-coded groups' shard copies have shard group numbers.
+            msg @ Msg::RepWrite { pg, .. } if spindle_map::split_shard_pg(pg).1.is_some() => {
+                self.serve_shard(msg, rid, epoch, reply)
             }
-            Msg::ScrubQuery { pool, pg, names } => {
-                let osd = self.clone();
-                tokio::spawn(async move {
-                    let entries = osd.scrub_entries(PgId { pool, pg }, &names).await;
-                    reply.send_owned(rid, epoch, Msg::ScrubMap { entries });
-                });
+            msg @ Msg::RepWrite { .. } => {
+                self.serve_replication(msg, rid, epoch, block_crcs, reply)
             }
-            Msg::PgList { pool, pg } => {
-                let osd = self.clone();
-                tokio::spawn(async move {
-                    let pgid = PgId { pool, pg };
-                    let msg = match osd.inflight_drain(pgid).await {
-                        Ok(()) => osd.listing_reply(pgid),
-                        Err(e) => Msg::error(ErrorCode::Again, e),
-                    };
-                    reply.send_owned(rid, epoch, msg);
-                });
+            msg @ Msg::ShardRead { .. } => self.serve_shard(msg, rid, epoch, reply),
+            msg @ (Msg::PgQuery { .. }
+            | Msg::PgList { .. }
+            | Msg::PgMark { .. }
+            | Msg::PgCleanQuery { .. }
+            | Msg::ObjPull { .. }
+            | Msg::ObjState { .. }
+            | Msg::PgSetLog { .. }) => self.serve_peering(msg, rid, epoch, reply),
+            msg @ (Msg::ScrubPg { .. } | Msg::ScrubQuery { .. }) => {
+                self.serve_scrub(msg, rid, epoch, reply)
             }
-            Msg::ObjPull { pool, pg, name } => {
-                let store = self.inner.store.clone();
-                tokio::spawn(async move {
-                    let pgid = PgId { pool, pg };
-                    let msg = match store.stat(pgid, &name) {
-                        None => Msg::ObjState {
-                            pool,
-                            pg,
-                            name,
-                            version: None,
-                            data: Vec::new(),
-                        },
-                        Some(meta) => match store.read(pgid, &name, 0, meta.size_bytes).await {
-                            Ok(data) => Msg::ObjState {
-                                pool,
-                                pg,
-                                name,
-                                version: Some(ver(meta.version)),
-                                data,
-                            },
-                            Err(e) => store_error_reply(&e),
-                        },
-                    };
-                    reply.send_owned(rid, epoch, msg);
-                });
-            }
-            Msg::ObjState {
-                pool,
-                pg,
-                name,
-                version: v,
-                data,
-            } => {
-                let guard = self.inflight_begin(PgId { pool, pg });
-                let commit = self.inner.store.recover_object(
-                    PgId { pool, pg },
-                    &name,
-                    v.map(|v| (data, version(v))),
-                );
-                tokio::spawn(async move {
-                    let committed = commit.await;
-                    drop(guard);
-                    let msg = match committed {
-                        Ok(()) => Msg::Ok,
-                        Err(e) => store_error_reply(&e),
-                    };
-                    reply.send(rid, epoch, &msg);
-                });
-            }
-            Msg::PgSetLog {
-                pool,
-                pg,
-                last_version,
-                log_tail,
-                log,
-            } => {
-                let commit = self.inner.store.set_pg_log(
-                    PgId { pool, pg },
-                    log_from_wire(&log),
-                    version(last_version),
-                    version(log_tail),
-                );
-                tokio::spawn(async move {
-                    let msg = match commit.await {
-                        Ok(()) => Msg::Ok,
-                        Err(e) => store_error_reply(&e),
-                    };
-                    reply.send(rid, epoch, &msg);
-                });
-            }
-            other => {
-                reply.send(
-                    rid,
-                    epoch,
-                    &Msg::error(
-                        ErrorCode::Invalid,
-                        format!("a storage daemon does not handle {}", other.name()),
-                    ),
-                );
-            }
-        }
-    }
-
-    /// Every object of a placement group with size and version.
-    fn listing_reply(&self, pgid: PgId) -> Msg {
-        let listing = self
-            .inner
-            .store
-            .list(pgid)
-            .into_iter()
-            .map(|(name, m)| ObjectListing {
-                name,
-                size_bytes: m.size_bytes,
-                version: ver(m.version),
-            })
-            .collect();
-        Msg::ObjReply {
-            version: Ver::default(),
-            size_bytes: 0,
-            data: Vec::new(),
-            listing,
+            other => not_handled(&reply, rid, epoch, &other),
         }
     }
 
@@ -1183,446 +945,19 @@ impl Osd {
             tokio::spawn(async move { osd.fetch_map(&conn).await });
         }
     }
-
-    #[allow(clippy::too_many_arguments)]
-    fn client_op(
-        &self,
-        ms: &Arc<MapState>,
-        rid: u64,
-        pool: u32,
-        pg: u32,
-        name: String,
-        op: ObjOp,
-        block_crcs: Vec<u32>,
-        reply: Replier,
-    ) {
-        let epoch = ms.map.epoch;
-        let pgid = PgId { pool, pg };
-        self.inner.client_ops.fetch_add(1, Ordering::Relaxed);
-        let Some(mapping) = ms.placement.pg(pool, pg) else {
-            reply.send(
-                rid,
-                epoch,
-                &Msg::error(ErrorCode::NoSuchPool, format!("no pg {pgid}")),
-            );
-            return;
-        };
-        if mapping.primary() != Some(self.inner.id) {
-            reply.send(
-                rid,
-                epoch,
-                &Msg::error(
-                    ErrorCode::NotPrimary,
-                    format!("osd.{} is not primary", self.inner.id),
-                ),
-            );
-            return;
-        }
-        let phase = lock(&self.inner.pgs)
-            .get(&(pool, pg))
-            .map_or(Phase::Peering, |s| s.phase);
-        if phase != Phase::Active {
-            reply.send(
-                rid,
-                epoch,
-                &Msg::error(ErrorCode::Again, format!("pg {pgid} is {phase:?}")),
-            );
-            return;
-        }
-        // New data is refused before anything is assigned or sent; deletes and truncates
-        // always go through (they are how space is freed).
-        let adds_data = match &op {
-            ObjOp::Mutate(m) => !matches!(m, WireMutation::Delete | WireMutation::Truncate { .. }),
-            _ => false,
-        };
-        if adds_data {
-            if let Some(why) = self.refuse_for_space(&ms.map, mapping) {
-                reply.send(rid, epoch, &Msg::error(ErrorCode::NoSpace, why));
-                return;
-            }
-        }
-        let osd = self.clone();
-        if let Some(layout) = self.ec_layout_of(&ms.map, pool) {
-            let mapping = mapping.clone();
-            tokio::spawn(async move {
-                osd.ec_client_op(epoch, pgid, mapping, layout, name, op, reply, rid)
-                    .await
-            });
-            return;
-        }
-        if matches!(&op, ObjOp::Mutate(m) if is_shard_mutation(m)) {
-            reply.send(
-                rid,
-                epoch,
-                &Msg::error(
-                    ErrorCode::Invalid,
-                    "erasure-coded write to a replicated pool",
-                ),
-            );
-            return;
-        }
-        // Operations on an object some copy still misses wait for its recovery (reads and
-        // stats only when this daemon itself misses it).
-        let wait_for = match &op {
-            ObjOp::Mutate(_) => self.object_missing(pgid, &name, false),
-            ObjOp::Read { .. } | ObjOp::Stat => self.object_missing(pgid, &name, true),
-            ObjOp::List => false,
-        };
-        if wait_for {
-            let ms = ms.clone();
-            let since = self.interval_of(pgid).unwrap_or(0);
-            tokio::spawn(async move {
-                if let Err(e) = osd.ensure_recovered(pgid, since, &name).await {
-                    reply.send(rid, epoch, &Msg::error(ErrorCode::Again, e));
-                    return;
-                }
-                osd.client_op(&ms, rid, pool, pg, name, op, block_crcs, reply);
-            });
-            return;
-        }
-        match op {
-            ObjOp::Mutate(m) => {
-                // Fast path: all replica connections exist, so the version is assigned and
-                // the replication frames are queued right now, in arrival order.
-                let replicas: Vec<u32> = mapping
-                    .up
-                    .iter()
-                    .copied()
-                    .filter(|&o| o != self.inner.id)
-                    .collect();
-                let conns: Option<Vec<Arc<RpcConn>>> = {
-                    let peers = lock(&self.inner.peers);
-                    replicas
-                        .iter()
-                        .map(|o| peers.get(o).filter(|c| c.is_reusable()).cloned())
-                        .collect()
-                };
-                match conns {
-                    Some(conns) => {
-                        let started = self.start_write(epoch, pgid, &name, m, block_crcs, &conns);
-                        tokio::spawn(async move {
-                            let msg = osd.finish_write(started).await;
-                            reply.send(rid, epoch, &msg);
-                        });
-                    }
-                    None => {
-                        tokio::spawn(async move {
-                            let mut conns = Vec::new();
-                            for o in replicas {
-                                match osd.peer_conn(o).await {
-                                    Ok(c) => conns.push(c),
-                                    Err(e) => {
-                                        reply.send(rid, epoch, &Msg::error(ErrorCode::Again, e));
-                                        return;
-                                    }
-                                }
-                            }
-                            let started =
-                                osd.start_write(epoch, pgid, &name, m, block_crcs, &conns);
-                            let msg = osd.finish_write(started).await;
-                            reply.send(rid, epoch, &msg);
-                        });
-                    }
-                }
-            }
-            ObjOp::Read { offset, len } => {
-                let peers: Vec<u32> = mapping
-                    .up
-                    .iter()
-                    .copied()
-                    .filter(|&o| o != self.inner.id)
-                    .collect();
-                tokio::spawn(async move {
-                    let msg = osd.read(epoch, pgid, &name, offset, len, &peers).await;
-                    reply.send_owned(rid, epoch, msg);
-                });
-            }
-            ObjOp::Stat => {
-                let msg = match self.inner.store.stat(pgid, &name) {
-                    Some(meta) => Msg::ObjReply {
-                        version: ver(meta.version),
-                        size_bytes: meta.size_bytes,
-                        data: Vec::new(),
-                        listing: Vec::new(),
-                    },
-                    None => Msg::error(ErrorCode::NotFound, format!("{name}: no such object")),
-                };
-                reply.send(rid, epoch, &msg);
-            }
-            ObjOp::List => match self.primary_misses_objects(pgid) {
-                None => {
-                    reply.send(rid, epoch, &self.listing_reply(pgid));
-                }
-                // Still recovering myself: the authoritative copy has the full listing.
-                Some(source) => {
-                    tokio::spawn(async move {
-                        let msg = match osd
-                            .call_peer(source, epoch, &Msg::PgList { pool, pg })
-                            .await
-                        {
-                            Ok(m @ Msg::ObjReply { .. }) => m,
-                            Ok(other) => Msg::error(
-                                ErrorCode::Again,
-                                format!("listing from osd.{source}: {}", other.name()),
-                            ),
-                            Err(e) => Msg::error(ErrorCode::Again, e),
-                        };
-                        reply.send_owned(rid, epoch, msg);
-                    });
-                }
-            },
-        }
-    }
-
-    /// Assigns the version, applies locally and queues replication, atomically per PG.
-    /// (The error is the reply to send; replies are built once, not boxed.)
-    #[allow(clippy::result_large_err)]
-    fn start_write(
-        &self,
-        epoch: u64,
-        pgid: PgId,
-        name: &str,
-        m: WireMutation,
-        block_crcs: Vec<u32>,
-        conns: &[Arc<RpcConn>],
-    ) -> Result<StartedWrite, Msg> {
-        if matches!(m, WireMutation::Delete) && self.inner.store.stat(pgid, name).is_none() {
-            return Err(Msg::error(
-                ErrorCode::NotFound,
-                format!("{name}: no such object"),
-            ));
-        }
-        let replaces = matches!(m, WireMutation::WriteFull(_) | WireMutation::Delete);
-        let mut pgs = lock(&self.inner.pgs);
-        let st = pgs
-            .get_mut(&(pgid.pool, pgid.pg))
-            .filter(|s| s.phase == Phase::Active && s.epoch == epoch)
-            .ok_or_else(|| Msg::error(ErrorCode::Again, "placement group changed"))?;
-        if st
-            .recovery
-            .as_ref()
-            .is_some_and(|r| r.core.is_missing(name, None))
-        {
-            // Never reached through client_op (it recovers first); kept as a guard.
-            return Err(Msg::error(ErrorCode::Again, "object is being recovered"));
-        }
-        let v = Ver {
-            epoch,
-            seq: st.last.seq + 1,
-        };
-        // A large whole-object write: the replicas' body and the local write share one
-        // buffer (no copy), and the body's checksum is combined from the block checksums
-        // computed when the client's frame was verified (no pass over the bytes).
-        let (m, shared) = match m {
-            WireMutation::WriteFull(data) if data.len() >= SHARED_WRITE_BYTES_MIN => {
-                (WireMutation::WriteFull(Vec::new()), Some(Arc::new(data)))
-            }
-            other => (other, None),
-        };
-        let rep = Msg::RepWrite {
-            pool: pgid.pool,
-            pg: pgid.pg,
-            name: name.to_string(),
-            version: v,
-            mutation: m,
-        };
-        // One encoding (and checksum) of the body for every replica.
-        let prepared = match &shared {
-            Some(data) => {
-                let bulk_crc = spindle_ec::crc32c::crc32c_of_blocks(&block_crcs, data.len());
-                Prepared::with_shared_bulk(&rep, data.clone(), bulk_crc)
-            }
-            None => Prepared::new(&rep),
-        };
-        let m = match rep {
-            Msg::RepWrite { mutation, .. } => mutation,
-            _ => {
-                return Err(Msg::error(
-                    ErrorCode::Internal,
-                    "replication message mismatch",
-                ))
-            }
-        };
-        let mut pending = Vec::with_capacity(conns.len());
-        for c in conns {
-            match c.start_prepared(epoch, &prepared) {
-                Ok(p) => pending.push(p),
-                Err(e) => return Err(Msg::error(ErrorCode::Again, e.to_string())),
-            }
-        }
-        st.last = v;
-        let inflight = self.inflight_begin(pgid);
-        let commit = match shared {
-            Some(data) => {
-                self.inner
-                    .store
-                    .apply_full_shared(pgid, name, version(v), data, block_crcs)
-            }
-            None => self.inner.store.apply_with_block_crcs(
-                pgid,
-                name,
-                version(v),
-                to_store_mutation(m),
-                block_crcs,
-            ),
-        };
-        drop(pgs);
-        Ok(StartedWrite {
-            version: v,
-            commit,
-            inflight,
-            pending,
-            pgid,
-            name: name.to_string(),
-            replaces,
-        })
-    }
-
-    async fn finish_write(&self, started: Result<StartedWrite, Msg>) -> Msg {
-        let w = match started {
-            Ok(w) => w,
-            Err(msg) => return msg,
-        };
-        let timeout = self.inner.config.replica_timeout_ms;
-        let local = w.commit.await;
-        drop(w.inflight);
-        let answers =
-            fanout::wait_all(w.pending.into_iter().map(|p| ((), p)).collect(), timeout).await;
-        let mut failure = None;
-        let mut no_space = None;
-        let mut replica_error = false;
-        for ((), f) in answers.failures {
-            replica_error |= f.copy_refused();
-            match f {
-                fanout::CopyFailure::NoSpace(message) => {
-                    no_space = Some(format!("replica: {message}"));
-                }
-                fanout::CopyFailure::NewerMap(map) => {
-                    let _ = self.install_map(&map);
-                    failure = Some("a replica has a newer map".to_string());
-                }
-                other => failure = Some(format!("replica: {other}")),
-            }
-        }
-        // Some copies may have applied the write and others not: peering again compares
-        // the logs and recovers the object on the copies that miss it (or lack the space).
-        if replica_error || local.is_err() {
-            self.repeer(w.pgid, w.version.epoch);
-        }
-        if let Err(e) = local {
-            if matches!(e, StoreError::NoSpace(_)) {
-                tracing::warn!("osd.{}: write {} refused: {e}", self.inner.id, w.name);
-            } else {
-                tracing::error!("osd.{}: local write failed: {e}", self.inner.id);
-            }
-            return store_error_reply(&e);
-        }
-        if let Some(f) = no_space {
-            tracing::warn!(
-                "osd.{}: write {} in pg {}.{:x} not acknowledged: {f}",
-                self.inner.id,
-                w.name,
-                w.pgid.pool,
-                w.pgid.pg
-            );
-            return Msg::error(ErrorCode::NoSpace, f);
-        }
-        if let Some(f) = failure {
-            tracing::info!(
-                "osd.{}: write {} in pg {} not acknowledged: {f}",
-                self.inner.id,
-                w.name,
-                w.pgid
-            );
-            return Msg::error(ErrorCode::Again, f);
-        }
-        if w.replaces {
-            self.clear_damaged(w.pgid, &w.name);
-        }
-        let size_bytes = self
-            .inner
-            .store
-            .stat(w.pgid, &w.name)
-            .map_or(0, |m| m.size_bytes);
-        Msg::ObjReply {
-            version: w.version,
-            size_bytes,
-            data: Vec::new(),
-            listing: Vec::new(),
-        }
-    }
-
-    /// Reads locally; on a checksum failure reads the object from another copy, repairs
-    /// the local one and serves the good data.
-    async fn read(
-        &self,
-        epoch: u64,
-        pgid: PgId,
-        name: &str,
-        offset: u64,
-        len: u64,
-        peers: &[u32],
-    ) -> Msg {
-        let store = &self.inner.store;
-        let Some(meta) = store.stat(pgid, name) else {
-            return Msg::error(ErrorCode::NotFound, format!("{name}: no such object"));
-        };
-        match store.read(pgid, name, offset, len).await {
-            Ok(data) => Msg::ObjReply {
-                version: ver(meta.version),
-                size_bytes: meta.size_bytes,
-                data,
-                listing: Vec::new(),
-            },
-            Err(e @ StoreError::Corrupt { .. }) => {
-                tracing::error!("osd.{}: {e}; reading another copy", self.inner.id);
-                for &peer in peers {
-                    match self.pull(peer, epoch, pgid, name).await {
-                        Ok(Some((data, v))) if v == meta.version => {
-                            let start = (offset.min(data.len() as u64)) as usize;
-                            let end = (offset.saturating_add(len)).min(data.len() as u64) as usize;
-                            let part = data[start..end].to_vec();
-                            match store.recover_object(pgid, name, Some((data, v))).await {
-                                Ok(()) => {
-                                    self.inner
-                                        .repaired
-                                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                    tracing::warn!(
-                                        "osd.{}: repaired {name} in pg {pgid} from osd.{peer}",
-                                        self.inner.id
-                                    );
-                                }
-                                Err(e) => tracing::error!("repair of {name} failed: {e}"),
-                            }
-                            return Msg::ObjReply {
-                                version: ver(v),
-                                size_bytes: meta.size_bytes,
-                                data: part,
-                                listing: Vec::new(),
-                            };
-                        }
-                        Ok(_) => continue,
-                        Err(e) => tracing::warn!("osd.{}: {e}", self.inner.id),
-                    }
-                }
-                Msg::error(ErrorCode::Corrupt, format!("{e}; no good copy reachable"))
-            }
-            Err(e) => store_error_reply(&e),
-        }
-    }
 }
 
-struct StartedWrite {
-    version: Ver,
-    commit: spindle_store::Commit,
-    /// Held until the local commit resolved (peering waits for it).
-    inflight: InflightGuard,
-    pending: Vec<PendingReply>,
-    pgid: PgId,
-    name: String,
-    /// A whole-object write or a delete: once acknowledged, the object is no longer
-    /// damaged (scrub's verdict is replaced).
-    replaces: bool,
+/// The answer to a message this daemon's protocols do not include (or a message routed to
+/// the wrong protocol's handler).
+fn not_handled(reply: &Replier, rid: u64, epoch: u64, msg: &Msg) {
+    reply.send(
+        rid,
+        epoch,
+        &Msg::error(
+            ErrorCode::Invalid,
+            format!("a storage daemon does not handle {}", msg.name()),
+        ),
+    );
 }
 
 fn expect_ok(msg: Msg) -> Result<(), String> {

@@ -24,11 +24,11 @@
 //! - a copy outside the up set (a stray) is removed only after the group's primary says
 //!   the group is clean at the same epoch.
 
-use crate::{ver, Osd, PgState, Phase};
+use crate::counters::OsdCounters;
+use crate::{Osd, PgState, Phase};
 use spindle_proto::Msg;
 use spindle_store::PgId;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -267,9 +267,9 @@ impl Osd {
                         .map(|meta| meta.size_bytes)
                 });
                 if backfill {
-                    self.inner.backfills.fetch_add(1, Ordering::Relaxed);
+                    OsdCounters::bump(&self.inner.counters.backfills);
                 } else {
-                    self.inner.log_recoveries.fetch_add(1, Ordering::Relaxed);
+                    OsdCounters::bump(&self.inner.counters.log_recoveries);
                 }
                 tracing::info!(
                     "osd.{me}: pg {pgid} epoch {epoch}: {} object copies to recover on {:?} \
@@ -344,7 +344,7 @@ impl Osd {
                 .into_iter()
                 .map(|(n, m)| {
                     let o = ListedObject {
-                        version: ver(m.version),
+                        version: m.version,
                         size_bytes: m.size_bytes,
                     };
                     (n, o)
@@ -438,12 +438,9 @@ impl Osd {
                         let left = rec.core.on_event(outcome);
                         if let (Ok(bytes), Some(_)) = (&result, left) {
                             let bytes = *bytes;
-                            self.inner
-                                .recovered_objects
-                                .fetch_add(osds.len() as u64, Ordering::Relaxed);
-                            self.inner
-                                .recovered_bytes
-                                .fetch_add(bytes * osds.len() as u64, Ordering::Relaxed);
+                            let c = &self.inner.counters;
+                            OsdCounters::add(&c.recovered_objects, osds.len() as u64);
+                            OsdCounters::add(&c.recovered_bytes, bytes * osds.len() as u64);
                         }
                         rec.notify.notify_waiters();
                     }
@@ -486,7 +483,7 @@ impl Osd {
                     .read(pgid, name, 0, meta.size_bytes)
                     .await
                     .map_err(|e| format!("reading {name} to push: {e}"))?;
-                ((Some(ver(meta.version)), data), meta.size_bytes)
+                ((Some(meta.version), data), meta.size_bytes)
             }
         };
         let peers: Vec<u32> = osds.iter().copied().filter(|&o| o != me).collect();
@@ -535,13 +532,13 @@ impl Osd {
                 Err(_) => return,
             };
             self.inner.throttle.pace(size.max(4096)).await;
-            let client_ops_before = self.inner.client_ops.load(Ordering::Relaxed);
+            let client_ops_before = OsdCounters::get(&self.inner.counters.client_ops);
             let started = Instant::now();
             let r = self.ensure_recovered(pgid, since, &name).await;
             // Yield to clients: while client operations arrive, each recovery slot keeps a
             // duty cycle of 1 / (1 + RECOVERY_YIELD_FACTOR) (the slot stays taken while it
             // pauses, so other groups cannot fill the gap).
-            if self.inner.client_ops.load(Ordering::Relaxed) != client_ops_before {
+            if OsdCounters::get(&self.inner.counters.client_ops) != client_ops_before {
                 let pause = started.elapsed() * RECOVERY_YIELD_FACTOR;
                 tokio::time::sleep(pause.min(Duration::from_millis(RECOVERY_YIELD_MAX_MS))).await;
             }
@@ -689,7 +686,7 @@ impl Osd {
             crate::lock(&self.inner.removing).remove(&pgid);
             match r {
                 Ok(()) => {
-                    self.inner.strays_removed.fetch_add(1, Ordering::Relaxed);
+                    OsdCounters::bump(&self.inner.counters.strays_removed);
                     tracing::info!("osd.{me}: removed stray copy of pg {pgid} ({objects} objects)");
                 }
                 Err(e) => return Err(e.to_string()),

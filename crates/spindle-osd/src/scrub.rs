@@ -6,18 +6,19 @@
 //! in the group's missing set, so client writes to that object wait until it is repaired
 //! and a repair never overwrites a newer write.
 
+use crate::counters::OsdCounters;
 use crate::ec::split_slot;
 use crate::recovery::Recovery;
-use crate::{ver, Osd, Phase};
+use crate::{Osd, Phase};
 use spindle_map::{Pool, PoolKind};
 use spindle_pg::recovery::Missing;
 use spindle_pg::scrub::{classify, unsettled_names, Rule, Verdict};
 use spindle_pg::RecoveryCore;
 use spindle_proto::msg::{ScrubEntry, Ver};
+use spindle_proto::net::Replier;
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{PgId, StoreError};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -33,17 +34,31 @@ struct ScrubOutcome {
     damaged: Vec<String>,
 }
 
-#[derive(Default)]
-pub(crate) struct ScrubCounters {
-    pub objects: AtomicU64,
-    pub inconsistent: AtomicU64,
-    pub repaired: AtomicU64,
-}
-
 /// How long an on-demand scrub waits for its repairs before answering.
 const REPAIR_WAIT_MS: u64 = 60_000;
 
 impl Osd {
+    /// The scrub protocol: `ScrubPg` (scrub a group now, on its primary) and `ScrubQuery` (this copy's scrub map).
+    pub(crate) fn serve_scrub(&self, msg: Msg, rid: u64, epoch: u64, reply: Replier) {
+        match msg {
+            Msg::ScrubPg { pool, pg } => {
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let msg = osd.scrub_pg(PgId { pool, pg }, epoch).await;
+                    reply.send(rid, epoch, &msg);
+                });
+            }
+            Msg::ScrubQuery { pool, pg, names } => {
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let entries = osd.scrub_entries(PgId { pool, pg }, &names).await;
+                    reply.send_owned(rid, epoch, Msg::ScrubMap { entries });
+                });
+            }
+            other => crate::not_handled(&reply, rid, epoch, &other),
+        }
+    }
+
     /// This copy's scrub entries for `names` (every object if empty).
     pub(crate) async fn scrub_entries(&self, pgid: PgId, names: &[String]) -> Vec<ScrubEntry> {
         let store = &self.inner.store;
@@ -67,7 +82,7 @@ impl Osd {
             };
             out.push(ScrubEntry {
                 name,
-                version: ver(meta.version),
+                version: meta.version,
                 size_bytes: meta.size_bytes,
                 digest,
                 ok,
@@ -216,9 +231,9 @@ impl Osd {
         let damaged_names = self.set_damaged(pgid, since, damaged);
         let objects = all.len() as u64;
         let repairable: u64 = bad.values().map(|(o, _)| o.len() as u64).sum();
-        let c = &self.inner.scrub;
-        c.objects.fetch_add(objects, Ordering::Relaxed);
-        c.inconsistent.fetch_add(inconsistent, Ordering::Relaxed);
+        let c = &self.inner.counters;
+        OsdCounters::add(&c.scrubbed_objects, objects);
+        OsdCounters::add(&c.scrub_inconsistent, inconsistent);
         let mut outcome = ScrubOutcome {
             objects,
             inconsistent,
@@ -279,7 +294,7 @@ impl Osd {
                 || !self.interval_is(pgid, since)
             {
                 outcome.repaired = if left == 0 { repairable } else { 0 };
-                c.repaired.fetch_add(outcome.repaired, Ordering::Relaxed);
+                OsdCounters::add(&c.scrub_repaired, outcome.repaired);
                 return Ok(outcome);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -307,7 +322,7 @@ impl Osd {
         let store = &self.inner.store;
         st.damaged = found
             .into_iter()
-            .filter(|(name, seen)| store.stat(own, name).map(|m| ver(m.version)) == *seen)
+            .filter(|(name, seen)| store.stat(own, name).map(|m| m.version) == *seen)
             .map(|(name, _)| name)
             .collect();
         let names: BTreeSet<String> = st

@@ -1,0 +1,499 @@
+//! The client protocol on a group's primary: `ObjRequest` (writes, partial writes,
+//! truncates, deletes, reads, stats, listings). A replicated write gets the group's next
+//! version, is applied locally and sent to every other acting copy in version order
+//! (`start_write`), and is acknowledged once every copy has it durable (`finish_write`,
+//! over `fanout`). Erasure-coded pools' operations continue in `ec.rs`.
+
+use super::*;
+
+/// One client request (`ObjRequest`) as the handlers take it.
+pub(crate) struct ClientOp {
+    /// The request id the reply carries.
+    pub rid: u64,
+    pub pgid: PgId,
+    pub name: String,
+    pub op: ObjOp,
+    /// Block checksums of the frame's bulk bytes (a whole-object write's data), verified
+    /// when the frame arrived: the store keeps them instead of checksumming again.
+    pub block_crcs: Vec<u32>,
+}
+
+impl Osd {
+    /// Why a new client write to `mapping` must be refused for lack of space (before a
+    /// version is assigned, so no copy applies it): this daemon's store is full or its
+    /// file system is above the full ratio, or the map marks a copy's daemon full.
+    fn refuse_for_space(&self, map: &ClusterMap, mapping: &PgMapping) -> Option<String> {
+        let me = self.inner.id;
+        if self.inner.store.is_full() {
+            return Some(format!("osd.{me}: store is full"));
+        }
+        if self.inner.over_full_ratio.load(Ordering::Relaxed) {
+            return Some(format!(
+                "osd.{me}: file system above the full ratio {}",
+                map.full_ratio_ppm as f64 / 1e6
+            ));
+        }
+        mapping
+            .up
+            .iter()
+            .find(|o| map.osds.get(o).is_some_and(|i| i.full))
+            .map(|o| format!("osd.{o} is full"))
+    }
+
+    /// Serves one client operation (this daemon must be the group's primary and the group
+    /// active at the current epoch, else the client is told why and retries).
+    pub(crate) fn client_op(&self, ms: &Arc<MapState>, req: ClientOp, reply: Replier) {
+        let epoch = ms.map.epoch;
+        let ClientOp {
+            rid,
+            pgid,
+            name,
+            op,
+            block_crcs,
+        } = req;
+        let (pool, pg) = (pgid.pool, pgid.pg);
+        OsdCounters::bump(&self.inner.counters.client_ops);
+        let Some(mapping) = ms.placement.pg(pool, pg) else {
+            reply.send(
+                rid,
+                epoch,
+                &Msg::error(ErrorCode::NoSuchPool, format!("no pg {pgid}")),
+            );
+            return;
+        };
+        if mapping.primary() != Some(self.inner.id) {
+            reply.send(
+                rid,
+                epoch,
+                &Msg::error(
+                    ErrorCode::NotPrimary,
+                    format!("osd.{} is not primary", self.inner.id),
+                ),
+            );
+            return;
+        }
+        let phase = lock(&self.inner.pgs)
+            .get(&(pool, pg))
+            .map_or(Phase::Peering, |s| s.phase);
+        if phase != Phase::Active {
+            reply.send(
+                rid,
+                epoch,
+                &Msg::error(ErrorCode::Again, format!("pg {pgid} is {phase:?}")),
+            );
+            return;
+        }
+        // New data is refused before anything is assigned or sent; deletes and truncates
+        // always go through (they are how space is freed).
+        let adds_data = match &op {
+            ObjOp::Mutate(m) => !matches!(m, WireMutation::Delete | WireMutation::Truncate { .. }),
+            _ => false,
+        };
+        if adds_data {
+            if let Some(why) = self.refuse_for_space(&ms.map, mapping) {
+                reply.send(rid, epoch, &Msg::error(ErrorCode::NoSpace, why));
+                return;
+            }
+        }
+        let osd = self.clone();
+        if let Some(layout) = self.ec_layout_of(&ms.map, pool) {
+            let mapping = mapping.clone();
+            tokio::spawn(async move {
+                let req = ClientOp {
+                    rid,
+                    pgid,
+                    name,
+                    op,
+                    block_crcs: Vec::new(),
+                };
+                osd.ec_client_op(epoch, &mapping, &layout, req, reply).await
+            });
+            return;
+        }
+        if matches!(&op, ObjOp::Mutate(m) if is_shard_mutation(m)) {
+            reply.send(
+                rid,
+                epoch,
+                &Msg::error(
+                    ErrorCode::Invalid,
+                    "erasure-coded write to a replicated pool",
+                ),
+            );
+            return;
+        }
+        // Operations on an object some copy still misses wait for its recovery (reads and
+        // stats only when this daemon itself misses it).
+        let wait_for = match &op {
+            ObjOp::Mutate(_) => self.object_missing(pgid, &name, false),
+            ObjOp::Read { .. } | ObjOp::Stat => self.object_missing(pgid, &name, true),
+            ObjOp::List => false,
+        };
+        if wait_for {
+            let ms = ms.clone();
+            let since = self.interval_of(pgid).unwrap_or(0);
+            tokio::spawn(async move {
+                if let Err(e) = osd.ensure_recovered(pgid, since, &name).await {
+                    reply.send(rid, epoch, &Msg::error(ErrorCode::Again, e));
+                    return;
+                }
+                let req = ClientOp {
+                    rid,
+                    pgid,
+                    name,
+                    op,
+                    block_crcs,
+                };
+                osd.client_op(&ms, req, reply);
+            });
+            return;
+        }
+        match op {
+            ObjOp::Mutate(m) => {
+                // Fast path: all replica connections exist, so the version is assigned and
+                // the replication frames are queued right now, in arrival order.
+                let replicas: Vec<u32> = mapping
+                    .up
+                    .iter()
+                    .copied()
+                    .filter(|&o| o != self.inner.id)
+                    .collect();
+                let conns: Option<Vec<Arc<RpcConn>>> = {
+                    let peers = lock(&self.inner.peers);
+                    replicas
+                        .iter()
+                        .map(|o| peers.get(o).filter(|c| c.is_reusable()).cloned())
+                        .collect()
+                };
+                match conns {
+                    Some(conns) => {
+                        let started = self.start_write(epoch, pgid, &name, m, block_crcs, &conns);
+                        tokio::spawn(async move {
+                            let msg = osd.finish_write(started).await;
+                            reply.send(rid, epoch, &msg);
+                        });
+                    }
+                    None => {
+                        tokio::spawn(async move {
+                            let mut conns = Vec::new();
+                            for o in replicas {
+                                match osd.peer_conn(o).await {
+                                    Ok(c) => conns.push(c),
+                                    Err(e) => {
+                                        reply.send(rid, epoch, &Msg::error(ErrorCode::Again, e));
+                                        return;
+                                    }
+                                }
+                            }
+                            let started =
+                                osd.start_write(epoch, pgid, &name, m, block_crcs, &conns);
+                            let msg = osd.finish_write(started).await;
+                            reply.send(rid, epoch, &msg);
+                        });
+                    }
+                }
+            }
+            ObjOp::Read { offset, len } => {
+                let peers: Vec<u32> = mapping
+                    .up
+                    .iter()
+                    .copied()
+                    .filter(|&o| o != self.inner.id)
+                    .collect();
+                tokio::spawn(async move {
+                    let msg = osd.read(epoch, pgid, &name, offset, len, &peers).await;
+                    reply.send_owned(rid, epoch, msg);
+                });
+            }
+            ObjOp::Stat => {
+                let msg = match self.inner.store.stat(pgid, &name) {
+                    Some(meta) => Msg::ObjReply {
+                        version: meta.version,
+                        size_bytes: meta.size_bytes,
+                        data: Vec::new(),
+                        listing: Vec::new(),
+                    },
+                    None => Msg::error(ErrorCode::NotFound, format!("{name}: no such object")),
+                };
+                reply.send(rid, epoch, &msg);
+            }
+            ObjOp::List => match self.primary_misses_objects(pgid) {
+                None => {
+                    reply.send(rid, epoch, &self.listing_reply(pgid));
+                }
+                // Still recovering myself: the authoritative copy has the full listing.
+                Some(source) => {
+                    tokio::spawn(async move {
+                        let msg = match osd
+                            .call_peer(source, epoch, &Msg::PgList { pool, pg })
+                            .await
+                        {
+                            Ok(m @ Msg::ObjReply { .. }) => m,
+                            Ok(other) => Msg::error(
+                                ErrorCode::Again,
+                                format!("listing from osd.{source}: {}", other.name()),
+                            ),
+                            Err(e) => Msg::error(ErrorCode::Again, e),
+                        };
+                        reply.send_owned(rid, epoch, msg);
+                    });
+                }
+            },
+        }
+    }
+
+    /// Assigns the version, applies locally and queues replication, atomically per PG.
+    /// (The error is the reply to send; replies are built once, not boxed.)
+    #[allow(clippy::result_large_err)]
+    fn start_write(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        name: &str,
+        m: WireMutation,
+        block_crcs: Vec<u32>,
+        conns: &[Arc<RpcConn>],
+    ) -> Result<StartedWrite, Msg> {
+        if matches!(m, WireMutation::Delete) && self.inner.store.stat(pgid, name).is_none() {
+            return Err(Msg::error(
+                ErrorCode::NotFound,
+                format!("{name}: no such object"),
+            ));
+        }
+        let replaces = matches!(m, WireMutation::WriteFull(_) | WireMutation::Delete);
+        let mut pgs = lock(&self.inner.pgs);
+        let st = pgs
+            .get_mut(&(pgid.pool, pgid.pg))
+            .filter(|s| s.phase == Phase::Active && s.epoch == epoch)
+            .ok_or_else(|| Msg::error(ErrorCode::Again, "placement group changed"))?;
+        if st
+            .recovery
+            .as_ref()
+            .is_some_and(|r| r.core.is_missing(name, None))
+        {
+            // Never reached through client_op (it recovers first); kept as a guard.
+            return Err(Msg::error(ErrorCode::Again, "object is being recovered"));
+        }
+        let v = Ver {
+            epoch,
+            seq: st.last.seq + 1,
+        };
+        // A large whole-object write: the replicas' body and the local write share one
+        // buffer (no copy), and the body's checksum is combined from the block checksums
+        // computed when the client's frame was verified (no pass over the bytes).
+        let (m, shared) = match m {
+            WireMutation::WriteFull(data) if data.len() >= SHARED_WRITE_BYTES_MIN => {
+                (WireMutation::WriteFull(Vec::new()), Some(Arc::new(data)))
+            }
+            other => (other, None),
+        };
+        let rep = Msg::RepWrite {
+            pool: pgid.pool,
+            pg: pgid.pg,
+            name: name.to_string(),
+            version: v,
+            mutation: m,
+        };
+        // One encoding (and checksum) of the body for every replica.
+        let prepared = match &shared {
+            Some(data) => {
+                let bulk_crc = spindle_ec::crc32c::crc32c_of_blocks(&block_crcs, data.len());
+                Prepared::with_shared_bulk(&rep, data.clone(), bulk_crc)
+            }
+            None => Prepared::new(&rep),
+        };
+        let m = match rep {
+            Msg::RepWrite { mutation, .. } => mutation,
+            _ => {
+                return Err(Msg::error(
+                    ErrorCode::Internal,
+                    "replication message mismatch",
+                ))
+            }
+        };
+        // The local store's form, before anything is sent: a mutation the store cannot
+        // apply is refused while no copy has seen it.
+        let local = match &shared {
+            Some(_) => None,
+            None => Some(to_store_mutation(m).ok_or_else(not_replicated)?),
+        };
+        let mut pending = Vec::with_capacity(conns.len());
+        for c in conns {
+            match c.start_prepared(epoch, &prepared) {
+                Ok(p) => pending.push(p),
+                Err(e) => return Err(Msg::error(ErrorCode::Again, e.to_string())),
+            }
+        }
+        st.last = v;
+        let inflight = self.inflight_begin(pgid);
+        let commit = match (shared, local) {
+            (Some(data), _) => self
+                .inner
+                .store
+                .apply_full_shared(pgid, name, v, data, block_crcs),
+            (None, Some(mutation)) => self
+                .inner
+                .store
+                .apply_with_block_crcs(pgid, name, v, mutation, block_crcs),
+            (None, None) => {
+                return Err(Msg::error(
+                    ErrorCode::Internal,
+                    "a write with neither a shared buffer nor a store mutation",
+                ))
+            }
+        };
+        drop(pgs);
+        Ok(StartedWrite {
+            version: v,
+            commit,
+            inflight,
+            pending,
+            pgid,
+            name: name.to_string(),
+            replaces,
+        })
+    }
+
+    async fn finish_write(&self, started: Result<StartedWrite, Msg>) -> Msg {
+        let w = match started {
+            Ok(w) => w,
+            Err(msg) => return msg,
+        };
+        let timeout = self.inner.config.replica_timeout_ms;
+        let local = w.commit.await;
+        drop(w.inflight);
+        let answers =
+            fanout::wait_all(w.pending.into_iter().map(|p| ((), p)).collect(), timeout).await;
+        let mut failure = None;
+        let mut no_space = None;
+        let mut replica_error = false;
+        for ((), f) in answers.failures {
+            replica_error |= f.copy_refused();
+            match f {
+                fanout::CopyFailure::NoSpace(message) => {
+                    no_space = Some(format!("replica: {message}"));
+                }
+                fanout::CopyFailure::NewerMap(map) => {
+                    let _ = self.install_map(&map);
+                    failure = Some("a replica has a newer map".to_string());
+                }
+                other => failure = Some(format!("replica: {other}")),
+            }
+        }
+        // Some copies may have applied the write and others not: peering again compares
+        // the logs and recovers the object on the copies that miss it (or lack the space).
+        if replica_error || local.is_err() {
+            self.repeer(w.pgid, w.version.epoch);
+        }
+        if let Err(e) = local {
+            if matches!(e, StoreError::NoSpace(_)) {
+                tracing::warn!("osd.{}: write {} refused: {e}", self.inner.id, w.name);
+            } else {
+                tracing::error!("osd.{}: local write failed: {e}", self.inner.id);
+            }
+            return store_error_reply(&e);
+        }
+        if let Some(f) = no_space {
+            tracing::warn!(
+                "osd.{}: write {} in pg {}.{:x} not acknowledged: {f}",
+                self.inner.id,
+                w.name,
+                w.pgid.pool,
+                w.pgid.pg
+            );
+            return Msg::error(ErrorCode::NoSpace, f);
+        }
+        if let Some(f) = failure {
+            tracing::info!(
+                "osd.{}: write {} in pg {} not acknowledged: {f}",
+                self.inner.id,
+                w.name,
+                w.pgid
+            );
+            return Msg::error(ErrorCode::Again, f);
+        }
+        if w.replaces {
+            self.clear_damaged(w.pgid, &w.name);
+        }
+        let size_bytes = self
+            .inner
+            .store
+            .stat(w.pgid, &w.name)
+            .map_or(0, |m| m.size_bytes);
+        Msg::ObjReply {
+            version: w.version,
+            size_bytes,
+            data: Vec::new(),
+            listing: Vec::new(),
+        }
+    }
+
+    /// Reads locally; on a checksum failure reads the object from another copy, repairs
+    /// the local one and serves the good data.
+    async fn read(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        name: &str,
+        offset: u64,
+        len: u64,
+        peers: &[u32],
+    ) -> Msg {
+        let store = &self.inner.store;
+        let Some(meta) = store.stat(pgid, name) else {
+            return Msg::error(ErrorCode::NotFound, format!("{name}: no such object"));
+        };
+        match store.read(pgid, name, offset, len).await {
+            Ok(data) => Msg::ObjReply {
+                version: meta.version,
+                size_bytes: meta.size_bytes,
+                data,
+                listing: Vec::new(),
+            },
+            Err(e @ StoreError::Corrupt { .. }) => {
+                tracing::error!("osd.{}: {e}; reading another copy", self.inner.id);
+                for &peer in peers {
+                    match self.pull(peer, epoch, pgid, name).await {
+                        Ok(Some((data, v))) if v == meta.version => {
+                            let start = (offset.min(data.len() as u64)) as usize;
+                            let end = (offset.saturating_add(len)).min(data.len() as u64) as usize;
+                            let part = data[start..end].to_vec();
+                            match store.recover_object(pgid, name, Some((data, v))).await {
+                                Ok(()) => {
+                                    OsdCounters::bump(&self.inner.counters.corruptions_repaired);
+                                    tracing::warn!(
+                                        "osd.{}: repaired {name} in pg {pgid} from osd.{peer}",
+                                        self.inner.id
+                                    );
+                                }
+                                Err(e) => tracing::error!("repair of {name} failed: {e}"),
+                            }
+                            return Msg::ObjReply {
+                                version: v,
+                                size_bytes: meta.size_bytes,
+                                data: part,
+                                listing: Vec::new(),
+                            };
+                        }
+                        Ok(_) => continue,
+                        Err(e) => tracing::warn!("osd.{}: {e}", self.inner.id),
+                    }
+                }
+                Msg::error(ErrorCode::Corrupt, format!("{e}; no good copy reachable"))
+            }
+            Err(e) => store_error_reply(&e),
+        }
+    }
+}
+
+struct StartedWrite {
+    version: Ver,
+    commit: spindle_store::Commit,
+    /// Held until the local commit resolved (peering waits for it).
+    inflight: InflightGuard,
+    pending: Vec<PendingReply>,
+    pgid: PgId,
+    name: String,
+    /// A whole-object write or a delete: once acknowledged, the object is no longer
+    /// damaged (scrub's verdict is replaced).
+    replaces: bool,
+}
