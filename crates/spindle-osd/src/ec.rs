@@ -186,12 +186,8 @@ impl Osd {
             };
             let (guard, done) = (job.guard, job.done);
             tokio::spawn(async move {
-                let r = commit.await;
-                drop(guard);
-                let _ = done.send(match r {
-                    Ok(()) => Msg::Ok,
-                    Err(e) => store_error_reply(&e),
-                });
+                // The shard's writer may have given up meanwhile: nobody to tell.
+                let _ = done.send(crate::commit_reply(commit.await, Some(guard)));
             });
         }
     }

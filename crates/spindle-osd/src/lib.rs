@@ -947,6 +947,31 @@ impl Osd {
     }
 }
 
+/// The answer to a store transaction: `Ok` once it is durable, else the store's error. The
+/// PG's in-flight count (`guard`, when the transaction holds one) is released first, so
+/// that a log query waiting for it sees the transaction applied.
+fn commit_reply(committed: Result<(), StoreError>, guard: Option<InflightGuard>) -> Msg {
+    drop(guard);
+    match committed {
+        Ok(()) => Msg::Ok,
+        Err(e) => store_error_reply(&e),
+    }
+}
+
+/// Replies to `rid` with [`commit_reply`] when `commit` completes.
+fn reply_on_commit(
+    reply: Replier,
+    rid: u64,
+    epoch: u64,
+    commit: spindle_store::Commit,
+    guard: Option<InflightGuard>,
+) {
+    tokio::spawn(async move {
+        let msg = commit_reply(commit.await, guard);
+        reply.send(rid, epoch, &msg);
+    });
+}
+
 /// The answer to a message this daemon's protocols do not include (or a message routed to
 /// the wrong protocol's handler).
 fn not_handled(reply: &Replier, rid: u64, epoch: u64, msg: &Msg) {

@@ -3,7 +3,7 @@
 //! and pushes, log replacement, completeness marks and the clean query. The primary side
 //! (rounds, recovery) is `recovery.rs` over `spindle_pg`.
 
-use crate::{log_from_wire, store_error_reply, Osd};
+use crate::{log_from_wire, reply_on_commit, store_error_reply, Osd};
 use spindle_proto::msg::{ObjectListing, Ver};
 use spindle_proto::net::Replier;
 use spindle_proto::{ErrorCode, Msg};
@@ -59,13 +59,7 @@ impl Osd {
                 incomplete,
             } => {
                 let commit = self.inner.store.mark_pg(PgId { pool, pg }, incomplete);
-                tokio::spawn(async move {
-                    let msg = match commit.await {
-                        Ok(()) => Msg::Ok,
-                        Err(e) => store_error_reply(&e),
-                    };
-                    reply.send(rid, epoch, &msg);
-                });
+                reply_on_commit(reply, rid, epoch, commit, None);
             }
             Msg::PgCleanQuery { pool, pg } => {
                 let msg = if self.pg_is_clean(PgId { pool, pg }, epoch) {
@@ -124,15 +118,7 @@ impl Osd {
                     self.inner
                         .store
                         .recover_object(PgId { pool, pg }, &name, v.map(|v| (data, v)));
-                tokio::spawn(async move {
-                    let committed = commit.await;
-                    drop(guard);
-                    let msg = match committed {
-                        Ok(()) => Msg::Ok,
-                        Err(e) => store_error_reply(&e),
-                    };
-                    reply.send(rid, epoch, &msg);
-                });
+                reply_on_commit(reply, rid, epoch, commit, Some(guard));
             }
             Msg::PgSetLog {
                 pool,
@@ -147,13 +133,7 @@ impl Osd {
                     last_version,
                     log_tail,
                 );
-                tokio::spawn(async move {
-                    let msg = match commit.await {
-                        Ok(()) => Msg::Ok,
-                        Err(e) => store_error_reply(&e),
-                    };
-                    reply.send(rid, epoch, &msg);
-                });
+                reply_on_commit(reply, rid, epoch, commit, None);
             }
             other => crate::not_handled(&reply, rid, epoch, &other),
         }

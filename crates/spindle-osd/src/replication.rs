@@ -2,9 +2,9 @@
 //! (the primary side is `client.rs`, `start_write` / `finish_write`). Erasure-coded shard
 //! writes travel as `RepWrite` too but are routed to `ec.rs` (`serve_shard`).
 
-use crate::{is_shard_mutation, store_error_reply, Osd};
+use crate::{reply_on_commit, Osd};
 use spindle_proto::net::Replier;
-use spindle_proto::{ErrorCode, Msg};
+use spindle_proto::Msg;
 use spindle_store::PgId;
 
 impl Osd {
@@ -18,13 +18,6 @@ impl Osd {
         reply: Replier,
     ) {
         match msg {
-            Msg::RepWrite { ref mutation, .. } if is_shard_mutation(mutation) => {
-                reply.send(
-                    rid,
-                    epoch,
-                    &Msg::error(ErrorCode::Invalid, "shard write to a replicated group"),
-                );
-            }
             Msg::RepWrite {
                 pool,
                 pg,
@@ -44,15 +37,7 @@ impl Osd {
                     mutation,
                     block_crcs,
                 );
-                tokio::spawn(async move {
-                    let committed = commit.await;
-                    drop(guard);
-                    let msg = match committed {
-                        Ok(()) => Msg::Ok,
-                        Err(e) => store_error_reply(&e),
-                    };
-                    reply.send(rid, epoch, &msg);
-                });
+                reply_on_commit(reply, rid, epoch, commit, Some(guard));
             }
             other => crate::not_handled(&reply, rid, epoch, &other),
         }
