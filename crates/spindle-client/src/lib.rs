@@ -8,7 +8,7 @@
 //! until the operation's timeout.
 
 use spindle_map::ec::EcLayout;
-use spindle_map::{object_pg, ClusterMap, Placement};
+use spindle_map::{object_pg, ClusterMap};
 use spindle_proto::msg::{Mutation, ObjOp, ObjectListing, Ver};
 use spindle_proto::net::{Incoming, NetError, Prepared, RpcConn};
 use spindle_proto::{ErrorCode, Msg};
@@ -92,11 +92,8 @@ pub struct ObjectStat {
     pub version: Ver,
 }
 
-struct MapState {
-    map: ClusterMap,
-    placement: Placement,
-    encoded: Vec<u8>,
-}
+/// The map as this client knows it, with placement precomputed.
+type MapState = spindle_map::MapView;
 
 struct Inner {
     config: ClientConfig,
@@ -159,16 +156,11 @@ impl Client {
                 reason: format!("unexpected reply {}", reply.msg.name()),
             });
         };
-        let decoded = ClusterMap::decode(&map).map_err(|e| ClientError::Monitor {
+        let state = MapState::decode(&map).map_err(|e| ClientError::Monitor {
             addr: config.mon_addr.clone(),
             reason: e.to_string(),
         })?;
-        let (map_tx, _) = watch::channel(decoded.epoch);
-        let state = MapState {
-            placement: Placement::compute(&decoded),
-            map: decoded,
-            encoded: map,
-        };
+        let (map_tx, _) = watch::channel(state.map.epoch);
         let client = Client {
             inner: Arc::new(Inner {
                 config,
@@ -468,7 +460,7 @@ impl Client {
                 let _ = conn.send_oneway(
                     ms.map.epoch,
                     &Msg::MapUpdate {
-                        map: ms.encoded.clone(),
+                        map: ms.encoded.to_vec(),
                     },
                 );
                 Attempt::Retry("daemon needed our map".into())
@@ -906,20 +898,17 @@ fn check_size(offset: u64, len: u64) -> Result<(), ClientError> {
 }
 
 fn install(inner: &Inner, bytes: &[u8]) {
-    let Ok(map) = ClusterMap::decode(bytes) else {
-        tracing::warn!("ignoring a map that does not decode");
-        return;
-    };
     let mut guard = inner.map.write().unwrap_or_else(|p| p.into_inner());
-    if map.cluster_id != guard.map.cluster_id || map.epoch <= guard.map.epoch {
-        return;
-    }
-    let epoch = map.epoch;
-    *guard = Arc::new(MapState {
-        placement: Placement::compute(&map),
-        map,
-        encoded: bytes.to_vec(),
-    });
+    let view = match MapState::accept(Some(&guard), bytes) {
+        Ok(Some(view)) => view,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!("ignoring a map: {e}");
+            return;
+        }
+    };
+    let epoch = view.map.epoch;
+    *guard = Arc::new(view);
     drop(guard);
     inner.map_tx.send_replace(epoch);
 }

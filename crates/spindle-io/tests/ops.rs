@@ -651,6 +651,8 @@ fn shared_buffers_are_written_and_never_read_into() {
         }
         assert_eq!(*data, pattern(7, 300_000), "{name}");
         assert_eq!(Arc::strong_count(&data), 1, "{name}: every view released");
+        drop(file);
+        std::fs::remove_dir_all(&dir).unwrap();
     });
 }
 

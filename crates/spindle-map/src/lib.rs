@@ -17,12 +17,14 @@
 
 mod codec;
 mod placement;
+mod view;
 
 pub mod ec;
 pub use codec::MapDecodeError;
 pub use placement::{
     object_pg, pg_crush_input, shard_pg, split_shard_pg, PgId, PgMapping, Placement,
 };
+pub use view::{MapRejected, MapView};
 
 use spindle_crush::CrushMap;
 use std::collections::BTreeMap;

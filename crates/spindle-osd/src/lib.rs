@@ -38,7 +38,7 @@ mod scrub;
 /// The pure peering decisions moved to `spindle-pg`; re-exported for compatibility.
 pub use spindle_pg::{plan, LogInfo, SyncPlan};
 
-use spindle_map::{ClusterMap, PgMapping, Placement};
+use spindle_map::{ClusterMap, PgMapping};
 use spindle_pg::rules::IntervalChange;
 use spindle_pg::TxnGate;
 use spindle_proto::msg::{
@@ -174,11 +174,7 @@ fn store_error_reply(e: &StoreError) -> Msg {
 }
 
 /// The map as this daemon knows it, with placement precomputed.
-struct MapState {
-    map: ClusterMap,
-    placement: Placement,
-    encoded: Arc<Vec<u8>>,
-}
+type MapState = spindle_map::MapView;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -500,26 +496,12 @@ impl Osd {
 
     /// Installs a newer map and starts peering where placement changed.
     fn install_map(&self, bytes: &[u8]) -> Result<(), String> {
-        let map = ClusterMap::decode(bytes).map_err(|e| format!("rejecting map: {e}"))?;
         {
             let mut guard = self.inner.map.write().unwrap_or_else(|p| p.into_inner());
-            if let Some(cur) = guard.as_ref() {
-                if cur.map.cluster_id != map.cluster_id {
-                    return Err(format!(
-                        "rejecting map of cluster {:016x} (mine is {:016x})",
-                        map.cluster_id, cur.map.cluster_id
-                    ));
-                }
-                if map.epoch <= cur.map.epoch {
-                    return Ok(());
-                }
+            match MapState::accept(guard.as_deref(), bytes).map_err(|e| e.to_string())? {
+                Some(view) => *guard = Some(Arc::new(view)),
+                None => return Ok(()),
             }
-            let placement = Placement::compute(&map);
-            *guard = Some(Arc::new(MapState {
-                encoded: Arc::new(bytes.to_vec()),
-                map,
-                placement,
-            }));
         }
         let epoch = self.epoch();
         self.inner.map_tx.send_replace(epoch);
