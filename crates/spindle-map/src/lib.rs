@@ -19,6 +19,8 @@ mod codec;
 mod placement;
 mod view;
 
+pub mod session;
+
 pub mod ec;
 pub use codec::MapDecodeError;
 pub use placement::{

@@ -38,6 +38,7 @@ mod scrub;
 /// The pure peering decisions moved to `spindle-pg`; re-exported for compatibility.
 pub use spindle_pg::{plan, LogInfo, SyncPlan};
 
+use spindle_map::session::{DaemonSession, SessionAction, SessionState, SessionTiming};
 use spindle_map::{ClusterMap, PgMapping};
 use spindle_pg::rules::IntervalChange;
 use spindle_pg::TxnGate;
@@ -365,77 +366,111 @@ impl Osd {
 
     // ------------------------------------------------------------------ monitor link
 
-    /// Keeps a connection to the monitor: boot, subscribe to maps, heartbeat. Reconnects
-    /// (and boots again) whenever the monitor goes away.
+    /// The daemon's session with the monitor: the shell of
+    /// [`spindle_map::session::DaemonSession`], which decides when to boot, subscribe,
+    /// heartbeat, fetch a map and boot again; this executes its actions over a real
+    /// connection (a fresh one for every boot) and feeds the answers back.
     async fn mon_loop(&self) {
         let hb = Duration::from_millis(self.inner.config.heartbeat_ms);
+        let timing = SessionTiming {
+            heartbeat_ms: self.inner.config.heartbeat_ms,
+            ..SessionTiming::default()
+        };
+        let started = tokio::time::Instant::now();
+        let now_ms = || started.elapsed().as_millis() as u64;
+        let (mut session, mut actions) = DaemonSession::start(timing, now_ms());
+        let mut conn: Option<Arc<RpcConn>> = None;
         loop {
-            let conn = match RpcConn::connect(
-                &self.inner.config.mon_addr,
-                2000,
-                Some(self.inner.push_tx.clone()),
-            )
-            .await
-            {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!("osd.{}: monitor unreachable: {e}", self.inner.id);
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            };
-            if let Err(e) = self.boot(&conn).await {
-                tracing::warn!("osd.{}: boot failed: {e}", self.inner.id);
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            let have = self.epoch();
-            let _ = conn.send_oneway(
-                have,
-                &Msg::GetMap {
-                    have_epoch: have,
-                    subscribe: true,
-                },
-            );
-            *lock(&self.inner.mon) = Some(conn.clone());
-            loop {
-                tokio::time::sleep(hb).await;
-                let reports = self.pg_reports();
-                let epoch = self.epoch();
-                match conn
-                    .call(
-                        epoch,
-                        &Msg::Heartbeat {
-                            osd_id: self.inner.id,
-                            reports,
-                            counters: self.counters(),
-                        },
-                        5000,
-                    )
-                    .await
-                {
-                    Ok(inc) => {
-                        if let Msg::HeartbeatAck { epoch: mon_epoch } = inc.msg {
-                            if mon_epoch > self.epoch() {
-                                self.fetch_map(&conn).await;
+            let mut queue: std::collections::VecDeque<SessionAction> = actions.into();
+            while let Some(action) = queue.pop_front() {
+                let more = match action {
+                    SessionAction::Boot => {
+                        *lock(&self.inner.mon) = None;
+                        conn = None;
+                        match self.connect_and_boot().await {
+                            Ok(c) => {
+                                *lock(&self.inner.mon) = Some(c.clone());
+                                conn = Some(c);
+                                session.on_boot_answered(now_ms(), self.epoch())
+                            }
+                            Err(e) => {
+                                tracing::warn!("osd.{}: boot failed: {e}", self.inner.id);
+                                session.on_boot_failed(now_ms())
                             }
                         }
                     }
-                    Err(e) => {
-                        tracing::warn!("osd.{}: monitor link lost: {e}", self.inner.id);
-                        break;
+                    SessionAction::Subscribe { have_epoch } => {
+                        if let Some(c) = &conn {
+                            let _ = c.send_oneway(
+                                have_epoch,
+                                &Msg::GetMap {
+                                    have_epoch,
+                                    subscribe: true,
+                                },
+                            );
+                        }
+                        Vec::new()
                     }
-                }
-                // Wrongly marked down (e.g. after a stall): boot again.
-                if let Some(ms) = self.map_state() {
-                    if ms.map.osds.get(&self.inner.id).is_some_and(|o| !o.up) {
-                        tracing::warn!("osd.{}: map says I am down; booting again", self.inner.id);
-                        break;
+                    SessionAction::Heartbeat => match &conn {
+                        None => session.on_link_failed(now_ms()),
+                        Some(c) => {
+                            let beat = Msg::Heartbeat {
+                                osd_id: self.inner.id,
+                                reports: self.pg_reports(),
+                                counters: self.counters(),
+                            };
+                            match c.call(self.epoch(), &beat, 5000).await {
+                                Ok(inc) => match inc.msg {
+                                    Msg::HeartbeatAck { epoch: mon_epoch } => session
+                                        .on_heartbeat_answered(now_ms(), mon_epoch, self.epoch()),
+                                    other => {
+                                        tracing::warn!(
+                                            "osd.{}: heartbeat answered with {}",
+                                            self.inner.id,
+                                            other.name()
+                                        );
+                                        Vec::new()
+                                    }
+                                },
+                                Err(e) => {
+                                    tracing::warn!("osd.{}: monitor link lost: {e}", self.inner.id);
+                                    session.on_link_failed(now_ms())
+                                }
+                            }
+                        }
+                    },
+                    SessionAction::FetchMap { .. } => {
+                        if let Some(c) = &conn {
+                            self.fetch_map(c).await;
+                        }
+                        Vec::new()
                     }
-                }
+                };
+                queue.extend(more);
             }
-            *lock(&self.inner.mon) = None;
+            tokio::time::sleep(hb).await;
+            let me = self.inner.id;
+            let marked_down = self
+                .map_state()
+                .is_some_and(|ms| ms.map.osds.get(&me).is_some_and(|o| !o.up));
+            if marked_down && matches!(session.state(), SessionState::Active { .. }) {
+                tracing::warn!("osd.{me}: map says I am down; booting again");
+            }
+            actions = session.on_tick(now_ms(), marked_down);
         }
+    }
+
+    /// Connects to the monitor and boots over the new connection.
+    async fn connect_and_boot(&self) -> Result<Arc<RpcConn>, String> {
+        let conn = RpcConn::connect(
+            &self.inner.config.mon_addr,
+            2000,
+            Some(self.inner.push_tx.clone()),
+        )
+        .await
+        .map_err(|e| format!("monitor unreachable: {e}"))?;
+        self.boot(&conn).await?;
+        Ok(conn)
     }
 
     async fn boot(&self, conn: &RpcConn) -> Result<(), String> {

@@ -4,15 +4,16 @@
 //! (encoded and decoded with `spindle_proto`) over the simulated network, on one thread,
 //! in simulated time, with faults.
 //!
-//! The daemon and client sessions here are models of `spindle_osd::Osd::mon_loop` and of
-//! the client's map follower (boot, subscribe, heartbeat every 400 ms, re-boot after 5 s
-//! without an answer or when the map says it is down): those loops do not have a sans-I/O
-//! core yet.
+//! The daemons' monitor sessions run the real session core
+//! (`spindle_map::session::DaemonSession`, the one `spindle_osd::Osd::mon_loop` executes);
+//! the client's map follower is still a model here (subscribe, ask for a newer map every
+//! second).
 
 use crate::net::{NetConfig, Network, Node};
 use crate::queue::EventQueue;
 use crate::rng::SimRng;
 use crate::trace::TraceHash;
+use spindle_map::session::{DaemonSession, SessionAction, SessionState, SessionTiming};
 use spindle_map::ClusterMap;
 use spindle_mon::{AdminCommand, InitSpec, MapChange, MonCore, MonTiming, OsdVerb};
 use spindle_proto::Msg;
@@ -20,10 +21,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// Heartbeat interval of a daemon (`OsdConfig::heartbeat_ms`).
 const HEARTBEAT_MS: u64 = 400;
-/// A daemon without an answer from the monitor for this long reconnects and boots again.
-const MON_LINK_TIMEOUT_MS: u64 = 5_000;
-/// A boot without an answer is retried after this long (the daemon's boot call timeout).
-const BOOT_TIMEOUT_MS: u64 = 10_000;
+
+/// The daemons' session timing: the real defaults (`SessionTiming::default()`, which
+/// `Osd::mon_loop` uses with the configured heartbeat).
+fn session_timing() -> SessionTiming {
+    SessionTiming {
+        heartbeat_ms: HEARTBEAT_MS,
+        ..SessionTiming::default()
+    }
+}
 /// The monitor's ticker (`check_heartbeats`).
 const MON_TICK_MS: u64 = 200;
 /// A client asks the monitor for a newer map this often.
@@ -125,19 +131,14 @@ struct MonNode {
     subscribers: BTreeSet<Node>,
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Session {
-    Booting { since_ms: u64 },
-    Active { last_answer_ms: u64 },
-}
-
 struct OsdNode {
     alive: bool,
     /// Bumped at every restart; stale timers of an earlier incarnation are ignored.
     incarnation: u64,
     pid: u32,
     map: Option<ClusterMap>,
-    session: Session,
+    /// The daemon's real session core (`spindle_map::session`), as `Osd::mon_loop` runs it.
+    session: DaemonSession,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,7 +213,7 @@ impl World {
                         incarnation: 0,
                         pid: 1000 + id,
                         map: None,
-                        session: Session::Booting { since_ms: 0 },
+                        session: DaemonSession::start(session_timing(), 0).0,
                     },
                 )
             })
@@ -575,7 +576,9 @@ impl World {
         o.pid += 100;
         o.map = None;
         let incarnation = o.incarnation;
-        self.osd_boot(id);
+        let (session, actions) = DaemonSession::start(session_timing(), now);
+        o.session = session;
+        self.osd_act(id, actions);
         self.queue.push(
             now + HEARTBEAT_MS,
             Ev::OsdTimer {
@@ -585,107 +588,96 @@ impl World {
         );
     }
 
-    fn osd_boot(&mut self, id: u32) {
-        let now = self.now_ms;
-        let Some(o) = self.osds.get_mut(&id) else {
-            return;
-        };
-        o.session = Session::Booting { since_ms: now };
-        let pid = o.pid;
-        let msg = Msg::OsdBoot {
-            osd_id: id,
-            addr: format!("10.0.0.{id}:6800"),
-            pid,
-        };
-        self.log(|| format!("osd.{id}: boot (pid {pid})"));
-        self.send(Node::Osd(id), Node::Mon, &msg);
+    /// Executes the session core's actions as `Osd::mon_loop` does, over the simulated
+    /// network.
+    fn osd_act(&mut self, id: u32, actions: Vec<SessionAction>) {
+        for action in actions {
+            let msg = match action {
+                SessionAction::Boot => {
+                    let Some(o) = self.osds.get(&id) else {
+                        return;
+                    };
+                    let pid = o.pid;
+                    self.log(|| format!("osd.{id}: boot (pid {pid})"));
+                    Msg::OsdBoot {
+                        osd_id: id,
+                        addr: format!("10.0.0.{id}:6800"),
+                        pid,
+                    }
+                }
+                SessionAction::Subscribe { have_epoch } => Msg::GetMap {
+                    have_epoch,
+                    subscribe: true,
+                },
+                SessionAction::Heartbeat => Msg::Heartbeat {
+                    osd_id: id,
+                    reports: Vec::new(),
+                    counters: Vec::new(),
+                },
+                SessionAction::FetchMap { have_epoch } => Msg::GetMap {
+                    have_epoch,
+                    subscribe: false,
+                },
+            };
+            self.send(Node::Osd(id), Node::Mon, &msg);
+        }
     }
 
     fn osd_receive(&mut self, id: u32, msg: Msg) {
         let now = self.now_ms;
-        let Some(o) = self.osds.get_mut(&id) else {
+        let Some(o) = self.osds.get(&id) else {
             return;
         };
         if !o.alive {
             return;
         }
-        match msg {
+        let actions = match msg {
             Msg::MapUpdate { map } => {
-                let was_booting = matches!(o.session, Session::Booting { .. });
-                if was_booting {
-                    o.session = Session::Active {
-                        last_answer_ms: now,
-                    };
-                }
+                // The boot's answer is the map that marks the daemon up (the simulated
+                // network has no request ids for daemons: any map while not active
+                // answers the boot, as a late reply to an abandoned boot does for real).
+                let booting = !matches!(o.session.state(), SessionState::Active { .. });
                 self.install(Node::Osd(id), &map);
-                if was_booting {
-                    let have = self.osds[&id].map.as_ref().map_or(0, |m| m.epoch);
-                    self.send(
-                        Node::Osd(id),
-                        Node::Mon,
-                        &Msg::GetMap {
-                            have_epoch: have,
-                            subscribe: true,
-                        },
-                    );
+                let Some(o) = self.osds.get_mut(&id) else {
+                    return;
+                };
+                let have = o.map.as_ref().map_or(0, |m| m.epoch);
+                if booting {
+                    o.session.on_boot_answered(now, have)
+                } else {
+                    Vec::new()
                 }
             }
             Msg::HeartbeatAck { epoch } => {
-                if let Session::Active { last_answer_ms } = &mut o.session {
-                    *last_answer_ms = now;
-                }
                 let have = o.map.as_ref().map_or(0, |m| m.epoch);
-                if epoch > have {
-                    self.send(
-                        Node::Osd(id),
-                        Node::Mon,
-                        &Msg::GetMap {
-                            have_epoch: have,
-                            subscribe: false,
-                        },
-                    );
-                }
+                let Some(o) = self.osds.get_mut(&id) else {
+                    return;
+                };
+                o.session.on_heartbeat_answered(now, epoch, have)
             }
-            other => self.fail(format!("osd.{id} got an unexpected {}", other.name())),
-        }
+            other => {
+                self.fail(format!("osd.{id} got an unexpected {}", other.name()));
+                return;
+            }
+        };
+        self.osd_act(id, actions);
     }
 
     fn osd_timer(&mut self, id: u32, incarnation: u64) {
         let now = self.now_ms;
-        let Some(o) = self.osds.get(&id) else {
+        let Some(o) = self.osds.get_mut(&id) else {
             return;
         };
         if !o.alive || o.incarnation != incarnation {
             return;
         }
-        match o.session {
-            Session::Booting { since_ms } => {
-                if now.saturating_sub(since_ms) >= BOOT_TIMEOUT_MS {
-                    self.osd_boot(id);
-                }
-            }
-            Session::Active { last_answer_ms } => {
-                let marked_down = o
-                    .map
-                    .as_ref()
-                    .and_then(|m| m.osds.get(&id))
-                    .is_some_and(|i| !i.up);
-                if now.saturating_sub(last_answer_ms) > MON_LINK_TIMEOUT_MS || marked_down {
-                    // Link lost, or wrongly marked down: reconnect and boot again.
-                    self.osd_boot(id);
-                } else {
-                    self.send(
-                        Node::Osd(id),
-                        Node::Mon,
-                        &Msg::Heartbeat {
-                            osd_id: id,
-                            reports: Vec::new(),
-                            counters: Vec::new(),
-                        },
-                    );
-                }
-            }
-        }
+        let marked_down = o
+            .map
+            .as_ref()
+            .and_then(|m| m.osds.get(&id))
+            .is_some_and(|i| !i.up);
+        let actions = o.session.on_tick(now, marked_down);
+        self.osd_act(id, actions);
         self.queue.push(
             now + HEARTBEAT_MS,
             Ev::OsdTimer {
