@@ -70,6 +70,25 @@ fn err(code: ErrorCode, m: impl Into<String>) -> Msg {
     Msg::error(code, m)
 }
 
+/// The erasure-coded group an operation runs in, at one epoch.
+#[derive(Clone, Copy)]
+struct EcGroup<'a> {
+    epoch: u64,
+    pgid: PgId,
+    mapping: &'a PgMapping,
+    layout: &'a EcLayout,
+}
+
+/// A byte range of one version of a shard slot object.
+#[derive(Clone, Copy)]
+struct ShardSlice<'a> {
+    /// The slot object's stored name.
+    stored: &'a str,
+    version: Ver,
+    offset: u64,
+    len: u64,
+}
+
 impl Osd {
     /// The erasure-coded shard protocol, copy side: shard writes (through the group's ordered queue) and shard reads.
     pub(crate) fn serve_shard(&self, msg: Msg, rid: u64, epoch: u64, reply: Replier) {
@@ -405,8 +424,13 @@ impl Osd {
             ObjOp::Read { offset, len } => match current {
                 None => err(ErrorCode::NotFound, format!("{name}: no such object")),
                 Some(c) => {
-                    self.ec_read(epoch, pgid, mapping, layout, name, c, offset, len)
-                        .await
+                    let g = EcGroup {
+                        epoch,
+                        pgid,
+                        mapping,
+                        layout,
+                    };
+                    self.ec_read(g, name, c, offset, len).await
                 }
             },
             ObjOp::List => self.ec_list(pgid).await,
@@ -651,20 +675,21 @@ impl Osd {
         tokio::spawn(async move { osd.peer_until_done(pgid.pool, pgid.pg, epoch).await });
     }
 
-    /// Reads `len` bytes of `stored` (slot object of shard `pos`) at `offset`, at
-    /// version `want`, from whichever daemon holds that shard.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads `slice` of shard `pos` from daemon `osd`, which holds that shard.
     async fn fetch_shard(
         &self,
         epoch: u64,
         pgid: PgId,
         pos: usize,
         osd: u32,
-        stored: &str,
-        want: Ver,
-        offset: u64,
-        len: u64,
+        slice: ShardSlice<'_>,
     ) -> Result<Vec<u8>, (ErrorCode, String)> {
+        let ShardSlice {
+            stored,
+            version: want,
+            offset,
+            len,
+        } = slice;
         let copy = PgId {
             pool: pgid.pool,
             pg: shard_pg(pgid.pg, Some(pos as u8)),
@@ -714,7 +739,18 @@ impl Osd {
         for (pos, d) in mapping.shards.iter().enumerate() {
             let Some(d) = *d else { continue };
             match self
-                .fetch_shard(epoch, pgid, pos, d, &stored, c.version, at, TRAILER_BYTES)
+                .fetch_shard(
+                    epoch,
+                    pgid,
+                    pos,
+                    d,
+                    ShardSlice {
+                        stored: &stored,
+                        version: c.version,
+                        offset: at,
+                        len: TRAILER_BYTES,
+                    },
+                )
                 .await
             {
                 Ok(t) => match parse_trailer(&t) {
@@ -730,18 +766,16 @@ impl Osd {
         ))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn ec_read(
-        &self,
-        epoch: u64,
-        pgid: PgId,
-        mapping: &PgMapping,
-        layout: &EcLayout,
-        name: &str,
-        c: Current,
-        offset: u64,
-        len: u64,
-    ) -> Msg {
+    /// Reads `len` bytes at `offset` of object `name` (current slot `c`) of group `g`:
+    /// only the data shards the range touches, decoding from parity when one is missing,
+    /// stale or corrupt.
+    async fn ec_read(&self, g: EcGroup<'_>, name: &str, c: Current, offset: u64, len: u64) -> Msg {
+        let EcGroup {
+            epoch,
+            pgid,
+            mapping,
+            layout,
+        } = g;
         let size = match self.ec_object_size(epoch, pgid, mapping, name, c).await {
             Ok(s) => s,
             Err(m) => return m,
@@ -780,7 +814,18 @@ impl Osd {
                 let r = match mapping.shards.get(pos).copied().flatten() {
                     None => Err((ErrorCode::Again, "shard is down".to_string())),
                     Some(d) => self
-                        .fetch_shard(epoch, pgid, pos, d, &stored, c.version, seg_off, seg_len)
+                        .fetch_shard(
+                            epoch,
+                            pgid,
+                            pos,
+                            d,
+                            ShardSlice {
+                                stored: &stored,
+                                version: c.version,
+                                offset: seg_off,
+                                len: seg_len,
+                            },
+                        )
                         .await
                         .map_err(|e| (e.0, e.1)),
                 };
