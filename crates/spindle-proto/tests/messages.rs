@@ -180,13 +180,89 @@ fn samples() -> Vec<Msg> {
             log_tail: v(0, 0),
             log,
         },
+        Msg::ShardRead {
+            pool: 3,
+            pg: 4,
+            name: "s".into(),
+            version: v(5, 6),
+            offset: 4096,
+            len: 8192,
+        },
+        Msg::ObjRequest {
+            pool: 3,
+            pg: 1,
+            name: "ec".into(),
+            op: ObjOp::Mutate(Mutation::EcWrite {
+                object_size: 12_000,
+                shard_offset: 0,
+                shard_len: 4096,
+                full: true,
+                expect: Some(v(2, 3)),
+                data: vec![6; 3 * 4096],
+            }),
+        },
+        Msg::ObjRequest {
+            pool: 3,
+            pg: 1,
+            name: "ec".into(),
+            op: ObjOp::Stat,
+        },
+        Msg::RepWrite {
+            pool: 3,
+            pg: 1,
+            name: "o\0\u{1}".into(),
+            version: v(2, 4),
+            mutation: Mutation::EcPatch {
+                base: None,
+                object_size: 12_000,
+                shard_size: 4096,
+                shard_offset: 100,
+                data: vec![8; 50],
+            },
+        },
         Msg::Ok,
         Msg::Error {
             code: ErrorCode::StaleMap,
             message: "newer".into(),
             map: vec![1],
         },
+        Msg::Error {
+            code: ErrorCode::Busy,
+            message: String::new(),
+            map: vec![],
+        },
     ]
+}
+
+/// `kind body-hex` per sample: the wire format of every message, pinned. Regenerate with
+/// `SPINDLE_BLESS=1` only for a deliberate protocol change (and a protocol version bump).
+#[test]
+fn encodings_match_the_golden_vectors() {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let mut lines = String::new();
+    for msg in samples() {
+        // Long bulks are pinned by their length and CRC32C instead of every byte.
+        let body = msg.encode();
+        let shown = if body.len() > 512 {
+            format!(
+                "len={} crc={:08x}",
+                body.len(),
+                spindle_types::crc::crc32c(&body)
+            )
+        } else {
+            hex(&body)
+        };
+        lines.push_str(&format!("{} {} {shown}\n", msg.kind(), msg.name()));
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/messages.txt");
+    if std::env::var_os("SPINDLE_BLESS").is_some() {
+        std::fs::write(path, &lines).unwrap();
+    }
+    let golden = std::fs::read_to_string(path).unwrap();
+    for (i, (got, want)) in lines.lines().zip(golden.lines()).enumerate() {
+        assert_eq!(got, want, "sample {i}");
+    }
+    assert_eq!(lines.lines().count(), golden.lines().count());
 }
 
 #[test]
