@@ -288,6 +288,52 @@ fn every_message_round_trips_and_truncation_is_an_error() {
     }
 }
 
+/// Every kind the `messages!` table declares has a sample (so the round trip above covers
+/// it), its tag and name are unique, and tags map back to kinds.
+#[test]
+fn every_kind_is_sampled_and_tags_and_names_are_unique() {
+    use spindle_proto::msg::MsgKind;
+    use std::collections::BTreeSet;
+    let sampled: BTreeSet<u16> = samples().iter().map(|m| m.kind()).collect();
+    let (mut tags, mut names) = (BTreeSet::new(), BTreeSet::new());
+    for &k in MsgKind::ALL {
+        let tag = k as u16;
+        assert!(tags.insert(tag), "tag {tag} declared twice");
+        assert!(names.insert(k.name()), "name {} declared twice", k.name());
+        assert_eq!(MsgKind::from_u16(tag), Some(k));
+        assert!(sampled.contains(&tag), "{} has no sample", k.name());
+    }
+    assert_eq!(
+        sampled.len(),
+        MsgKind::ALL.len(),
+        "a sample of an undeclared kind"
+    );
+    assert_eq!(MsgKind::from_u16(0), None);
+    assert!(Msg::decode(0, &Msg::Ok.encode()).is_err());
+}
+
+/// Each message's struct in `typed` converts to its `Msg` variant and back; another kind
+/// is given back unchanged.
+#[test]
+fn typed_structs_convert_to_and_from_their_variant() {
+    use spindle_proto::msg::typed;
+    for msg in samples() {
+        let back = match msg.clone() {
+            m @ Msg::ObjReply { .. } => Msg::from(typed::ObjReply::try_from(m).unwrap()),
+            m @ Msg::Heartbeat { .. } => Msg::from(typed::Heartbeat::try_from(m).unwrap()),
+            m @ Msg::Ok => Msg::from(typed::Ok::try_from(m).unwrap()),
+            m => {
+                assert_eq!(typed::Ok::try_from(m.clone()), Err(m.clone()));
+                m
+            }
+        };
+        assert_eq!(back, msg);
+    }
+    let q = typed::PgQuery { pool: 1, pg: 2 };
+    assert_eq!(Msg::from(q.clone()), Msg::PgQuery { pool: 1, pg: 2 });
+    assert_eq!(typed::PgQuery::KIND.name(), "pg_query");
+}
+
 #[test]
 fn bulk_bytes_on_a_message_without_data_are_rejected() {
     let mut body = Msg::Ok.encode();
