@@ -508,3 +508,68 @@ async fn a_connection_gets_at_most_its_admission_limit_of_requests_in_progress()
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert_eq!(count(), 26, "the rest was admitted once slots freed");
 }
+
+/// `RpcConn::request`: the typed reply, an `Error` reply as a typed remote error with its
+/// code, and a reply of the wrong kind as a protocol error.
+#[tokio::test]
+async fn typed_requests_get_typed_replies_and_errors() {
+    use spindle_proto::msg::typed;
+    use spindle_proto::CallError;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        spindle_proto::net::serve(
+            stream,
+            "test",
+            || 1,
+            |inc, reply| {
+                let answer = match inc.msg {
+                    Msg::PgQuery { pool: 1, .. } => Msg::PgInfo {
+                        last_version: v(2, 3),
+                        log_tail: v(0, 0),
+                        log: vec![],
+                        incomplete: false,
+                    },
+                    Msg::PgQuery { .. } => Msg::error(ErrorCode::NoSuchPool, "no pool"),
+                    _ => Msg::Ok,
+                };
+                reply.send(inc.request_id, 1, &answer);
+            },
+        )
+        .await;
+    });
+    let conn = RpcConn::connect(&addr, 2000, None).await.unwrap();
+    let info = conn
+        .request(1, typed::PgQuery { pool: 1, pg: 0 }, 5000)
+        .await
+        .unwrap();
+    assert_eq!(info.last_version, v(2, 3));
+    let e = conn
+        .request(1, typed::PgQuery { pool: 9, pg: 0 }, 5000)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NoSuchPool), "{e}");
+    let e = conn
+        .request(
+            1,
+            typed::ObjPull {
+                pool: 1,
+                pg: 0,
+                name: "x".into(),
+            },
+            5000,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CallError::Unexpected {
+                expected: "ObjState",
+                got: "ok"
+            }
+        ),
+        "{e}"
+    );
+}
