@@ -9,8 +9,10 @@
 
 use spindle_map::ec::EcLayout;
 use spindle_map::{object_pg, ClusterMap};
+use spindle_proto::msg::typed;
 use spindle_proto::msg::{Mutation, ObjOp, ObjectListing, Ver};
 use spindle_proto::net::{Incoming, NetError, Prepared, RpcConn};
+use spindle_proto::request::{reply_to, CallError, MapReply, RemoteError, Request};
 use spindle_proto::{ErrorCode, Msg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -45,6 +47,10 @@ pub enum ClientError {
     Conflict(String),
     #[error("no space left: {0}")]
     NoSpace(String),
+    /// A peer answered with a message of the wrong kind, or a command's answer does not
+    /// parse as its reply type.
+    #[error("protocol error: {0}")]
+    Protocol(String),
 }
 
 #[derive(Clone, Debug)]
@@ -137,24 +143,28 @@ impl Client {
                 reason: e.to_string(),
             })?;
         let reply = mon
-            .call(
+            .request(
                 0,
-                &Msg::GetMap {
+                typed::GetMap {
                     have_epoch: 0,
                     subscribe: false,
                 },
                 10_000,
             )
-            .await
-            .map_err(|e| ClientError::Monitor {
-                addr: config.mon_addr.clone(),
-                reason: e.to_string(),
-            })?;
-        let Msg::MapUpdate { map } = reply.msg else {
-            return Err(ClientError::Monitor {
-                addr: config.mon_addr.clone(),
-                reason: format!("unexpected reply {}", reply.msg.name()),
-            });
+            .await;
+        let map = match reply {
+            Ok(MapReply::Newer(map)) => map,
+            Ok(MapReply::Current) => {
+                return Err(ClientError::Protocol(
+                    "the monitor has no map newer than epoch 0".into(),
+                ))
+            }
+            Err(e) => {
+                return Err(ClientError::Monitor {
+                    addr: config.mon_addr.clone(),
+                    reason: e.to_string(),
+                })
+            }
         };
         let state = MapState::decode(&map).map_err(|e| ClientError::Monitor {
             addr: config.mon_addr.clone(),
@@ -240,45 +250,44 @@ impl Client {
     async fn refresh_map(&self) {
         let Ok(mon) = self.mon().await else { return };
         let have = self.epoch();
-        if let Ok(inc) = mon
-            .call(
-                have,
-                &Msg::GetMap {
-                    have_epoch: have,
-                    subscribe: false,
-                },
-                5000,
-            )
-            .await
-        {
-            if let Msg::MapUpdate { map } = inc.msg {
-                self.install(&map);
-            }
+        let req = typed::GetMap {
+            have_epoch: have,
+            subscribe: false,
+        };
+        if let Ok(MapReply::Newer(map)) = mon.request(have, req, 5000).await {
+            self.install(&map);
         }
     }
 
-    /// Runs an administrative command on the monitor; returns its JSON output.
+    /// Runs an administrative command on the monitor; returns its JSON output (see
+    /// [`Client::admin`] for typed answers).
     pub async fn command(&self, args: &[&str]) -> Result<serde_json::Value, ClientError> {
+        self.admin(args.iter().map(|s| s.to_string()).collect())
+            .await
+    }
+
+    /// Runs an administrative command (its argument list, e.g.
+    /// `spindle_mon::Admin::status().args()`) and deserializes its answer into `R`, the
+    /// command's reply type (`spindle_mon::Status`, ...). An answer that does not parse as
+    /// `R` is a [`ClientError::Protocol`].
+    pub async fn admin<R: serde::de::DeserializeOwned>(
+        &self,
+        args: Vec<String>,
+    ) -> Result<R, ClientError> {
         let mon = self.mon().await?;
         let reply = mon
-            .call(
-                self.epoch(),
-                &Msg::Command {
-                    args: args.iter().map(|s| s.to_string()).collect(),
-                },
-                30_000,
-            )
-            .await
-            .map_err(|e| ClientError::Monitor {
+            .request(self.epoch(), typed::Command { args }, 30_000)
+            .await;
+        match reply {
+            Ok(typed::CommandReply { ok: true, output }) => serde_json::from_str(&output)
+                .map_err(|e| ClientError::Protocol(format!("bad answer from the monitor: {e}"))),
+            Ok(typed::CommandReply { ok: false, output }) => Err(ClientError::Command(output)),
+            Err(CallError::Remote(e)) => Err(ClientError::Command(e.message)),
+            Err(e @ CallError::Unexpected { .. }) => Err(ClientError::Protocol(e.to_string())),
+            Err(CallError::Net(e)) => Err(ClientError::Monitor {
                 addr: self.inner.config.mon_addr.clone(),
                 reason: e.to_string(),
-            })?;
-        match reply.msg {
-            Msg::CommandReply { ok: true, output } => serde_json::from_str(&output)
-                .map_err(|e| ClientError::Command(format!("bad JSON from monitor: {e}"))),
-            Msg::CommandReply { ok: false, output } => Err(ClientError::Command(output)),
-            Msg::Error { message, .. } => Err(ClientError::Command(message)),
-            other => Err(ClientError::Command(format!("unexpected {}", other.name()))),
+            }),
         }
     }
 
@@ -479,9 +488,11 @@ impl Client {
         }
     }
 
-    fn check(reply: Msg, name: &str) -> Result<Msg, ClientError> {
-        match reply {
-            Msg::Error { code, message, .. } => Err(match code {
+    /// The typed reply to a request of kind `R` on object `name`: an `Error` reply as
+    /// the client error of its code, a reply of another kind as a protocol error.
+    fn reply<R: Request>(reply: Msg, name: &str) -> Result<R::Reply, ClientError> {
+        reply_to::<R>(reply).map_err(|e| match e {
+            CallError::Remote(RemoteError { code, message, .. }) => match code {
                 ErrorCode::NotFound => ClientError::NotFound(name.to_string()),
                 ErrorCode::Corrupt => ClientError::Corrupt(message),
                 ErrorCode::Invalid => ClientError::Invalid(message),
@@ -489,9 +500,10 @@ impl Client {
                 ErrorCode::Conflict => ClientError::Conflict(message),
                 ErrorCode::NoSpace => ClientError::NoSpace(message),
                 _ => ClientError::Daemon(format!("{code:?}: {message}")),
-            }),
-            ok => Ok(ok),
-        }
+            },
+            e @ CallError::Unexpected { .. } => ClientError::Protocol(e.to_string()),
+            CallError::Net(e) => ClientError::Daemon(e.to_string()),
+        })
     }
 
     async fn mutate(&self, pool: &str, name: &str, m: Mutation) -> Result<Ver, ClientError> {
@@ -516,10 +528,7 @@ impl Client {
         let reply = self
             .request_noting(pool, name, None, request, maybe_applied)
             .await?;
-        match Self::check(reply, name)? {
-            Msg::ObjReply { version, .. } => Ok(version),
-            other => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
-        }
+        Ok(Self::reply::<typed::ObjRequest>(reply, name)?.version)
     }
 
     /// Replaces the whole object (creates it).
@@ -610,14 +619,8 @@ impl Client {
         let reply = self
             .op(pool, name, ObjOp::Read { offset, len }, None)
             .await?;
-        match Self::check(reply, name) {
-            Ok(Msg::ObjReply {
-                version,
-                size_bytes,
-                data,
-                ..
-            }) => Ok(Some((version, size_bytes, data))),
-            Ok(other) => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
+        match Self::reply::<typed::ObjRequest>(reply, name) {
+            Ok(r) => Ok(Some((r.version, r.size_bytes, r.data))),
             Err(ClientError::NotFound(_)) => Ok(None),
             Err(e) => Err(e),
         }
@@ -773,10 +776,7 @@ impl Client {
         let reply = self
             .op(pool, name, ObjOp::Read { offset, len }, None)
             .await?;
-        match Self::check(reply, name)? {
-            Msg::ObjReply { data, .. } => Ok(data),
-            other => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
-        }
+        Ok(Self::reply::<typed::ObjRequest>(reply, name)?.data)
     }
 
     /// Reads the whole object.
@@ -787,17 +787,11 @@ impl Client {
     pub async fn stat(&self, pool: &str, name: &str) -> Result<ObjectStat, ClientError> {
         check_name(name)?;
         let reply = self.op(pool, name, ObjOp::Stat, None).await?;
-        match Self::check(reply, name)? {
-            Msg::ObjReply {
-                version,
-                size_bytes,
-                ..
-            } => Ok(ObjectStat {
-                size_bytes,
-                version,
-            }),
-            other => Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
-        }
+        let r = Self::reply::<typed::ObjRequest>(reply, name)?;
+        Ok(ObjectStat {
+            size_bytes: r.size_bytes,
+            version: r.version,
+        })
     }
 
     /// Scrubs every placement group of `pool` now: each primary compares all copies of
@@ -815,26 +809,17 @@ impl Client {
             let reply = self
                 .request(pool, "", Some(pg), |pool, pg| Msg::ScrubPg { pool, pg })
                 .await?;
-            match Self::check(reply, "")? {
-                Msg::ScrubResult {
-                    objects,
-                    inconsistent,
-                    repaired,
-                    damaged,
-                } => {
-                    total.objects += objects;
-                    total.inconsistent += inconsistent;
-                    total.repaired += repaired;
-                    total.pgs += 1;
-                    total
-                        .damaged
-                        .extend(damaged.into_iter().map(|name| DamagedObject {
-                            pg: spindle_map::PgId { pool: pool_id, pg },
-                            name,
-                        }));
-                }
-                other => return Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
-            }
+            let r = Self::reply::<typed::ScrubPg>(reply, "")?;
+            total.objects += r.objects;
+            total.inconsistent += r.inconsistent;
+            total.repaired += r.repaired;
+            total.pgs += 1;
+            total
+                .damaged
+                .extend(r.damaged.into_iter().map(|name| DamagedObject {
+                    pg: spindle_map::PgId { pool: pool_id, pg },
+                    name,
+                }));
         }
         Ok(total)
     }
@@ -850,10 +835,7 @@ impl Client {
         let mut all = Vec::new();
         for pg in 0..pg_count {
             let reply = self.op(pool, "", ObjOp::List, Some(pg)).await?;
-            match Self::check(reply, "")? {
-                Msg::ObjReply { listing, .. } => all.extend(listing),
-                other => return Err(ClientError::Daemon(format!("unexpected {}", other.name()))),
-            }
+            all.extend(Self::reply::<typed::ObjRequest>(reply, "")?.listing);
         }
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)

@@ -3,8 +3,9 @@
 //! [`AdminCommand`] (every number and name checked here, with a clear error) before the
 //! core executes it, and [`AdminCommand::to_args`] is the inverse.
 
-/// What `spindle osd out|in|down ID` does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What `spindle osd out|in|down ID` does (in JSON: `"out"`, `"in"`, `"down"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OsdVerb {
     Out,
     In,

@@ -18,7 +18,7 @@
 //!   core starts or the daemon joins the map.
 
 use crate::command::{AdminCommand, OsdVerb};
-use serde_json::json;
+use crate::reply::{AdminReply, CrushSet, OsdAdded, OsdMarked, PoolCreated, PoolRemoved, RatioSet};
 use spindle_map::{ClusterMap, OsdInfo, Placement, PoolKind};
 use spindle_proto::msg::PgReport;
 use std::collections::{BTreeMap, VecDeque};
@@ -284,23 +284,29 @@ impl MonCore {
         })
     }
 
-    /// An administrative command: its JSON answer and the next map to commit, if it changes
+    /// An administrative command given as its arguments: its answer as JSON (see
+    /// [`MonCore::execute`] for the typed one) and the next map to commit, if it changes
     /// the map (the answer's `epoch` is that map's).
     pub fn command(
         &self,
         args: &[String],
     ) -> Result<(serde_json::Value, Option<ClusterMap>), String> {
-        self.execute(&AdminCommand::parse(args)?)
+        let (reply, next) = self.execute(&AdminCommand::parse(args)?)?;
+        let json = serde_json::to_value(&reply).map_err(|e| e.to_string())?;
+        Ok((json, next))
     }
 
-    /// A typed administrative command: its JSON answer and the next map, if it changes it.
-    pub fn execute(
-        &self,
-        cmd: &AdminCommand,
-    ) -> Result<(serde_json::Value, Option<ClusterMap>), String> {
+    /// A typed administrative command: its typed answer and the next map, if it changes
+    /// it (the answer's `epoch` is that map's).
+    pub fn execute(&self, cmd: &AdminCommand) -> Result<(AdminReply, Option<ClusterMap>), String> {
         match cmd {
-            AdminCommand::Status => Ok((crate::status::status(self), None)),
-            AdminCommand::PoolLs => Ok((crate::status::status(self)["pools"].clone(), None)),
+            AdminCommand::Status => Ok((
+                AdminReply::Status(Box::new(crate::status::status(self))),
+                None,
+            )),
+            AdminCommand::PoolLs => {
+                Ok((AdminReply::PoolLs(crate::status::status(self).pools), None))
+            }
             AdminCommand::PoolCreate {
                 name,
                 size,
@@ -314,7 +320,14 @@ impl MonCore {
                         .map_err(|e| e.to_string())
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
-                Ok((json!({"pool": name, "id": id, "epoch": epoch}), next))
+                Ok((
+                    AdminReply::PoolCreated(PoolCreated {
+                        pool: name,
+                        id,
+                        epoch,
+                    }),
+                    next,
+                ))
             }
             AdminCommand::PoolCreateEc {
                 name,
@@ -358,7 +371,14 @@ impl MonCore {
                     .map_err(|e| e.to_string())
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
-                Ok((json!({"pool": name, "id": id, "epoch": epoch}), next))
+                Ok((
+                    AdminReply::PoolCreated(PoolCreated {
+                        pool: name,
+                        id,
+                        epoch,
+                    }),
+                    next,
+                ))
             }
             AdminCommand::PoolRm { name } => {
                 let name = name.clone();
@@ -366,7 +386,14 @@ impl MonCore {
                     m.remove_pool(&name).map_err(|e| e.to_string())
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
-                Ok((json!({"removed": name, "id": id, "epoch": epoch}), next))
+                Ok((
+                    AdminReply::PoolRemoved(PoolRemoved {
+                        removed: name,
+                        id,
+                        epoch,
+                    }),
+                    next,
+                ))
             }
             AdminCommand::Osd { verb, id } => {
                 let (verb, id) = (*verb, *id);
@@ -384,7 +411,11 @@ impl MonCore {
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
                 Ok((
-                    json!({"osd": id, "done": verb.as_str(), "epoch": epoch}),
+                    AdminReply::OsdMarked(OsdMarked {
+                        osd: id,
+                        done: verb,
+                        epoch,
+                    }),
                     next,
                 ))
             }
@@ -409,7 +440,7 @@ impl MonCore {
                     Ok(())
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
-                Ok((json!({"epoch": epoch}), next))
+                Ok((AdminReply::CrushSet(CrushSet { epoch }), next))
             }
             AdminCommand::OsdAdd { weight } => {
                 let weight = *weight;
@@ -428,7 +459,7 @@ impl MonCore {
                     Ok(id)
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
-                Ok((json!({"osd": id, "epoch": epoch}), next))
+                Ok((AdminReply::OsdAdded(OsdAdded { osd: id, epoch }), next))
             }
             AdminCommand::SetRatio { full, ratio_ppm } => {
                 let (full, ppm) = (*full, *ratio_ppm);
@@ -456,12 +487,16 @@ impl MonCore {
                 })?;
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
                 Ok((
-                    json!({"done": verb, "ratio": ppm as f64 / 1e6, "epoch": epoch}),
+                    AdminReply::RatioSet(RatioSet {
+                        done: verb.to_string(),
+                        ratio: ppm as f64 / 1e6,
+                        epoch,
+                    }),
                     next,
                 ))
             }
             AdminCommand::CrushGet => Ok((
-                json!(spindle_crush::text::print_text(&self.map.crush)),
+                AdminReply::CrushMap(spindle_crush::text::print_text(&self.map.crush)),
                 None,
             )),
         }

@@ -15,11 +15,17 @@
 
 pub mod command;
 pub mod core;
+pub mod reply;
 mod status;
 mod store;
 
 pub use command::{AdminCommand, OsdVerb};
 pub use core::{propose, MapChange, MonCore, MonTiming};
+pub use reply::{
+    Admin, AdminReply, ClusterRecovery, CrushSet, ErasureStatus, HealthCheck, HealthReport,
+    InconsistentPg, OsdAdded, OsdMarked, OsdStatus, PoolCreated, PoolRecovery, PoolRemoved,
+    PoolStatus, RatioSet, Status,
+};
 pub use status::{status, Health, Severity};
 pub use store::{MapStore, MapStoreError, RedbMapStore};
 
@@ -262,12 +268,15 @@ impl Monitor {
             }
             Msg::Command { args } => {
                 let mut st = self.lock();
-                let res = st.core.command(&args).and_then(|(out, next)| match next {
-                    Some(next) => self.commit(&mut st, next).map(|_| out),
-                    None => Ok(out),
-                });
+                let res = AdminCommand::parse(&args)
+                    .and_then(|cmd| st.core.execute(&cmd))
+                    .and_then(|(out, next)| match next {
+                        Some(next) => self.commit(&mut st, next).map(|_| out),
+                        None => Ok(out),
+                    })
+                    .and_then(|out| serde_json::to_string(&out).map_err(|e| e.to_string()));
                 let (ok, output) = match res {
-                    Ok(v) => (true, v.to_string()),
+                    Ok(json) => (true, json),
                     Err(e) => (false, e),
                 };
                 let epoch = st.core.epoch();
@@ -288,7 +297,7 @@ impl Monitor {
     }
 
     /// The `spindle status` document.
-    pub fn status(&self) -> serde_json::Value {
+    pub fn status(&self) -> Status {
         status::status(&self.lock().core)
     }
 

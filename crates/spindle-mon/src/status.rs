@@ -1,13 +1,16 @@
 //! The `spindle status` document and the health checks, computed from the monitor's core.
 
 use crate::core::{counter, MonCore};
-use serde_json::json;
+use crate::reply::{
+    ClusterRecovery, ErasureStatus, HealthCheck, HealthReport, InconsistentPg, OsdStatus,
+    PoolRecovery, PoolStatus, Status,
+};
 use spindle_map::{OsdInfo, PgId, PoolKind};
 use spindle_proto::msg::{PgReport, PgStateCode};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The `spindle status` document.
-pub fn status(st: &MonCore) -> serde_json::Value {
+pub fn status(st: &MonCore) -> Status {
     // "inconsistent" (Ceph's name): serving, but scrub found objects with no intact
     // copy. It outranks clean/degraded/recovering/backfilling; a group that does not
     // serve (peering, incomplete, inactive) shows that instead, while the PG_DAMAGED
@@ -93,54 +96,73 @@ pub fn status(st: &MonCore) -> serde_json::Value {
         objects_total += objects;
         missing_objects_total += missing_objects;
         missing_bytes_total += missing_bytes;
-        let pgs: serde_json::Map<String, serde_json::Value> = STATES
-            .iter()
-            .zip(counts)
-            .map(|(k, v)| (k.to_string(), json!(v)))
-            .collect();
-        pools.push(json!({
-            "id": pool.id,
-            "name": pool.name,
-            "type": if pool.is_erasure() { "erasure" } else { "replicated" },
-            "erasure": match pool.kind {
-                PoolKind::Erasure { k, m, matrix, stripe_unit_bytes, .. } => json!({
-                    "k": k, "m": m,
-                    "matrix": spindle_map::EC_MATRIX_NAMES.get(matrix as usize),
-                    "stripe_unit": stripe_unit_bytes,
+        pools.push(PoolStatus {
+            id: pool.id,
+            name: pool.name.clone(),
+            kind: if pool.is_erasure() {
+                "erasure"
+            } else {
+                "replicated"
+            }
+            .to_string(),
+            erasure: match pool.kind {
+                PoolKind::Erasure {
+                    k,
+                    m,
+                    matrix,
+                    stripe_unit_bytes,
+                    ..
+                } => Some(ErasureStatus {
+                    k,
+                    m,
+                    matrix: spindle_map::EC_MATRIX_NAMES
+                        .get(matrix as usize)
+                        .map(|n| n.to_string()),
+                    stripe_unit: stripe_unit_bytes,
                 }),
-                PoolKind::Replicated { .. } => serde_json::Value::Null,
+                PoolKind::Replicated { .. } => None,
             },
-            "size": pool.size(),
-            "min_size": pool.min_size(),
-            "pg_count": pool.pg_count,
-            "crush_rule": pool.crush_rule,
-            "objects": objects,
-            "pgs": pgs,
-            "recovery": {"objects_left": missing_objects, "bytes_left": missing_bytes},
-        }));
+            size: pool.size(),
+            min_size: pool.min_size(),
+            pg_count: pool.pg_count,
+            crush_rule: pool.crush_rule,
+            objects,
+            pgs: by_state(&STATES, counts),
+            recovery: PoolRecovery {
+                objects_left: missing_objects,
+                bytes_left: missing_bytes,
+            },
+        });
     }
     let osds: Vec<_> = map
         .osds
         .values()
         .map(|o| {
-            let counters: serde_json::Map<String, serde_json::Value> = st
+            let counters: BTreeMap<String, u64> = st
                 .counters
                 .get(&o.id)
                 .into_iter()
                 .flatten()
-                .map(|(k, v)| (k.clone(), json!(v)))
+                .cloned()
                 .collect();
-            let get = |k: &str| counters.get(k).and_then(|v| v.as_u64());
-            json!({"id": o.id, "addr": o.addr, "pid": o.pid, "up": o.up,
-                   "in": o.in_cluster, "weight": o.weight as f64 / 65536.0,
-                   "crush_weight": crush_weight(&map.crush, o.id),
-                   "up_from": o.up_from,
-                   "total_bytes": get("fs_total_bytes"),
-                   "used_bytes": get("fs_used_bytes"),
-                   "avail_bytes": get("fs_avail_bytes"),
-                   "nearfull": o.nearfull, "full": o.full,
-                   "healthy": get("store_failed").is_none_or(|f| f == 0),
-                   "counters": counters})
+            let get = |k: &str| counters.get(k).copied();
+            OsdStatus {
+                id: o.id,
+                addr: o.addr.clone(),
+                pid: o.pid,
+                up: o.up,
+                in_cluster: o.in_cluster,
+                weight: o.weight as f64 / 65536.0,
+                crush_weight: crush_weight(&map.crush, o.id),
+                up_from: o.up_from,
+                total_bytes: get("fs_total_bytes"),
+                used_bytes: get("fs_used_bytes"),
+                avail_bytes: get("fs_avail_bytes"),
+                nearfull: o.nearfull,
+                full: o.full,
+                healthy: get("store_failed").is_none_or(|f| f == 0),
+                counters,
+            }
         })
         .collect();
     let (bytes_per_sec, objects_per_sec) =
@@ -154,11 +176,6 @@ pub fn status(st: &MonCore) -> serde_json::Value {
             }
             _ => (0.0, 0.0),
         };
-    let pgs: serde_json::Map<String, serde_json::Value> = STATES
-        .iter()
-        .zip(totals)
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
     let mut health = Health::default();
     let down: Vec<String> = map
         .osds
@@ -193,28 +210,40 @@ pub fn status(st: &MonCore) -> serde_json::Value {
     if !damaged.is_empty() {
         health.add("PG_DAMAGED", Severity::Err, damage_message(&damaged));
     }
-    let inconsistent_pgs: Vec<_> = damaged
+    let inconsistent_pgs = damaged
         .iter()
-        .map(|(pg, n)| json!({"pg": pg.to_string(), "damaged_objects": n}))
+        .map(|(pg, n)| InconsistentPg {
+            pg: pg.to_string(),
+            damaged_objects: *n,
+        })
         .collect();
-    json!({
-        "cluster_id": format!("{:016x}", map.cluster_id),
-        "epoch": map.epoch,
-        "nearfull_ratio": map.nearfull_ratio_ppm as f64 / 1e6,
-        "full_ratio": map.full_ratio_ppm as f64 / 1e6,
-        "health": health.to_json(),
-        "osds": osds,
-        "pools": pools,
-        "objects": objects_total,
-        "pgs": pgs,
-        "inconsistent_pgs": inconsistent_pgs,
-        "recovery": {
-            "objects_left": missing_objects_total,
-            "bytes_left": missing_bytes_total,
-            "bytes_per_sec": bytes_per_sec,
-            "objects_per_sec": objects_per_sec,
+    Status {
+        cluster_id: format!("{:016x}", map.cluster_id),
+        epoch: map.epoch,
+        nearfull_ratio: map.nearfull_ratio_ppm as f64 / 1e6,
+        full_ratio: map.full_ratio_ppm as f64 / 1e6,
+        health: health.report(),
+        osds,
+        pools,
+        objects: objects_total,
+        pgs: by_state(&STATES, totals),
+        inconsistent_pgs,
+        recovery: ClusterRecovery {
+            objects_left: missing_objects_total,
+            bytes_left: missing_bytes_total,
+            bytes_per_sec,
+            objects_per_sec,
         },
-    })
+    }
+}
+
+/// Placement groups per state name.
+fn by_state<const N: usize>(states: &[&str; N], counts: [u64; N]) -> BTreeMap<String, u64> {
+    states
+        .iter()
+        .zip(counts)
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 /// CRUSH weight of a daemon (sum over the map's buckets holding it), as a float.
@@ -352,19 +381,25 @@ impl Health {
         }
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
-        let checks: Vec<_> = self
+    /// The health part of the status document.
+    pub fn report(&self) -> HealthReport {
+        let checks = self
             .checks
             .iter()
-            .map(|(name, sev, msg)| {
-                json!({
-                    "name": name,
-                    "severity": match sev { Severity::Warn => "HEALTH_WARN", Severity::Err => "HEALTH_ERR" },
-                    "message": msg,
-                })
+            .map(|(name, sev, msg)| HealthCheck {
+                name: name.to_string(),
+                severity: match sev {
+                    Severity::Warn => "HEALTH_WARN",
+                    Severity::Err => "HEALTH_ERR",
+                }
+                .to_string(),
+                message: msg.clone(),
             })
             .collect();
-        json!({"status": self.status(), "checks": checks})
+        HealthReport {
+            status: self.status().to_string(),
+            checks,
+        }
     }
 }
 

@@ -224,15 +224,11 @@ impl Osd {
                 Some(source) => {
                     tokio::spawn(async move {
                         let msg = match osd
-                            .call_peer(source, epoch, &Msg::PgList { pool, pg })
+                            .request_peer(source, epoch, typed::PgList { pool, pg })
                             .await
                         {
-                            Ok(m @ Msg::ObjReply { .. }) => m,
-                            Ok(other) => Msg::error(
-                                ErrorCode::Again,
-                                format!("listing from osd.{source}: {}", other.name()),
-                            ),
-                            Err(e) => Msg::error(ErrorCode::Again, e),
+                            Ok(listing) => Msg::from(listing),
+                            Err(e) => Msg::error(ErrorCode::Again, format!("listing: {e}")),
                         };
                         reply.send_owned(rid, epoch, msg);
                     });

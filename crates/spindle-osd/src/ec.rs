@@ -717,10 +717,11 @@ impl Osd {
                 Err(e) => return Err((ErrorCode::Again, format!("osd.{osd}: {e}"))),
             }
         };
-        match reply {
-            Msg::ObjReply { data, .. } => Ok(data),
-            Msg::Error { code, message, .. } => Err((code, format!("osd.{osd}: {message}"))),
-            other => Err((ErrorCode::Internal, format!("osd.{osd}: {}", other.name()))),
+        use spindle_proto::request::{reply_to, CallError};
+        match reply_to::<spindle_proto::msg::typed::ShardRead>(reply) {
+            Ok(r) => Ok(r.data),
+            Err(CallError::Remote(e)) => Err((e.code, format!("osd.{osd}: {}", e.message))),
+            Err(e) => Err((ErrorCode::Internal, format!("osd.{osd}: {e}"))),
         }
     }
 
@@ -995,13 +996,13 @@ impl Osd {
                     });
                     info.object_count > 0
                 } else {
-                    let q = Msg::PgQuery {
+                    let q = spindle_proto::msg::typed::PgQuery {
                         pool: pgid.pool,
                         pg: copy,
                     };
                     matches!(
-                        self.call_peer(d, epoch, &q).await,
-                        Ok(Msg::PgInfo { last_version, .. }) if last_version > Ver::default()
+                        self.request_peer(d, epoch, q).await,
+                        Ok(info) if info.last_version > Ver::default()
                     )
                 };
                 if has {
@@ -1262,13 +1263,13 @@ impl Osd {
             Some((d, v)) => (Some(v), d),
             None => (None, Vec::new()),
         };
-        let msg = Msg::ObjState {
+        let req = spindle_proto::msg::typed::ObjState {
             pool: copy.pool,
             pg: copy.pg,
             name: stored.to_string(),
             version,
             data,
         };
-        crate::expect_ok(self.call_peer(osd, epoch, &msg).await?)
+        self.request_peer(osd, epoch, req).await.map(|_| ())
     }
 }

@@ -4,8 +4,10 @@
 //! and classified the same way, so the two write paths differ only in what they do with a
 //! failure.
 
+use spindle_proto::msg::typed;
 use spindle_proto::net::PendingReply;
-use spindle_proto::{ErrorCode, Msg};
+use spindle_proto::request::{reply_to, CallError, RemoteError};
+use spindle_proto::ErrorCode;
 
 /// Why one copy did not acknowledge.
 #[derive(Debug)]
@@ -54,20 +56,23 @@ pub(crate) async fn wait_all<K>(pending: Vec<(K, PendingReply)>, timeout_ms: u64
     let mut failures = Vec::new();
     for (key, reply) in pending {
         let failure = match reply.wait(timeout_ms).await {
-            Ok(inc) => match inc.msg {
-                Msg::Ok => continue,
-                Msg::Error {
+            Ok(inc) => match reply_to::<typed::RepWrite>(inc.msg) {
+                Ok(typed::Ok {}) => continue,
+                Err(CallError::Remote(RemoteError {
                     code: ErrorCode::NoSpace,
                     message,
                     ..
-                } => CopyFailure::NoSpace(message),
-                Msg::Error {
+                })) => CopyFailure::NoSpace(message),
+                Err(CallError::Remote(RemoteError {
                     code: ErrorCode::StaleMap,
                     map,
                     ..
-                } => CopyFailure::NewerMap(map),
-                Msg::Error { code, message, .. } => CopyFailure::Refused { code, message },
-                other => CopyFailure::Unexpected(other.name()),
+                })) => CopyFailure::NewerMap(map),
+                Err(CallError::Remote(RemoteError { code, message, .. })) => {
+                    CopyFailure::Refused { code, message }
+                }
+                Err(CallError::Unexpected { got, .. }) => CopyFailure::Unexpected(got),
+                Err(e @ CallError::Net(_)) => CopyFailure::Transport(e.to_string()),
             },
             Err(e) => CopyFailure::Transport(e.to_string()),
         };

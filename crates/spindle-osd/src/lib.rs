@@ -42,12 +42,14 @@ use spindle_map::session::{DaemonSession, SessionAction, SessionState, SessionTi
 use spindle_map::{ClusterMap, PgMapping};
 use spindle_pg::rules::IntervalChange;
 use spindle_pg::TxnGate;
+use spindle_proto::msg::typed;
 use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, PgReport, PgStateCode, Ver,
 };
 use spindle_proto::net::{
     accept_loop, Incoming, NetError, PendingReply, Prepared, Replier, RpcConn, Service,
 };
+use spindle_proto::request::{reply_to, MapReply, Request};
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{LogEntry, LogOp, Mutation, PgId, Store, StoreConfig, StoreError, Version};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -414,24 +416,20 @@ impl Osd {
                     SessionAction::Heartbeat => match &conn {
                         None => session.on_link_failed(now_ms()),
                         Some(c) => {
-                            let beat = Msg::Heartbeat {
+                            let beat = typed::Heartbeat {
                                 osd_id: self.inner.id,
                                 reports: self.pg_reports(),
                                 counters: self.counters(),
                             };
-                            match c.call(self.epoch(), &beat, 5000).await {
-                                Ok(inc) => match inc.msg {
-                                    Msg::HeartbeatAck { epoch: mon_epoch } => session
-                                        .on_heartbeat_answered(now_ms(), mon_epoch, self.epoch()),
-                                    other => {
-                                        tracing::warn!(
-                                            "osd.{}: heartbeat answered with {}",
-                                            self.inner.id,
-                                            other.name()
-                                        );
-                                        Vec::new()
-                                    }
-                                },
+                            match c.request(self.epoch(), beat, 5000).await {
+                                Ok(typed::HeartbeatAck { epoch: mon_epoch }) => {
+                                    session.on_heartbeat_answered(now_ms(), mon_epoch, self.epoch())
+                                }
+                                Err(spindle_proto::CallError::Remote(e)) => {
+                                    // Answered, with a refusal: the link is fine.
+                                    tracing::warn!("osd.{}: heartbeat refused: {e}", self.inner.id);
+                                    Vec::new()
+                                }
                                 Err(e) => {
                                     tracing::warn!("osd.{}: monitor link lost: {e}", self.inner.id);
                                     session.on_link_failed(now_ms())
@@ -474,46 +472,31 @@ impl Osd {
     }
 
     async fn boot(&self, conn: &RpcConn) -> Result<(), String> {
-        let reply = conn
-            .call(
-                self.epoch(),
-                &Msg::OsdBoot {
-                    osd_id: self.inner.id,
-                    addr: self.inner.addr.clone(),
-                    pid: std::process::id(),
-                },
-                10_000,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        match reply.msg {
-            Msg::MapUpdate { map } => {
+        let boot = typed::OsdBoot {
+            osd_id: self.inner.id,
+            addr: self.inner.addr.clone(),
+            pid: std::process::id(),
+        };
+        match conn.request(self.epoch(), boot, 10_000).await {
+            Ok(typed::MapUpdate { map }) => {
                 self.install_map(&map)?;
                 tracing::info!("osd.{} booted at epoch {}", self.inner.id, self.epoch());
                 Ok(())
             }
-            Msg::Error { message, .. } => Err(message),
-            other => Err(format!("unexpected boot reply {}", other.name())),
+            Err(spindle_proto::CallError::Remote(e)) => Err(e.message),
+            Err(e) => Err(e.to_string()),
         }
     }
 
     async fn fetch_map(&self, conn: &RpcConn) {
         let have = self.epoch();
-        if let Ok(inc) = conn
-            .call(
-                have,
-                &Msg::GetMap {
-                    have_epoch: have,
-                    subscribe: false,
-                },
-                5000,
-            )
-            .await
-        {
-            if let Msg::MapUpdate { map } = inc.msg {
-                if let Err(e) = self.install_map(&map) {
-                    tracing::warn!("osd.{}: {e}", self.inner.id);
-                }
+        let req = typed::GetMap {
+            have_epoch: have,
+            subscribe: false,
+        };
+        if let Ok(MapReply::Newer(map)) = conn.request(have, req, 5000).await {
+            if let Err(e) = self.install_map(&map) {
+                tracing::warn!("osd.{}: {e}", self.inner.id);
             }
         }
     }
@@ -757,17 +740,13 @@ impl Osd {
         pgid: PgId,
         name: &str,
     ) -> Result<Option<(Vec<u8>, Version)>, String> {
-        let msg = Msg::ObjPull {
+        let req = typed::ObjPull {
             pool: pgid.pool,
             pg: pgid.pg,
             name: name.to_string(),
         };
-        match self.call_peer(osd, epoch, &msg).await? {
-            Msg::ObjState {
-                version: v, data, ..
-            } => Ok(v.map(|v| (data, v))),
-            other => Err(format!("osd.{osd}: unexpected {}", other.name())),
-        }
+        let state = self.request_peer(osd, epoch, req).await?;
+        Ok(state.version.map(|v| (state.data, v)))
     }
 
     // ------------------------------------------------------------------ peers
@@ -791,6 +770,18 @@ impl Osd {
             .map_err(|e| e.to_string())?;
         lock(&self.inner.peers).insert(osd, conn.clone());
         Ok(conn)
+    }
+
+    /// A typed request to another daemon (see [`Osd::call_peer`]): its typed reply; a
+    /// reply of another kind is an error naming both.
+    async fn request_peer<R: Request>(
+        &self,
+        osd: u32,
+        epoch: u64,
+        req: R,
+    ) -> Result<R::Reply, String> {
+        let reply = self.call_peer(osd, epoch, &req.into()).await?;
+        expect_reply::<R>(osd, reply)
     }
 
     /// A request to another daemon; pushes our map first if it has an older one.
@@ -1002,9 +993,8 @@ fn not_handled(reply: &Replier, rid: u64, epoch: u64, msg: &Msg) {
     );
 }
 
-fn expect_ok(msg: Msg) -> Result<(), String> {
-    match msg {
-        Msg::Ok => Ok(()),
-        other => Err(format!("unexpected {}", other.name())),
-    }
+/// The typed reply of request type `R` from `osd` (an `Error` reply, if [`Osd::call_peer`]
+/// did not already turn it into an error, and a reply of another kind are errors).
+fn expect_reply<R: Request>(osd: u32, msg: Msg) -> Result<R::Reply, String> {
+    reply_to::<R>(msg).map_err(|e| format!("osd.{osd}: {e}"))
 }

@@ -26,7 +26,7 @@
 
 use crate::counters::OsdCounters;
 use crate::{Osd, PgState, Phase};
-use spindle_proto::Msg;
+use spindle_proto::msg::typed;
 use spindle_store::PgId;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -212,30 +212,17 @@ impl Osd {
             self.inflight_drain(stored).await?;
             return Ok(self.local_log_info(stored));
         }
-        match self
-            .call_peer(
-                copy,
-                epoch,
-                &Msg::PgQuery {
-                    pool: stored.pool,
-                    pg: stored.pg,
-                },
-            )
-            .await?
-        {
-            Msg::PgInfo {
-                last_version,
-                log_tail,
-                log,
-                incomplete,
-            } => Ok(LogInfo {
-                last_version,
-                log_tail,
-                log,
-                incomplete,
-            }),
-            other => Err(format!("osd.{copy}: unexpected {}", other.name())),
-        }
+        let query = typed::PgQuery {
+            pool: stored.pool,
+            pg: stored.pg,
+        };
+        let info = self.request_peer(copy, epoch, query).await?;
+        Ok(LogInfo {
+            last_version: info.last_version,
+            log_tail: info.log_tail,
+            log: info.log,
+            incomplete: info.incomplete,
+        })
     }
 
     /// Executes the core's activation: the group serves, recovery starts in the background
@@ -325,12 +312,14 @@ impl Osd {
                 .await
                 .map_err(|e| e.to_string());
         }
-        let msg = Msg::PgMark {
+        let req = typed::PgMark {
             pool: pgid.pool,
             pg: pgid.pg,
             incomplete,
         };
-        crate::expect_ok(self.call_peer(osd, epoch, &msg).await?)
+        self.request_peer(osd, epoch, req)
+            .await
+            .map(|typed::Ok {}| ())
     }
 
     /// Listing with versions and sizes (of this daemon or a peer).
@@ -351,23 +340,22 @@ impl Osd {
                 })
                 .collect());
         }
-        let msg = Msg::PgList {
+        let req = typed::PgList {
             pool: pgid.pool,
             pg: pgid.pg,
         };
-        match self.call_peer(osd, epoch, &msg).await? {
-            Msg::ObjReply { listing, .. } => Ok(listing
-                .into_iter()
-                .map(|l| {
-                    let o = ListedObject {
-                        version: l.version,
-                        size_bytes: l.size_bytes,
-                    };
-                    (l.name, o)
-                })
-                .collect()),
-            other => Err(format!("osd.{osd}: unexpected {}", other.name())),
-        }
+        let reply = self.request_peer(osd, epoch, req).await?;
+        Ok(reply
+            .listing
+            .into_iter()
+            .map(|l| {
+                let o = ListedObject {
+                    version: l.version,
+                    size_bytes: l.size_bytes,
+                };
+                (l.name, o)
+            })
+            .collect())
     }
 
     /// Whether some copy of the group misses `name` (so an operation on it must wait).
@@ -488,16 +476,20 @@ impl Osd {
         };
         let peers: Vec<u32> = osds.iter().copied().filter(|&o| o != me).collect();
         if !peers.is_empty() {
-            let msg = Msg::ObjState {
+            // One message (the object's bytes) for every peer.
+            let msg = spindle_proto::Msg::from(typed::ObjState {
                 pool: pgid.pool,
                 pg: pgid.pg,
                 name: name.to_string(),
                 version: state.0,
                 data: state.1,
-            };
-            let calls = peers.iter().map(|&p| self.call_peer(p, epoch, &msg));
+            });
+            let msg = &msg;
+            let calls = peers.iter().map(|&p| async move {
+                crate::expect_reply::<typed::ObjState>(p, self.call_peer(p, epoch, msg).await?)
+            });
             for r in futures::future::join_all(calls).await {
-                crate::expect_ok(r?)?;
+                r?;
             }
         }
         Ok(bytes)
@@ -657,13 +649,12 @@ impl Osd {
                 },
             };
             if let Some(primary) = primary {
-                let msg = Msg::PgCleanQuery {
+                let query = typed::PgCleanQuery {
                     pool: pgid.pool,
                     pg: group,
                 };
-                match self.call_peer(primary, epoch, &msg).await {
-                    Ok(Msg::Ok) => {}
-                    _ => continue,
+                if self.request_peer(primary, epoch, query).await.is_err() {
+                    continue;
                 }
             }
             // Re-check right before removing: still a stray at the same epoch.

@@ -104,15 +104,12 @@ impl Osd {
             let entries = if osd == self.inner.id {
                 self.scrub_entries(copy, names).await
             } else {
-                let msg = Msg::ScrubQuery {
+                let query = spindle_proto::msg::typed::ScrubQuery {
                     pool: copy.pool,
                     pg: copy.pg,
                     names: names.to_vec(),
                 };
-                match self.call_peer(osd, epoch, &msg).await? {
-                    Msg::ScrubMap { entries } => entries,
-                    other => return Err(format!("osd.{osd}: unexpected {}", other.name())),
-                }
+                self.request_peer(osd, epoch, query).await?.entries
             };
             maps.push((
                 osd,

@@ -39,5 +39,7 @@ pub use frame::{
 };
 pub mod msg;
 pub mod net;
+pub mod request;
 
-pub use msg::{ErrorCode, Msg};
+pub use msg::{typed, ErrorCode, Msg, MsgKind};
+pub use request::{CallError, MapReply, RemoteError, Reply, Request};

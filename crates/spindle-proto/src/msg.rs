@@ -151,201 +151,732 @@ pub struct ScrubEntry {
     pub ok: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Msg {
+/// How each field of a message travels. A message declares one of these per field (see
+/// [`messages!`]); its encoding, decoding and bulk access follow from that.
+mod wire {
+    use super::*;
+
+    /// The codec of one field: written to the fields section (or left to the bulk),
+    /// read back in declaration order.
+    pub(super) trait Field {
+        type Value;
+        fn put(&self, w: &mut Writer, v: &Self::Value);
+        fn get(
+            &self,
+            r: &mut Reader,
+            bulk: &mut Option<Vec<u8>>,
+        ) -> Result<Self::Value, CodecError>;
+        /// The bulk bytes this field carries, if any.
+        fn bulk<'a>(&self, _v: &'a Self::Value) -> Option<&'a [u8]> {
+            None
+        }
+        fn bulk_mut<'a>(&self, _v: &'a mut Self::Value) -> Option<&'a mut Vec<u8>> {
+            None
+        }
+    }
+
+    /// Little-endian u32, labelled for errors.
+    pub(super) struct U32(pub &'static str);
+    /// Little-endian u64.
+    pub(super) struct U64(pub &'static str);
+    /// A bool as one byte (decoded: non-zero is true).
+    pub(super) struct Flag(pub &'static str);
+    /// A length-prefixed UTF-8 string of at most `.1` bytes.
+    pub(super) struct Text(pub &'static str, pub usize);
+    /// An object name (at most [`NAME_MAX`] bytes).
+    pub(super) struct Name;
+    /// Length-prefixed bytes of at most `.1` bytes.
+    pub(super) struct Bytes(pub &'static str, pub usize);
+    /// The body's bulk bytes (nothing in the fields section).
+    pub(super) struct Bulk;
+    /// A version: epoch, seq.
+    pub(super) struct V;
+    /// `u8 exists` (any non-zero is true) then the version if it exists.
+    pub(super) struct OptVer;
+    pub(super) struct Op;
+    pub(super) struct Mut;
+    pub(super) struct Log;
+    pub(super) struct Reports;
+    pub(super) struct Counters;
+    /// The command's arguments: at most 64 strings.
+    pub(super) struct Args;
+    pub(super) struct Listing;
+    /// A counted list of object names.
+    pub(super) struct Names(pub &'static str);
+    pub(super) struct ScrubEntries;
+    pub(super) struct Code;
+
+    impl Field for U32 {
+        type Value = u32;
+        fn put(&self, w: &mut Writer, v: &u32) {
+            w.u32(*v);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<u32, CodecError> {
+            r.u32(self.0)
+        }
+    }
+    impl Field for U64 {
+        type Value = u64;
+        fn put(&self, w: &mut Writer, v: &u64) {
+            w.u64(*v);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<u64, CodecError> {
+            r.u64(self.0)
+        }
+    }
+    impl Field for Flag {
+        type Value = bool;
+        fn put(&self, w: &mut Writer, v: &bool) {
+            w.u8(*v as u8);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<bool, CodecError> {
+            Ok(r.u8(self.0)? != 0)
+        }
+    }
+    impl Field for Text {
+        type Value = String;
+        fn put(&self, w: &mut Writer, v: &String) {
+            w.str(v);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<String, CodecError> {
+            Ok(r.str(self.0, self.1)?.to_string())
+        }
+    }
+    impl Field for Name {
+        type Value = String;
+        fn put(&self, w: &mut Writer, v: &String) {
+            w.str(v);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<String, CodecError> {
+            name(r)
+        }
+    }
+    impl Field for Bytes {
+        type Value = Vec<u8>;
+        fn put(&self, w: &mut Writer, v: &Vec<u8>) {
+            w.bytes(v);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Vec<u8>, CodecError> {
+            Ok(r.bytes(self.0, self.1)?.to_vec())
+        }
+    }
+    impl Field for Bulk {
+        type Value = Vec<u8>;
+        fn put(&self, _: &mut Writer, _: &Vec<u8>) {}
+        fn get(&self, _: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<Vec<u8>, CodecError> {
+            Ok(take_bulk(bulk))
+        }
+        fn bulk<'a>(&self, v: &'a Vec<u8>) -> Option<&'a [u8]> {
+            Some(v)
+        }
+        fn bulk_mut<'a>(&self, v: &'a mut Vec<u8>) -> Option<&'a mut Vec<u8>> {
+            Some(v)
+        }
+    }
+    impl Field for V {
+        type Value = Ver;
+        fn put(&self, w: &mut Writer, v: &Ver) {
+            put_ver(w, *v);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Ver, CodecError> {
+            get_ver(r)
+        }
+    }
+    impl Field for OptVer {
+        type Value = Option<Ver>;
+        fn put(&self, w: &mut Writer, v: &Option<Ver>) {
+            put_opt_ver(w, *v);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Option<Ver>, CodecError> {
+            Ok(match r.u8("exists")? {
+                0 => None,
+                _ => Some(get_ver(r)?),
+            })
+        }
+    }
+    fn mutation_data(m: &Mutation) -> Option<&[u8]> {
+        match m {
+            Mutation::WriteFull(d)
+            | Mutation::Write { data: d, .. }
+            | Mutation::EcWrite { data: d, .. }
+            | Mutation::EcPatch { data: d, .. } => Some(d),
+            Mutation::Truncate { .. } | Mutation::Delete => None,
+        }
+    }
+    fn mutation_data_mut(m: &mut Mutation) -> Option<&mut Vec<u8>> {
+        match m {
+            Mutation::WriteFull(d)
+            | Mutation::Write { data: d, .. }
+            | Mutation::EcWrite { data: d, .. }
+            | Mutation::EcPatch { data: d, .. } => Some(d),
+            Mutation::Truncate { .. } | Mutation::Delete => None,
+        }
+    }
+    impl Field for Mut {
+        type Value = Mutation;
+        fn put(&self, w: &mut Writer, v: &Mutation) {
+            put_mutation(w, v);
+        }
+        fn get(&self, r: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<Mutation, CodecError> {
+            get_mutation(r, bulk)
+        }
+        fn bulk<'a>(&self, v: &'a Mutation) -> Option<&'a [u8]> {
+            mutation_data(v)
+        }
+        fn bulk_mut<'a>(&self, v: &'a mut Mutation) -> Option<&'a mut Vec<u8>> {
+            mutation_data_mut(v)
+        }
+    }
+    impl Field for Op {
+        type Value = ObjOp;
+        fn put(&self, w: &mut Writer, v: &ObjOp) {
+            match v {
+                ObjOp::Mutate(m) => {
+                    w.u8(0);
+                    put_mutation(w, m);
+                }
+                ObjOp::Read { offset, len } => {
+                    w.u8(1).u64(*offset).u64(*len);
+                }
+                ObjOp::Stat => {
+                    w.u8(2);
+                }
+                ObjOp::List => {
+                    w.u8(3);
+                }
+            }
+        }
+        fn get(&self, r: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<ObjOp, CodecError> {
+            Ok(match r.u8("op")? {
+                0 => ObjOp::Mutate(get_mutation(r, bulk)?),
+                1 => ObjOp::Read {
+                    offset: r.u64("offset")?,
+                    len: r.u64("len")?,
+                },
+                2 => ObjOp::Stat,
+                3 => ObjOp::List,
+                v => {
+                    return Err(CodecError::Invalid {
+                        what: "op",
+                        value: v as u64,
+                    })
+                }
+            })
+        }
+        fn bulk<'a>(&self, v: &'a ObjOp) -> Option<&'a [u8]> {
+            match v {
+                ObjOp::Mutate(m) => mutation_data(m),
+                _ => None,
+            }
+        }
+        fn bulk_mut<'a>(&self, v: &'a mut ObjOp) -> Option<&'a mut Vec<u8>> {
+            match v {
+                ObjOp::Mutate(m) => mutation_data_mut(m),
+                _ => None,
+            }
+        }
+    }
+    impl Field for Log {
+        type Value = Vec<LogEntryMsg>;
+        fn put(&self, w: &mut Writer, v: &Vec<LogEntryMsg>) {
+            put_log(w, v);
+        }
+        fn get(
+            &self,
+            r: &mut Reader,
+            _: &mut Option<Vec<u8>>,
+        ) -> Result<Vec<LogEntryMsg>, CodecError> {
+            get_log(r)
+        }
+    }
+    impl Field for Reports {
+        type Value = Vec<PgReport>;
+        fn put(&self, w: &mut Writer, v: &Vec<PgReport>) {
+            w.u32(v.len() as u32);
+            for p in v {
+                w.u32(p.pool)
+                    .u32(p.pg)
+                    .u8(p.state as u8)
+                    .u64(p.objects)
+                    .u64(p.missing_objects)
+                    .u64(p.missing_bytes)
+                    .u64(p.damaged_objects);
+            }
+        }
+        fn get(
+            &self,
+            r: &mut Reader,
+            _: &mut Option<Vec<u8>>,
+        ) -> Result<Vec<PgReport>, CodecError> {
+            let n = count(r, "report count")?;
+            let mut reports = Vec::with_capacity((n as usize).min(4096));
+            for _ in 0..n {
+                reports.push(PgReport {
+                    pool: r.u32("pool")?,
+                    pg: r.u32("pg")?,
+                    state: PgStateCode::from_u8(r.u8("state")?)?,
+                    objects: r.u64("objects")?,
+                    missing_objects: r.u64("missing objects")?,
+                    missing_bytes: r.u64("missing bytes")?,
+                    damaged_objects: r.u64("damaged objects")?,
+                });
+            }
+            Ok(reports)
+        }
+    }
+    impl Field for Counters {
+        type Value = Vec<(String, u64)>;
+        fn put(&self, w: &mut Writer, v: &Vec<(String, u64)>) {
+            w.u32(v.len() as u32);
+            for (k, v) in v {
+                w.str(k).u64(*v);
+            }
+        }
+        fn get(
+            &self,
+            r: &mut Reader,
+            _: &mut Option<Vec<u8>>,
+        ) -> Result<Vec<(String, u64)>, CodecError> {
+            let n = count(r, "counter count")?;
+            let mut counters = Vec::new();
+            // More than 1024 leaves bytes unread: the message is refused as trailing.
+            for _ in 0..n.min(1024) {
+                counters.push((r.str("counter", 128)?.to_string(), r.u64("value")?));
+            }
+            Ok(counters)
+        }
+    }
+    impl Field for Args {
+        type Value = Vec<String>;
+        fn put(&self, w: &mut Writer, v: &Vec<String>) {
+            w.u32(v.len() as u32);
+            for a in v {
+                w.str(a);
+            }
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Vec<String>, CodecError> {
+            let n = r.u32("arg count")?;
+            if n > 64 {
+                return Err(CodecError::TooLong {
+                    what: "arg count",
+                    len: n as u64,
+                    max: 64,
+                });
+            }
+            let mut args = Vec::new();
+            for _ in 0..n {
+                args.push(r.str("arg", TEXT_MAX)?.to_string());
+            }
+            Ok(args)
+        }
+    }
+    impl Field for Listing {
+        type Value = Vec<ObjectListing>;
+        fn put(&self, w: &mut Writer, v: &Vec<ObjectListing>) {
+            w.u32(v.len() as u32);
+            for l in v {
+                w.str(&l.name).u64(l.size_bytes);
+                put_ver(w, l.version);
+            }
+        }
+        fn get(
+            &self,
+            r: &mut Reader,
+            _: &mut Option<Vec<u8>>,
+        ) -> Result<Vec<ObjectListing>, CodecError> {
+            let n = count(r, "listing length")?;
+            let mut listing = Vec::with_capacity((n as usize).min(4096));
+            for _ in 0..n {
+                listing.push(ObjectListing {
+                    name: name(r)?,
+                    size_bytes: r.u64("size")?,
+                    version: get_ver(r)?,
+                });
+            }
+            Ok(listing)
+        }
+    }
+    impl Field for Names {
+        type Value = Vec<String>;
+        fn put(&self, w: &mut Writer, v: &Vec<String>) {
+            w.u32(v.len() as u32);
+            for n in v {
+                w.str(n);
+            }
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Vec<String>, CodecError> {
+            let n = count(r, self.0)?;
+            let mut names = Vec::with_capacity((n as usize).min(4096));
+            for _ in 0..n {
+                names.push(name(r)?);
+            }
+            Ok(names)
+        }
+    }
+    impl Field for ScrubEntries {
+        type Value = Vec<ScrubEntry>;
+        fn put(&self, w: &mut Writer, v: &Vec<ScrubEntry>) {
+            w.u32(v.len() as u32);
+            for e in v {
+                w.str(&e.name);
+                put_ver(w, e.version);
+                w.u64(e.size_bytes).u32(e.digest).u8(e.ok as u8);
+            }
+        }
+        fn get(
+            &self,
+            r: &mut Reader,
+            _: &mut Option<Vec<u8>>,
+        ) -> Result<Vec<ScrubEntry>, CodecError> {
+            let n = count(r, "scrub entries")?;
+            let mut entries = Vec::with_capacity((n as usize).min(4096));
+            for _ in 0..n {
+                entries.push(ScrubEntry {
+                    name: name(r)?,
+                    version: get_ver(r)?,
+                    size_bytes: r.u64("size")?,
+                    digest: r.u32("digest")?,
+                    ok: r.u8("ok")? != 0,
+                });
+            }
+            Ok(entries)
+        }
+    }
+    impl Field for Code {
+        type Value = ErrorCode;
+        fn put(&self, w: &mut Writer, v: &ErrorCode) {
+            w.u16(*v as u16);
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<ErrorCode, CodecError> {
+            let v = r.u16("code")?;
+            ErrorCode::from_u16(v).ok_or(CodecError::Invalid {
+                what: "error code",
+                value: v as u64,
+            })
+        }
+    }
+}
+
+/// Declares every message once: its kind tag, log name and fields, each field with the
+/// codec it travels with (`wire::*`). From that follow [`Msg`], [`MsgKind`], one struct
+/// per message in [`typed`] (for [`crate::request::Request`]), `kind`, `name`,
+/// `encode_fields`, `decode_parts`, `bulk` and `take_bulk`. Fields are encoded and
+/// decoded in declaration order. Tags are unique: `MsgKind` is a `repr(u16)` enum with
+/// them as discriminants, so a duplicate does not compile.
+macro_rules! messages {
+    ($(
+        $(#[$meta:meta])*
+        $kind:ident = $tag:literal, $name:literal $({
+            $( $(#[$fmeta:meta])* $field:ident : $ty:ty = $codec:expr ),* $(,)?
+        })?;
+    )*) => {
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum Msg {
+            $( $(#[$meta])* $kind $({ $( $(#[$fmeta])* $field: $ty ),* })?, )*
+        }
+
+        /// The kind tag of each message (the frame's `kind`).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u16)]
+        pub enum MsgKind {
+            $( $kind = $tag, )*
+        }
+
+        impl MsgKind {
+            /// Every message kind, in declaration order.
+            pub const ALL: &'static [MsgKind] = &[$( MsgKind::$kind ),*];
+
+            pub fn from_u16(v: u16) -> Option<MsgKind> {
+                match v {
+                    $( $tag => Some(MsgKind::$kind), )*
+                    _ => None,
+                }
+            }
+
+            /// Short name for logs.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $( MsgKind::$kind => $name, )*
+                }
+            }
+        }
+
+        /// One struct per message, with the fields of its [`Msg`] variant: what
+        /// [`crate::request::Request`] and [`crate::request::Reply`] are implemented for.
+        pub mod typed {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                $(#[$meta])*
+                #[derive(Clone, Debug, PartialEq, Eq)]
+                pub struct $kind { $($( $(#[$fmeta])* pub $field: $ty, )*)? }
+
+                impl From<$kind> for Msg {
+                    fn from(v: $kind) -> Msg {
+                        let $kind { $($( $field ),*)? } = v;
+                        Msg::$kind $({ $( $field ),* })?
+                    }
+                }
+
+                impl TryFrom<Msg> for $kind {
+                    /// Any other message, given back.
+                    type Error = Msg;
+                    fn try_from(m: Msg) -> Result<$kind, Msg> {
+                        match m {
+                            Msg::$kind $({ $( $field ),* })? => {
+                                core::result::Result::Ok($kind { $($( $field ),*)? })
+                            }
+                            other => Err(other),
+                        }
+                    }
+                }
+
+                impl $kind {
+                    pub const KIND: MsgKind = MsgKind::$kind;
+                }
+            )*
+        }
+
+        impl Msg {
+            pub fn msg_kind(&self) -> MsgKind {
+                match self {
+                    $( Msg::$kind { .. } => MsgKind::$kind, )*
+                }
+            }
+
+            /// The fields section of the body (everything but the bulk bytes).
+            pub fn encode_fields(&self) -> Vec<u8> {
+                #[allow(unused_imports)]
+                use wire::Field as _;
+                let mut w = Writer::new();
+                match self {
+                    $( Msg::$kind $({ $( $field ),* })? => {
+                        $($( wire::Field::put(&$codec, &mut w, $field); )*)?
+                    } )*
+                }
+                w.finish()
+            }
+
+            /// The bulk bytes of the message (object data), empty for messages without
+            /// any. They travel in the body's bulk section so that receivers take them
+            /// without copying.
+            pub fn bulk(&self) -> &[u8] {
+                match self {
+                    $( Msg::$kind $({ $( $field ),* })? => {
+                        $($(
+                            if let Some(b) = wire::Field::bulk(&$codec, $field) {
+                                return b;
+                            }
+                        )*)?
+                    } )*
+                }
+                &[]
+            }
+
+            /// Moves the bulk bytes out (leaving an empty vector).
+            pub fn take_bulk(&mut self) -> Vec<u8> {
+                match self {
+                    $( Msg::$kind $({ $( $field ),* })? => {
+                        $($(
+                            if let Some(b) = wire::Field::bulk_mut(&$codec, $field) {
+                                return std::mem::take(b);
+                            }
+                        )*)?
+                    } )*
+                }
+                Vec::new()
+            }
+
+            fn decode_fields(
+                kind: MsgKind,
+                r: &mut Reader,
+                bulk: &mut Option<Vec<u8>>,
+            ) -> Result<Msg, CodecError> {
+                #[allow(unused_variables)]
+                let (r, bulk) = (r, bulk);
+                Ok(match kind {
+                    $( MsgKind::$kind => Msg::$kind $({ $(
+                        $field: wire::Field::get(&$codec, r, bulk)?,
+                    )* })?, )*
+                })
+            }
+        }
+    };
+}
+
+use wire::*;
+
+messages! {
     // ---- monitor ----
     /// A storage daemon starts (or restarts) and asks to be marked up.
-    OsdBoot {
-        osd_id: u32,
-        addr: String,
-        pid: u32,
-    },
+    OsdBoot = 1, "osd_boot" {
+        osd_id: u32 = U32("osd id"),
+        addr: String = Text("addr", 256),
+        pid: u32 = U32("pid"),
+    };
     /// A daemon is alive; `reports` covers the placement groups it is primary for.
-    Heartbeat {
-        osd_id: u32,
-        reports: Vec<PgReport>,
+    Heartbeat = 2, "heartbeat" {
+        osd_id: u32 = U32("osd id"),
+        reports: Vec<PgReport> = Reports,
         /// Named counters of the daemon (e.g. `corruptions_repaired`), shown by `status`.
-        counters: Vec<(String, u64)>,
-    },
+        counters: Vec<(String, u64)> = Counters,
+    };
     /// Reply to a heartbeat: the monitor's epoch (the daemon fetches the map if newer).
-    HeartbeatAck {
-        epoch: u64,
-    },
+    HeartbeatAck = 3, "heartbeat_ack" {
+        epoch: u64 = U64("epoch"),
+    };
     /// Ask for the map if newer than `have_epoch`; with `subscribe`, every later epoch is
     /// pushed on this connection as a `MapUpdate` with request id 0.
-    GetMap {
-        have_epoch: u64,
-        subscribe: bool,
-    },
+    GetMap = 4, "get_map" {
+        have_epoch: u64 = U64("have epoch"),
+        subscribe: bool = Flag("subscribe"),
+    };
     /// A whole encoded cluster map (`spindle_map::ClusterMap::encode`).
-    MapUpdate {
-        map: Vec<u8>,
-    },
+    MapUpdate = 5, "map_update" {
+        map: Vec<u8> = Bytes("map", MAP_MAX),
+    };
     /// An administrative command (`["pool", "create", "name", ...]`).
-    Command {
-        args: Vec<String>,
-    },
+    Command = 6, "command" {
+        args: Vec<String> = Args,
+    };
     /// Command result: `output` is JSON on success, a message on failure.
-    CommandReply {
-        ok: bool,
-        output: String,
-    },
+    CommandReply = 7, "command_reply" {
+        ok: bool = Flag("ok"),
+        output: String = Text("output", MAP_MAX),
+    };
 
     // ---- client -> primary ----
-    ObjRequest {
-        pool: u32,
-        pg: u32,
-        name: String,
-        op: ObjOp,
-    },
-    ObjReply {
-        version: Ver,
-        size_bytes: u64,
-        data: Vec<u8>,
-        listing: Vec<ObjectListing>,
-    },
+    ObjRequest = 20, "obj_request" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        name: String = Name,
+        op: ObjOp = Op,
+    };
+    ObjReply = 21, "obj_reply" {
+        version: Ver = V,
+        size_bytes: u64 = U64("size"),
+        data: Vec<u8> = Bulk,
+        listing: Vec<ObjectListing> = Listing,
+    };
 
     // ---- primary -> replicas (replication and peering) ----
-    RepWrite {
-        pool: u32,
-        pg: u32,
-        name: String,
-        version: Ver,
-        mutation: Mutation,
-    },
-    PgQuery {
-        pool: u32,
-        pg: u32,
-    },
-    PgInfo {
-        last_version: Ver,
-        log_tail: Ver,
-        log: Vec<LogEntryMsg>,
+    RepWrite = 30, "rep_write" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        name: String = Name,
+        version: Ver = V,
+        mutation: Mutation = Mut,
+    };
+    PgQuery = 31, "pg_query" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+    };
+    PgInfo = 32, "pg_info" {
+        last_version: Ver = V,
+        log_tail: Ver = V,
+        log: Vec<LogEntryMsg> = Log,
         /// The copy misses objects its log does not account for (backfill unfinished).
-        incomplete: bool,
-    },
-    PgList {
-        pool: u32,
-        pg: u32,
-    },
+        incomplete: bool = Flag("incomplete"),
+    };
+    PgList = 33, "pg_list" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+    };
     /// Fetch the full state of an object (reply `ObjState`).
-    ObjPull {
-        pool: u32,
-        pg: u32,
-        name: String,
-    },
+    ObjPull = 34, "obj_pull" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        name: String = Name,
+    };
     /// Read a byte range of a shard slot object, which must be at `version` (reply
     /// `ObjReply`; a different version is `Conflict`, a missing object `NotFound`).
-    ShardRead {
-        pool: u32,
-        pg: u32,
-        name: String,
-        version: Ver,
-        offset: u64,
-        len: u64,
-    },
+    ShardRead = 60, "shard_read" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        name: String = Name,
+        version: Ver = V,
+        offset: u64 = U64("offset"),
+        len: u64 = U64("length"),
+    };
     /// Install the full state of an object (`version == None`: it must not exist).
-    ObjState {
-        pool: u32,
-        pg: u32,
-        name: String,
-        version: Option<Ver>,
-        data: Vec<u8>,
-    },
+    ObjState = 35, "obj_state" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        name: String = Name,
+        version: Option<Ver> = OptVer,
+        data: Vec<u8> = Bulk,
+    };
     /// Replace a placement group's log after recovery.
-    PgSetLog {
-        pool: u32,
-        pg: u32,
-        last_version: Ver,
-        log_tail: Ver,
-        log: Vec<LogEntryMsg>,
-    },
+    PgSetLog = 36, "pg_set_log" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        last_version: Ver = V,
+        log_tail: Ver = V,
+        log: Vec<LogEntryMsg> = Log,
+    };
     /// Mark a copy incomplete before recovering it, or complete once it has everything.
-    PgMark {
-        pool: u32,
-        pg: u32,
-        incomplete: bool,
-    },
+    PgMark = 37, "pg_mark" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        incomplete: bool = Flag("incomplete"),
+    };
     /// From a daemon holding a copy outside the up set to the primary: is the group clean
     /// (so the stray copy can be removed)? Reply `Ok` if so, `Again` otherwise.
-    PgCleanQuery {
-        pool: u32,
-        pg: u32,
-    },
+    PgCleanQuery = 38, "pg_clean_query" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+    };
     /// Client -> primary: scrub a placement group now (reply `ScrubResult`).
-    ScrubPg {
-        pool: u32,
-        pg: u32,
-    },
-    ScrubResult {
-        objects: u64,
+    ScrubPg = 50, "scrub_pg" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+    };
+    ScrubResult = 51, "scrub_result" {
+        objects: u64 = U64("objects"),
         /// Bad object copies found (missing, extra, stale, checksum or content mismatch),
         /// those of damaged objects included.
-        inconsistent: u64,
+        inconsistent: u64 = U64("inconsistent"),
         /// Bad copies repaired from an intact one.
-        repaired: u64,
+        repaired: u64 = U64("repaired"),
         /// Objects with no intact copy (fewer than k intact shards on erasure-coded pools),
         /// sorted: they cannot be repaired and reads of them fail.
-        damaged: Vec<String>,
-    },
+        damaged: Vec<String> = Names("damaged count"),
+    };
     /// Primary -> replica: digests of the named objects (all objects if empty).
-    ScrubQuery {
-        pool: u32,
-        pg: u32,
-        names: Vec<String>,
-    },
-    ScrubMap {
-        entries: Vec<ScrubEntry>,
-    },
+    ScrubQuery = 52, "scrub_query" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        names: Vec<String> = Names("name count"),
+    };
+    ScrubMap = 53, "scrub_map" {
+        entries: Vec<ScrubEntry> = ScrubEntries,
+    };
     /// Generic success reply.
-    Ok,
-
+    Ok = 40, "ok";
     /// Failure reply to any request. `map` carries the newer map for `StaleMap`.
-    Error {
-        code: ErrorCode,
-        message: String,
-        map: Vec<u8>,
-    },
+    Error = 41, "error" {
+        code: ErrorCode = Code,
+        message: String = Text("message", TEXT_MAX),
+        map: Vec<u8> = Bytes("map", MAP_MAX),
+    };
 }
 
 /// True for the message kinds clients send (charged to a server's client payload budget;
 /// everything else is peer traffic between daemons).
 pub fn kind_is_client_request(kind: u16) -> bool {
-    kind == tag::OBJ_REQUEST || kind == tag::COMMAND || kind == tag::GET_MAP
+    matches!(
+        MsgKind::from_u16(kind),
+        Some(MsgKind::ObjRequest | MsgKind::Command | MsgKind::GetMap)
+    )
 }
 
 /// True for the message kinds whose bulk can be an object a daemon writes whole (client
 /// requests and replication): the receiver computes their block checksums.
 pub fn kind_writes_objects(kind: u16) -> bool {
-    kind == tag::OBJ_REQUEST || kind == tag::REP_WRITE
-}
-
-mod tag {
-    pub const OSD_BOOT: u16 = 1;
-    pub const HEARTBEAT: u16 = 2;
-    pub const HEARTBEAT_ACK: u16 = 3;
-    pub const GET_MAP: u16 = 4;
-    pub const MAP_UPDATE: u16 = 5;
-    pub const COMMAND: u16 = 6;
-    pub const COMMAND_REPLY: u16 = 7;
-    pub const OBJ_REQUEST: u16 = 20;
-    pub const OBJ_REPLY: u16 = 21;
-    pub const REP_WRITE: u16 = 30;
-    pub const PG_QUERY: u16 = 31;
-    pub const PG_INFO: u16 = 32;
-    pub const PG_LIST: u16 = 33;
-    pub const OBJ_PULL: u16 = 34;
-    pub const OBJ_STATE: u16 = 35;
-    pub const PG_SET_LOG: u16 = 36;
-    pub const PG_MARK: u16 = 37;
-    pub const PG_CLEAN_QUERY: u16 = 38;
-    pub const SCRUB_PG: u16 = 50;
-    pub const SCRUB_RESULT: u16 = 51;
-    pub const SCRUB_QUERY: u16 = 52;
-    pub const SCRUB_MAP: u16 = 53;
-    pub const SHARD_READ: u16 = 60;
-    pub const OK: u16 = 40;
-    pub const ERROR: u16 = 41;
+    matches!(
+        MsgKind::from_u16(kind),
+        Some(MsgKind::ObjRequest | MsgKind::RepWrite)
+    )
 }
 
 fn put_ver(w: &mut Writer, v: Ver) {
@@ -506,66 +1037,14 @@ fn name(r: &mut Reader) -> Result<String, CodecError> {
 }
 
 impl Msg {
+    /// The frame kind of this message.
     pub fn kind(&self) -> u16 {
-        use tag::*;
-        match self {
-            Msg::OsdBoot { .. } => OSD_BOOT,
-            Msg::Heartbeat { .. } => HEARTBEAT,
-            Msg::HeartbeatAck { .. } => HEARTBEAT_ACK,
-            Msg::GetMap { .. } => GET_MAP,
-            Msg::MapUpdate { .. } => MAP_UPDATE,
-            Msg::Command { .. } => COMMAND,
-            Msg::CommandReply { .. } => COMMAND_REPLY,
-            Msg::ObjRequest { .. } => OBJ_REQUEST,
-            Msg::ObjReply { .. } => OBJ_REPLY,
-            Msg::RepWrite { .. } => REP_WRITE,
-            Msg::PgQuery { .. } => PG_QUERY,
-            Msg::PgInfo { .. } => PG_INFO,
-            Msg::PgList { .. } => PG_LIST,
-            Msg::ObjPull { .. } => OBJ_PULL,
-            Msg::ShardRead { .. } => SHARD_READ,
-            Msg::ObjState { .. } => OBJ_STATE,
-            Msg::PgSetLog { .. } => PG_SET_LOG,
-            Msg::PgMark { .. } => PG_MARK,
-            Msg::PgCleanQuery { .. } => PG_CLEAN_QUERY,
-            Msg::ScrubPg { .. } => SCRUB_PG,
-            Msg::ScrubResult { .. } => SCRUB_RESULT,
-            Msg::ScrubQuery { .. } => SCRUB_QUERY,
-            Msg::ScrubMap { .. } => SCRUB_MAP,
-            Msg::Ok => OK,
-            Msg::Error { .. } => ERROR,
-        }
+        self.msg_kind() as u16
     }
 
     /// Short name for logs.
     pub fn name(&self) -> &'static str {
-        match self {
-            Msg::OsdBoot { .. } => "osd_boot",
-            Msg::Heartbeat { .. } => "heartbeat",
-            Msg::HeartbeatAck { .. } => "heartbeat_ack",
-            Msg::GetMap { .. } => "get_map",
-            Msg::MapUpdate { .. } => "map_update",
-            Msg::Command { .. } => "command",
-            Msg::CommandReply { .. } => "command_reply",
-            Msg::ObjRequest { .. } => "obj_request",
-            Msg::ObjReply { .. } => "obj_reply",
-            Msg::RepWrite { .. } => "rep_write",
-            Msg::PgQuery { .. } => "pg_query",
-            Msg::PgInfo { .. } => "pg_info",
-            Msg::PgList { .. } => "pg_list",
-            Msg::ObjPull { .. } => "obj_pull",
-            Msg::ShardRead { .. } => "shard_read",
-            Msg::ObjState { .. } => "obj_state",
-            Msg::PgSetLog { .. } => "pg_set_log",
-            Msg::PgMark { .. } => "pg_mark",
-            Msg::PgCleanQuery { .. } => "pg_clean_query",
-            Msg::ScrubPg { .. } => "scrub_pg",
-            Msg::ScrubResult { .. } => "scrub_result",
-            Msg::ScrubQuery { .. } => "scrub_query",
-            Msg::ScrubMap { .. } => "scrub_map",
-            Msg::Ok => "ok",
-            Msg::Error { .. } => "error",
-        }
+        self.msg_kind().name()
     }
 
     /// Convenience constructor for error replies.
@@ -574,61 +1053,6 @@ impl Msg {
             code,
             message: message.into(),
             map: Vec::new(),
-        }
-    }
-
-    /// The bulk bytes of the message (object data), empty for messages without any. They
-    /// travel in the body's bulk section so that receivers take them without copying.
-    pub fn bulk(&self) -> &[u8] {
-        match self {
-            Msg::ObjRequest {
-                op:
-                    ObjOp::Mutate(
-                        Mutation::WriteFull(d)
-                        | Mutation::Write { data: d, .. }
-                        | Mutation::EcWrite { data: d, .. }
-                        | Mutation::EcPatch { data: d, .. },
-                    ),
-                ..
-            }
-            | Msg::RepWrite {
-                mutation:
-                    Mutation::WriteFull(d)
-                    | Mutation::Write { data: d, .. }
-                    | Mutation::EcWrite { data: d, .. }
-                    | Mutation::EcPatch { data: d, .. },
-                ..
-            }
-            | Msg::ObjReply { data: d, .. }
-            | Msg::ObjState { data: d, .. } => d,
-            _ => &[],
-        }
-    }
-
-    /// Moves the bulk bytes out (leaving an empty vector).
-    pub fn take_bulk(&mut self) -> Vec<u8> {
-        match self {
-            Msg::ObjRequest {
-                op:
-                    ObjOp::Mutate(
-                        Mutation::WriteFull(d)
-                        | Mutation::Write { data: d, .. }
-                        | Mutation::EcWrite { data: d, .. }
-                        | Mutation::EcPatch { data: d, .. },
-                    ),
-                ..
-            }
-            | Msg::RepWrite {
-                mutation:
-                    Mutation::WriteFull(d)
-                    | Mutation::Write { data: d, .. }
-                    | Mutation::EcWrite { data: d, .. }
-                    | Mutation::EcPatch { data: d, .. },
-                ..
-            }
-            | Msg::ObjReply { data: d, .. }
-            | Msg::ObjState { data: d, .. } => std::mem::take(d),
-            _ => Vec::new(),
         }
     }
 
@@ -641,203 +1065,6 @@ impl Msg {
         out.extend_from_slice(bulk);
         out.extend_from_slice(&fields);
         out
-    }
-
-    /// The fields section of the body (everything but the bulk bytes).
-    pub fn encode_fields(&self) -> Vec<u8> {
-        let mut w = Writer::new();
-        match self {
-            Msg::OsdBoot { osd_id, addr, pid } => {
-                w.u32(*osd_id).str(addr).u32(*pid);
-            }
-            Msg::Heartbeat {
-                osd_id,
-                reports,
-                counters,
-            } => {
-                w.u32(*osd_id).u32(reports.len() as u32);
-                for p in reports {
-                    w.u32(p.pool)
-                        .u32(p.pg)
-                        .u8(p.state as u8)
-                        .u64(p.objects)
-                        .u64(p.missing_objects)
-                        .u64(p.missing_bytes)
-                        .u64(p.damaged_objects);
-                }
-                w.u32(counters.len() as u32);
-                for (k, v) in counters {
-                    w.str(k).u64(*v);
-                }
-            }
-            Msg::HeartbeatAck { epoch } => {
-                w.u64(*epoch);
-            }
-            Msg::GetMap {
-                have_epoch,
-                subscribe,
-            } => {
-                w.u64(*have_epoch).u8(*subscribe as u8);
-            }
-            Msg::MapUpdate { map } => {
-                w.bytes(map);
-            }
-            Msg::Command { args } => {
-                w.u32(args.len() as u32);
-                for a in args {
-                    w.str(a);
-                }
-            }
-            Msg::CommandReply { ok, output } => {
-                w.u8(*ok as u8).str(output);
-            }
-            Msg::ObjRequest { pool, pg, name, op } => {
-                w.u32(*pool).u32(*pg).str(name);
-                match op {
-                    ObjOp::Mutate(m) => {
-                        w.u8(0);
-                        put_mutation(&mut w, m);
-                    }
-                    ObjOp::Read { offset, len } => {
-                        w.u8(1).u64(*offset).u64(*len);
-                    }
-                    ObjOp::Stat => {
-                        w.u8(2);
-                    }
-                    ObjOp::List => {
-                        w.u8(3);
-                    }
-                }
-            }
-            Msg::ObjReply {
-                version,
-                size_bytes,
-                data,
-                listing,
-            } => {
-                let _ = data; // bulk
-                put_ver(&mut w, *version);
-                w.u64(*size_bytes).u32(listing.len() as u32);
-                for l in listing {
-                    w.str(&l.name).u64(l.size_bytes);
-                    put_ver(&mut w, l.version);
-                }
-            }
-            Msg::RepWrite {
-                pool,
-                pg,
-                name,
-                version,
-                mutation,
-            } => {
-                w.u32(*pool).u32(*pg).str(name);
-                put_ver(&mut w, *version);
-                put_mutation(&mut w, mutation);
-            }
-            Msg::PgQuery { pool, pg }
-            | Msg::PgList { pool, pg }
-            | Msg::PgCleanQuery { pool, pg }
-            | Msg::ScrubPg { pool, pg } => {
-                w.u32(*pool).u32(*pg);
-            }
-            Msg::PgInfo {
-                last_version,
-                log_tail,
-                log,
-                incomplete,
-            } => {
-                put_ver(&mut w, *last_version);
-                put_ver(&mut w, *log_tail);
-                put_log(&mut w, log);
-                w.u8(*incomplete as u8);
-            }
-            Msg::PgMark {
-                pool,
-                pg,
-                incomplete,
-            } => {
-                w.u32(*pool).u32(*pg).u8(*incomplete as u8);
-            }
-            Msg::ScrubResult {
-                objects,
-                inconsistent,
-                repaired,
-                damaged,
-            } => {
-                w.u64(*objects)
-                    .u64(*inconsistent)
-                    .u64(*repaired)
-                    .u32(damaged.len() as u32);
-                for n in damaged {
-                    w.str(n);
-                }
-            }
-            Msg::ScrubQuery { pool, pg, names } => {
-                w.u32(*pool).u32(*pg).u32(names.len() as u32);
-                for n in names {
-                    w.str(n);
-                }
-            }
-            Msg::ScrubMap { entries } => {
-                w.u32(entries.len() as u32);
-                for e in entries {
-                    w.str(&e.name);
-                    put_ver(&mut w, e.version);
-                    w.u64(e.size_bytes).u32(e.digest).u8(e.ok as u8);
-                }
-            }
-            Msg::ObjPull { pool, pg, name } => {
-                w.u32(*pool).u32(*pg).str(name);
-            }
-            Msg::ShardRead {
-                pool,
-                pg,
-                name,
-                version,
-                offset,
-                len,
-            } => {
-                w.u32(*pool).u32(*pg).str(name);
-                put_ver(&mut w, *version);
-                w.u64(*offset).u64(*len);
-            }
-            Msg::ObjState {
-                pool,
-                pg,
-                name,
-                version,
-                data,
-            } => {
-                w.u32(*pool).u32(*pg).str(name);
-                let _ = data; // bulk
-                match version {
-                    Some(v) => {
-                        w.u8(1);
-                        put_ver(&mut w, *v);
-                    }
-                    None => {
-                        w.u8(0);
-                    }
-                }
-            }
-            Msg::PgSetLog {
-                pool,
-                pg,
-                last_version,
-                log_tail,
-                log,
-            } => {
-                w.u32(*pool).u32(*pg);
-                put_ver(&mut w, *last_version);
-                put_ver(&mut w, *log_tail);
-                put_log(&mut w, log);
-            }
-            Msg::Ok => {}
-            Msg::Error { code, message, map } => {
-                w.u16(*code as u16).str(message).bytes(map);
-            }
-        }
-        w.finish()
     }
 
     /// Decodes a whole body (`u32 bulk length | bulk | fields`), copying the bulk bytes.
@@ -857,7 +1084,6 @@ impl Msg {
     /// Decodes a body already split into its bulk bytes (taken without copying) and its
     /// fields.
     pub fn decode_parts(kind: u16, bulk: Vec<u8>, fields: &[u8]) -> Result<Msg, CodecError> {
-        use tag::*;
         if bulk.len() > DATA_MAX {
             return Err(CodecError::TooLong {
                 what: "bulk data",
@@ -866,240 +1092,12 @@ impl Msg {
             });
         }
         let mut bulk = Some(bulk);
-        let bulk = &mut bulk;
         let mut r = Reader::new(fields);
-        let r = &mut r;
-        let msg = match kind {
-            OSD_BOOT => Msg::OsdBoot {
-                osd_id: r.u32("osd id")?,
-                addr: r.str("addr", 256)?.to_string(),
-                pid: r.u32("pid")?,
-            },
-            HEARTBEAT => {
-                let osd_id = r.u32("osd id")?;
-                let n = count(r, "report count")?;
-                let mut reports = Vec::with_capacity((n as usize).min(4096));
-                for _ in 0..n {
-                    reports.push(PgReport {
-                        pool: r.u32("pool")?,
-                        pg: r.u32("pg")?,
-                        state: PgStateCode::from_u8(r.u8("state")?)?,
-                        objects: r.u64("objects")?,
-                        missing_objects: r.u64("missing objects")?,
-                        missing_bytes: r.u64("missing bytes")?,
-                        damaged_objects: r.u64("damaged objects")?,
-                    });
-                }
-                let n = count(r, "counter count")?;
-                let mut counters = Vec::new();
-                for _ in 0..n.min(1024) {
-                    counters.push((r.str("counter", 128)?.to_string(), r.u64("value")?));
-                }
-                Msg::Heartbeat {
-                    osd_id,
-                    reports,
-                    counters,
-                }
-            }
-            HEARTBEAT_ACK => Msg::HeartbeatAck {
-                epoch: r.u64("epoch")?,
-            },
-            GET_MAP => Msg::GetMap {
-                have_epoch: r.u64("have epoch")?,
-                subscribe: r.u8("subscribe")? != 0,
-            },
-            MAP_UPDATE => Msg::MapUpdate {
-                map: r.bytes("map", MAP_MAX)?.to_vec(),
-            },
-            COMMAND => {
-                let n = r.u32("arg count")?;
-                if n > 64 {
-                    return Err(CodecError::TooLong {
-                        what: "arg count",
-                        len: n as u64,
-                        max: 64,
-                    });
-                }
-                let mut args = Vec::new();
-                for _ in 0..n {
-                    args.push(r.str("arg", TEXT_MAX)?.to_string());
-                }
-                Msg::Command { args }
-            }
-            COMMAND_REPLY => Msg::CommandReply {
-                ok: r.u8("ok")? != 0,
-                output: r.str("output", MAP_MAX)?.to_string(),
-            },
-            OBJ_REQUEST => {
-                let pool = r.u32("pool")?;
-                let pg = r.u32("pg")?;
-                let name = name(r)?;
-                let op = match r.u8("op")? {
-                    0 => ObjOp::Mutate(get_mutation(r, bulk)?),
-                    1 => ObjOp::Read {
-                        offset: r.u64("offset")?,
-                        len: r.u64("len")?,
-                    },
-                    2 => ObjOp::Stat,
-                    3 => ObjOp::List,
-                    v => {
-                        return Err(CodecError::Invalid {
-                            what: "op",
-                            value: v as u64,
-                        })
-                    }
-                };
-                Msg::ObjRequest { pool, pg, name, op }
-            }
-            OBJ_REPLY => {
-                let version = get_ver(r)?;
-                let size_bytes = r.u64("size")?;
-                let data = take_bulk(bulk);
-                let n = count(r, "listing length")?;
-                let mut listing = Vec::with_capacity((n as usize).min(4096));
-                for _ in 0..n {
-                    listing.push(ObjectListing {
-                        name: name(r)?,
-                        size_bytes: r.u64("size")?,
-                        version: get_ver(r)?,
-                    });
-                }
-                Msg::ObjReply {
-                    version,
-                    size_bytes,
-                    data,
-                    listing,
-                }
-            }
-            REP_WRITE => Msg::RepWrite {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-                name: name(r)?,
-                version: get_ver(r)?,
-                mutation: get_mutation(r, bulk)?,
-            },
-            PG_QUERY => Msg::PgQuery {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-            },
-            PG_LIST => Msg::PgList {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-            },
-            PG_INFO => Msg::PgInfo {
-                last_version: get_ver(r)?,
-                log_tail: get_ver(r)?,
-                log: get_log(r)?,
-                incomplete: r.u8("incomplete")? != 0,
-            },
-            PG_MARK => Msg::PgMark {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-                incomplete: r.u8("incomplete")? != 0,
-            },
-            PG_CLEAN_QUERY => Msg::PgCleanQuery {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-            },
-            SCRUB_PG => Msg::ScrubPg {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-            },
-            SCRUB_RESULT => {
-                let objects = r.u64("objects")?;
-                let inconsistent = r.u64("inconsistent")?;
-                let repaired = r.u64("repaired")?;
-                let n = count(r, "damaged count")?;
-                let mut damaged = Vec::with_capacity((n as usize).min(4096));
-                for _ in 0..n {
-                    damaged.push(name(r)?);
-                }
-                Msg::ScrubResult {
-                    objects,
-                    inconsistent,
-                    repaired,
-                    damaged,
-                }
-            }
-            SCRUB_QUERY => {
-                let pool = r.u32("pool")?;
-                let pg = r.u32("pg")?;
-                let n = count(r, "name count")?;
-                let mut names = Vec::with_capacity((n as usize).min(4096));
-                for _ in 0..n {
-                    names.push(name(r)?);
-                }
-                Msg::ScrubQuery { pool, pg, names }
-            }
-            SCRUB_MAP => {
-                let n = count(r, "scrub entries")?;
-                let mut entries = Vec::with_capacity((n as usize).min(4096));
-                for _ in 0..n {
-                    entries.push(ScrubEntry {
-                        name: name(r)?,
-                        version: get_ver(r)?,
-                        size_bytes: r.u64("size")?,
-                        digest: r.u32("digest")?,
-                        ok: r.u8("ok")? != 0,
-                    });
-                }
-                Msg::ScrubMap { entries }
-            }
-            OBJ_PULL => Msg::ObjPull {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-                name: name(r)?,
-            },
-            SHARD_READ => Msg::ShardRead {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-                name: name(r)?,
-                version: get_ver(r)?,
-                offset: r.u64("offset")?,
-                len: r.u64("length")?,
-            },
-            OBJ_STATE => {
-                let pool = r.u32("pool")?;
-                let pg = r.u32("pg")?;
-                let name = name(r)?;
-                let version = match r.u8("exists")? {
-                    0 => None,
-                    _ => Some(get_ver(r)?),
-                };
-                Msg::ObjState {
-                    pool,
-                    pg,
-                    name,
-                    version,
-                    data: take_bulk(bulk),
-                }
-            }
-            PG_SET_LOG => Msg::PgSetLog {
-                pool: r.u32("pool")?,
-                pg: r.u32("pg")?,
-                last_version: get_ver(r)?,
-                log_tail: get_ver(r)?,
-                log: get_log(r)?,
-            },
-            OK => Msg::Ok,
-            ERROR => Msg::Error {
-                code: {
-                    let v = r.u16("code")?;
-                    ErrorCode::from_u16(v).ok_or(CodecError::Invalid {
-                        what: "error code",
-                        value: v as u64,
-                    })?
-                },
-                message: r.str("message", TEXT_MAX)?.to_string(),
-                map: r.bytes("map", MAP_MAX)?.to_vec(),
-            },
-            other => {
-                return Err(CodecError::Invalid {
-                    what: "message kind",
-                    value: other as u64,
-                })
-            }
-        };
+        let kind = MsgKind::from_u16(kind).ok_or(CodecError::Invalid {
+            what: "message kind",
+            value: kind as u64,
+        })?;
+        let msg = Self::decode_fields(kind, &mut r, &mut bulk)?;
         let rest = r.remaining();
         if rest != 0 {
             return Err(CodecError::Trailing(rest));

@@ -13,6 +13,7 @@ use crate::frame::{
     encode_frame, frame_header, parse_header, FrameError, HEADER_LEN, PAYLOAD_LEN_MAX_DEFAULT,
 };
 use crate::msg::Msg;
+use crate::request::{CallError, Request};
 use crate::CodecError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -574,6 +575,20 @@ impl RpcConn {
 
     pub async fn call(&self, epoch: u64, msg: &Msg, timeout_ms: u64) -> Result<Incoming, NetError> {
         self.start(epoch, msg)?.wait(timeout_ms).await
+    }
+
+    /// Sends a typed request and waits for its typed reply: an `Error` reply is
+    /// [`CallError::Remote`], a reply of another kind [`CallError::Unexpected`] (see
+    /// [`crate::request`]).
+    pub async fn request<R: Request>(
+        &self,
+        epoch: u64,
+        req: R,
+        timeout_ms: u64,
+    ) -> Result<R::Reply, CallError> {
+        let msg: Msg = req.into();
+        let inc = self.call(epoch, &msg, timeout_ms).await?;
+        crate::request::reply_to::<R>(inc.msg)
     }
 }
 

@@ -11,9 +11,10 @@
 //!    ops/s during recovery at least 70 % of before).
 
 use crate::bench_common::{print_report, BenchResult};
-use crate::cluster_cmd::{self, SettingsArgs, Target, UpArgs};
+use crate::cluster_cmd::{self, admin, SettingsArgs, Target, UpArgs};
 use clap::Args;
 use spindle_client::Client;
+use spindle_mon::{Admin, OsdVerb, Status};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -103,18 +104,17 @@ fn disk_write_mbps(dir: &Path, total_bytes: u64) -> anyhow::Result<f64> {
     Ok(total_bytes as f64 / start.elapsed().as_secs_f64() / 1e6)
 }
 
-fn recovered_bytes(status: &serde_json::Value) -> u64 {
-    status["osds"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|o| o["counters"]["recovered_bytes"].as_u64().unwrap_or(0))
+fn recovered_bytes(status: &Status) -> u64 {
+    status
+        .osds
+        .iter()
+        .map(|o| o.counters.get("recovered_bytes").copied().unwrap_or(0))
         .sum()
 }
 
-fn clean(status: &serde_json::Value) -> bool {
-    status["pgs"]["clean"].as_u64() == Some(status["pools"][0]["pg_count"].as_u64().unwrap_or(0))
-        && status["recovery"]["objects_left"].as_u64() == Some(0)
+fn clean(status: &Status) -> bool {
+    let pgs = status.pools.first().map_or(0, |p| p.pg_count as u64);
+    status.pgs.get("clean").copied() == Some(pgs) && status.recovery.objects_left == 0
 }
 
 /// Kills daemon `id` of the scratch cluster (SIGKILL) and marks it out; returns when the
@@ -125,8 +125,8 @@ async fn fail_daemon(client: &Client, dir: &Path, id: u32) -> anyhow::Result<()>
         .parse()?;
     // SAFETY: kill(2) of a daemon of the benchmark's own scratch cluster.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    client.command(&["osd", "out", &id.to_string()]).await?;
-    client.command(&["osd", "down", &id.to_string()]).await?;
+    admin(client, Admin::osd(OsdVerb::Out, id)).await?;
+    admin(client, Admin::osd(OsdVerb::Down, id)).await?;
     Ok(())
 }
 
@@ -142,7 +142,7 @@ async fn wait_recovered(
     // groups not clean, or recovered bytes moving), then until clean.
     let mut started = false;
     loop {
-        let s = client.command(&["status"]).await?;
+        let s = admin(client, Admin::status()).await?;
         let moved = recovered_bytes(&s) > bytes0;
         if !started && (!clean(&s) || moved) {
             started = true;
@@ -154,7 +154,7 @@ async fn wait_recovered(
             anyhow::bail!(
                 "recovery did not finish in {} s: {}",
                 timeout.as_secs(),
-                s["pgs"]
+                serde_json::to_string(&s.pgs)?
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -257,7 +257,7 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
         let timeout = Duration::from_secs(300);
         // 1. No client load.
         progress("failing osd.1 without client load");
-        let b0 = recovered_bytes(&client.command(&["status"]).await?);
+        let b0 = recovered_bytes(&admin(&client, Admin::status()).await?);
         let t0 = Instant::now();
         fail_daemon(&client, scratch, 1).await?;
         let (idle_secs, idle_bytes) = wait_recovered(&client, t0, b0, timeout).await?;
@@ -298,7 +298,7 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
         ));
         let t_before = Instant::now();
         tokio::time::sleep(Duration::from_secs(args.phase_seconds)).await;
-        let b1 = recovered_bytes(&client.command(&["status"]).await?);
+        let b1 = recovered_bytes(&admin(&client, Admin::status()).await?);
         progress("failing osd.2 under client load");
         let t1 = Instant::now();
         load.phase.store(1, Ordering::Relaxed);

@@ -16,6 +16,7 @@ use crate::cluster_cmd::Target;
 use anyhow::{bail, Context};
 use clap::Args;
 use spindle_client::{Client, ClientConfig};
+use spindle_mon::Admin;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -198,7 +199,7 @@ async fn one_client(sh: &Shared) -> anyhow::Result<u64> {
             .await?;
         ops += 1;
     }
-    client.command(&["status"]).await?;
+    crate::cluster_cmd::admin(&client, Admin::status()).await?;
     Ok(ops + 1)
 }
 
@@ -223,19 +224,11 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
         }
         None => {
             let name = format!("soak-{}", std::process::id());
-            let r = probe
-                .command(&[
-                    "pool",
-                    "create",
-                    &name,
-                    "3",
-                    "2",
-                    &args.pg_count.to_string(),
-                ])
-                .await
-                .context("cannot create the scratch pool")?;
-            let epoch = r["epoch"].as_u64().unwrap_or(0);
-            probe.wait_for_epoch(epoch, 10_000).await;
+            let r =
+                crate::cluster_cmd::admin(&probe, Admin::pool_create(&name, 3, 2, args.pg_count))
+                    .await
+                    .context("cannot create the scratch pool")?;
+            probe.wait_for_epoch(r.epoch, 10_000).await;
             // Wait until its groups are active (a write would wait for them anyway).
             tokio::time::sleep(Duration::from_secs(2)).await;
             name
@@ -244,7 +237,7 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
     let procs = processes(&probe, &args.target).await?;
     let result = soak(&args, mon, pool.clone(), procs).await;
     if scratch {
-        if let Err(e) = probe.command(&["pool", "rm", &pool]).await {
+        if let Err(e) = crate::cluster_cmd::admin(&probe, Admin::pool_rm(&pool)).await {
             eprintln!("bench soak: could not remove the scratch pool {pool}: {e}");
         }
     }

@@ -10,6 +10,8 @@ use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::Value;
 use spindle_client::{Client, ClientConfig};
+use spindle_mon::{Admin, OsdVerb, PoolCreated, RatioSet, Status};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -383,19 +385,10 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
         wait_clean(&client, Duration::from_secs(args.wait_seconds)).await
     })?;
     say!("monitor      {mon_addr} (pid {mon_pid})");
-    for o in status["osds"].as_array().into_iter().flatten() {
-        say!(
-            "osd.{:<8} {} (pid {})",
-            o["id"],
-            o["addr"].as_str().unwrap_or(""),
-            o["pid"]
-        );
+    for o in &status.osds {
+        say!("osd.{:<8} {} (pid {})", o.id, o.addr, o.pid);
     }
-    say!(
-        "epoch {}, pgs: {}",
-        status["epoch"],
-        pg_summary(&status["pgs"])
-    );
+    say!("epoch {}, pgs: {}", status.epoch, pg_summary(&status.pgs));
     say!();
     say!("use it:");
     say!("  export SPINDLE_DIR={}", dir.display());
@@ -419,30 +412,37 @@ const PG_STATES: [&str; 8] = [
     "inactive",
 ];
 
-fn pg_summary(pgs: &Value) -> String {
+fn pg_summary(pgs: &BTreeMap<String, u64>) -> String {
+    let count = |k: &str| pgs.get(k).copied().unwrap_or(0);
     PG_STATES
         .iter()
-        .filter(|k| pgs[**k].as_u64().unwrap_or(0) > 0)
-        .map(|k| format!("{} {k}", pgs[*k]))
+        .filter(|k| count(k) > 0)
+        .map(|k| format!("{} {k}", count(k)))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
+/// Runs an administrative command on the monitor and returns its typed answer.
+pub async fn admin<R: serde::de::DeserializeOwned>(
+    client: &Client,
+    req: Admin<R>,
+) -> anyhow::Result<R> {
+    Ok(client.admin(req.args()).await?)
+}
+
 /// Waits until every daemon is up and every placement group is clean.
-pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<Value> {
+pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<Status> {
     let deadline = Instant::now() + timeout;
     loop {
-        let status = client.command(&["status"]).await?;
-        let all_up = status["osds"]
-            .as_array()
-            .is_some_and(|a| a.iter().all(|o| o["up"] == true || o["in"] == false));
-        let pgs = &status["pgs"];
+        let status = admin(client, Admin::status()).await?;
+        let all_up = status.osds.iter().all(|o| o.up || !o.in_cluster);
+        let pgs = &status.pgs;
         // Inconsistent groups serve; they do not get better by waiting (scrub's verdict
         // stands until the damaged objects are overwritten or deleted).
         let not_clean: u64 = PG_STATES
             .iter()
             .filter(|k| !matches!(**k, "clean" | "inconsistent"))
-            .map(|k| pgs[*k].as_u64().unwrap_or(0))
+            .map(|k| pgs.get(*k).copied().unwrap_or(0))
             .sum();
         if all_up && not_clean == 0 {
             return Ok(status);
@@ -452,10 +452,7 @@ pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<Va
                 "cluster not clean after {} s: pgs {}; daemons up: {}",
                 timeout.as_secs(),
                 pg_summary(pgs),
-                status["osds"]
-                    .as_array()
-                    .map(|a| a.iter().filter(|o| o["up"] == true).count())
-                    .unwrap_or(0)
+                status.osds.iter().filter(|o| o.up).count()
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -520,51 +517,38 @@ fn down_impl(target: Target, quiet: bool) -> anyhow::Result<()> {
 pub fn status(args: StatusArgs) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let client = args.target.client().await?;
-        let s = client.command(&["status"]).await?;
+        let s = admin(&client, Admin::status()).await?;
         if args.json {
-            println!("{s}");
+            println!("{}", serde_json::to_string(&s)?);
             return Ok(());
         }
-        println!(
-            "cluster {}  epoch {}",
-            s["cluster_id"].as_str().unwrap_or(""),
-            s["epoch"]
-        );
-        println!(
-            "health: {}",
-            s["health"]["status"].as_str().unwrap_or("unknown")
-        );
-        for c in s["health"]["checks"].as_array().into_iter().flatten() {
-            println!(
-                "    {} {}: {}",
-                c["severity"].as_str().unwrap_or(""),
-                c["name"].as_str().unwrap_or(""),
-                c["message"].as_str().unwrap_or("")
-            );
+        println!("cluster {}  epoch {}", s.cluster_id, s.epoch);
+        println!("health: {}", s.health.status);
+        for c in &s.health.checks {
+            println!("    {} {}: {}", c.severity, c.name, c.message);
         }
-        let osds = s["osds"].as_array().cloned().unwrap_or_default();
-        let up = osds.iter().filter(|o| o["up"] == true).count();
-        let inn = osds.iter().filter(|o| o["in"] == true).count();
+        let osds = &s.osds;
+        let up = osds.iter().filter(|o| o.up).count();
+        let inn = osds.iter().filter(|o| o.in_cluster).count();
         println!("osds: {} total, {up} up, {inn} in", osds.len());
-        for o in &osds {
-            let (Some(total), Some(used)) = (o["total_bytes"].as_u64(), o["used_bytes"].as_u64())
-            else {
+        for o in osds {
+            let (Some(total), Some(used)) = (o.total_bytes, o.used_bytes) else {
                 continue;
             };
-            let flag = if o["healthy"] == false {
+            let flag = if !o.healthy {
                 "  UNHEALTHY"
-            } else if o["full"] == true {
+            } else if o.full {
                 "  full"
-            } else if o["nearfull"] == true {
+            } else if o.nearfull {
                 "  nearfull"
             } else {
                 ""
             };
             println!(
                 "    osd.{}: {:.1} MiB used, {:.1} MiB available of {:.1} MiB ({:.0}%){flag}",
-                o["id"],
+                o.id,
                 used as f64 / 1048576.0,
-                o["avail_bytes"].as_u64().unwrap_or(0) as f64 / 1048576.0,
+                o.avail_bytes.unwrap_or(0) as f64 / 1048576.0,
                 total as f64 / 1048576.0,
                 if total > 0 {
                     used as f64 * 100.0 / total as f64
@@ -573,35 +557,33 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                 }
             );
         }
-        println!("pgs: {}   objects: {}", pg_summary(&s["pgs"]), s["objects"]);
-        let rec = &s["recovery"];
-        if rec["objects_left"].as_u64().unwrap_or(0) > 0
-            || rec["bytes_per_sec"].as_f64().unwrap_or(0.0) > 0.0
-        {
+        println!("pgs: {}   objects: {}", pg_summary(&s.pgs), s.objects);
+        let rec = &s.recovery;
+        if rec.objects_left > 0 || rec.bytes_per_sec > 0.0 {
             println!(
                 "recovery: {} object copies ({:.1} MiB) left, {:.1} MiB/s, {:.0} objects/s",
-                rec["objects_left"],
-                rec["bytes_left"].as_f64().unwrap_or(0.0) / 1048576.0,
-                rec["bytes_per_sec"].as_f64().unwrap_or(0.0) / 1048576.0,
-                rec["objects_per_sec"].as_f64().unwrap_or(0.0)
+                rec.objects_left,
+                rec.bytes_left as f64 / 1048576.0,
+                rec.bytes_per_sec / 1048576.0,
+                rec.objects_per_sec
             );
         }
-        for p in s["pools"].as_array().into_iter().flatten() {
+        for p in &s.pools {
             println!(
                 "pool {} '{}': {} copies (min {}), {} pgs, {} objects, pgs {}",
-                p["id"],
-                p["name"].as_str().unwrap_or(""),
-                p["size"],
-                p["min_size"],
-                p["pg_count"],
-                p["objects"],
-                pg_summary(&p["pgs"])
+                p.id,
+                p.name,
+                p.size,
+                p.min_size,
+                p.pg_count,
+                p.objects,
+                pg_summary(&p.pgs)
             );
-            let left = p["recovery"]["objects_left"].as_u64().unwrap_or(0);
+            let left = p.recovery.objects_left;
             if left > 0 {
                 println!(
                     "    recovering: {left} object copies, {:.1} MiB left",
-                    p["recovery"]["bytes_left"].as_f64().unwrap_or(0.0) / 1048576.0
+                    p.recovery.bytes_left as f64 / 1048576.0
                 );
             }
         }
@@ -621,23 +603,28 @@ pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
                 ..
             } => {
                 let p = parse_erasure_profile(&profile, min_size)?;
-                let r = client
-                    .command(&[
-                        "pool",
-                        "create-ec",
-                        &name,
-                        &p.k.to_string(),
-                        &p.m.to_string(),
-                        &p.min_size.to_string(),
-                        &p.matrix,
-                        &p.stripe_unit.to_string(),
-                        &pg_count.to_string(),
-                    ])
+                // The matrix goes by name: the monitor names the known ones if it is not.
+                let r: PoolCreated = client
+                    .admin(
+                        [
+                            "pool",
+                            "create-ec",
+                            &name,
+                            &p.k.to_string(),
+                            &p.m.to_string(),
+                            &p.min_size.to_string(),
+                            &p.matrix,
+                            &p.stripe_unit.to_string(),
+                            &pg_count.to_string(),
+                        ]
+                        .map(String::from)
+                        .to_vec(),
+                    )
                     .await?;
                 println!(
                     "created erasure-coded pool '{name}' (k={}, m={}, {}, stripe unit {} B, \
                      min_size {}; id {}, epoch {})",
-                    p.k, p.m, p.matrix, p.stripe_unit, p.min_size, r["id"], r["epoch"]
+                    p.k, p.m, p.matrix, p.stripe_unit, p.min_size, r.id, r.epoch
                 );
             }
             PoolCommand::Create {
@@ -648,50 +635,34 @@ pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
                 erasure: None,
             } => {
                 let min_size = min_size.unwrap_or(if size >= 3 { 2 } else { 1 });
-                let r = client
-                    .command(&[
-                        "pool",
-                        "create",
-                        &name,
-                        &size.to_string(),
-                        &min_size.to_string(),
-                        &pg_count.to_string(),
-                    ])
-                    .await?;
-                println!(
-                    "created pool '{name}' (id {}, epoch {})",
-                    r["id"], r["epoch"]
-                );
+                let r = admin(&client, Admin::pool_create(&name, size, min_size, pg_count)).await?;
+                println!("created pool '{name}' (id {}, epoch {})", r.id, r.epoch);
             }
             PoolCommand::Ls { json } => {
-                let r = client.command(&["pool", "ls"]).await?;
+                let r = admin(&client, Admin::pool_ls()).await?;
                 if json {
-                    println!("{r}");
+                    println!("{}", serde_json::to_string(&r)?);
                 } else {
-                    for p in r.as_array().into_iter().flatten() {
-                        let kind = match p["erasure"].as_object() {
+                    for p in &r {
+                        let kind = match &p.erasure {
                             Some(e) => format!(
                                 "erasure k={} m={} {} su={}",
-                                e["k"],
-                                e["m"],
-                                e["matrix"].as_str().unwrap_or("?"),
-                                e["stripe_unit"]
+                                e.k,
+                                e.m,
+                                e.matrix.as_deref().unwrap_or("?"),
+                                e.stripe_unit
                             ),
                             None => "replicated".to_string(),
                         };
                         println!(
                             "{}\t{}\t{kind}\tsize {}\tmin_size {}\tpgs {}",
-                            p["id"],
-                            p["name"].as_str().unwrap_or(""),
-                            p["size"],
-                            p["min_size"],
-                            p["pg_count"]
+                            p.id, p.name, p.size, p.min_size, p.pg_count
                         );
                     }
                 }
             }
             PoolCommand::Rm { name } => {
-                client.command(&["pool", "rm", &name]).await?;
+                admin(&client, Admin::pool_rm(&name)).await?;
                 println!("removed pool '{name}'");
             }
         }
@@ -760,11 +731,8 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
             let mon = target.mon_addr()?;
             let id = runtime()?.block_on(async {
                 let client = target.client().await?;
-                let r = client.command(&["osd", "add", &weight.to_string()]).await?;
-                let id = r["osd"]
-                    .as_u64()
-                    .ok_or_else(|| anyhow!("monitor did not return the new id: {r}"))?;
-                anyhow::Ok(id as u32)
+                let r = admin(&client, Admin::osd_add(weight)).await?;
+                anyhow::Ok(r.osd)
             })?;
             if id + 1 > count {
                 let mut v = read_cluster_json(&dir)?;
@@ -783,18 +751,18 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
         }
         OsdCommand::Ls { json } => runtime()?.block_on(async {
             let client = target.client().await?;
-            let s = client.command(&["status"]).await?;
+            let s = admin(&client, Admin::status()).await?;
             if json {
-                println!("{}", s["osds"]);
+                println!("{}", serde_json::to_string(&s.osds)?);
             } else {
-                for o in s["osds"].as_array().into_iter().flatten() {
+                for o in &s.osds {
                     println!(
                         "osd.{}\t{}\t{}\t{}\tpid {}",
-                        o["id"],
-                        if o["up"] == true { "up" } else { "down" },
-                        if o["in"] == true { "in" } else { "out" },
-                        o["addr"].as_str().unwrap_or(""),
-                        o["pid"]
+                        o.id,
+                        if o.up { "up" } else { "down" },
+                        if o.in_cluster { "in" } else { "out" },
+                        o.addr,
+                        o.pid
                     );
                 }
             }
@@ -808,21 +776,24 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
             };
             runtime()?.block_on(async {
                 let client = target.client().await?;
-                let r = client.command(&["osd", verb, &ratio.to_string()]).await?;
-                println!("{verb} {} (epoch {})", r["ratio"], r["epoch"]);
+                // The ratio goes as given: the monitor checks it is in (0, 1].
+                let r: RatioSet = client
+                    .admin(vec!["osd".into(), verb.into(), ratio.to_string()])
+                    .await?;
+                println!("{verb} {} (epoch {})", r.ratio, r.epoch);
                 anyhow::Ok(())
             })
         }
         OsdCommand::Out { id } | OsdCommand::In { id } => {
             let verb = if matches!(command, OsdCommand::Out { .. }) {
-                "out"
+                OsdVerb::Out
             } else {
-                "in"
+                OsdVerb::In
             };
             runtime()?.block_on(async {
                 let client = target.client().await?;
-                let r = client.command(&["osd", verb, &id.to_string()]).await?;
-                println!("marked osd.{id} {verb} (epoch {})", r["epoch"]);
+                let r = admin(&client, Admin::osd(verb, id)).await?;
+                println!("marked osd.{id} {} (epoch {})", verb.as_str(), r.epoch);
                 anyhow::Ok(())
             })
         }

@@ -90,8 +90,7 @@ pub fn run(command: CrushCommand) -> anyhow::Result<()> {
     match command {
         CrushCommand::GetMap { output, target } => crate::daemon::runtime()?.block_on(async {
             let client = target.client().await?;
-            let v = client.command(&["crush", "get"]).await?;
-            let text = v.as_str().unwrap_or_default().to_string();
+            let text = crate::cluster_cmd::admin(&client, spindle_mon::Admin::crush_get()).await?;
             match output {
                 Some(path) => std::fs::write(&path, text)
                     .with_context(|| format!("writing {}", path.display()))?,
@@ -104,8 +103,9 @@ pub fn run(command: CrushCommand) -> anyhow::Result<()> {
             let text = text::print_text(&map);
             crate::daemon::runtime()?.block_on(async {
                 let client = target.client().await?;
-                let v = client.command(&["crush", "set", &text]).await?;
-                println!("loaded {} (epoch {})", input.display(), v["epoch"]);
+                let r = crate::cluster_cmd::admin(&client, spindle_mon::Admin::crush_set(&text))
+                    .await?;
+                println!("loaded {} (epoch {})", input.display(), r.epoch);
                 Ok(())
             })
         }

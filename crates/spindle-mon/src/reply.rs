@@ -1,0 +1,406 @@
+//! Typed answers of the administrative commands.
+//!
+//! On the wire a command's answer is still JSON in `CommandReply { ok, output }`; these
+//! types are what the monitor serializes ([`crate::MonCore::execute`] returns an
+//! [`AdminReply`]) and what `spindle` and other clients deserialize it into ([`Admin`]
+//! pairs a command with its reply type). The CLI's `--json` output serializes the same
+//! types, so the two cannot drift apart.
+//!
+//! Fields are declared in alphabetical order of their JSON names: the documents come out
+//! byte for byte as the untyped `serde_json::json!` documents did (whose keys were sorted).
+
+use crate::command::{AdminCommand, OsdVerb};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+/// The `spindle status` document.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    /// The cluster id in hex.
+    pub cluster_id: String,
+    pub epoch: u64,
+    pub full_ratio: f64,
+    pub health: HealthReport,
+    /// Groups scrub found objects with no intact copy in.
+    pub inconsistent_pgs: Vec<InconsistentPg>,
+    pub nearfull_ratio: f64,
+    pub objects: u64,
+    pub osds: Vec<OsdStatus>,
+    /// Placement groups per state (`clean`, `degraded`, ..., `inconsistent`).
+    pub pgs: BTreeMap<String, u64>,
+    pub pools: Vec<PoolStatus>,
+    pub recovery: ClusterRecovery,
+}
+
+/// The cluster's health: `HEALTH_OK`, `HEALTH_WARN` or `HEALTH_ERR`, and the checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthReport {
+    pub checks: Vec<HealthCheck>,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheck {
+    pub message: String,
+    /// `OSD_DOWN`, `PG_DAMAGED`, ...
+    pub name: String,
+    /// `HEALTH_WARN` or `HEALTH_ERR`.
+    pub severity: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InconsistentPg {
+    pub damaged_objects: u64,
+    /// `pool.pg` (pg in hex).
+    pub pg: String,
+}
+
+/// One storage daemon in `status`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OsdStatus {
+    pub addr: String,
+    pub avail_bytes: Option<u64>,
+    /// The daemon's heartbeat counters.
+    pub counters: BTreeMap<String, u64>,
+    pub crush_weight: f64,
+    pub full: bool,
+    /// False once its store refused I/O after a disk error.
+    pub healthy: bool,
+    pub id: u32,
+    #[serde(rename = "in")]
+    pub in_cluster: bool,
+    pub nearfull: bool,
+    pub pid: u32,
+    pub total_bytes: Option<u64>,
+    pub up: bool,
+    pub up_from: u64,
+    pub used_bytes: Option<u64>,
+    pub weight: f64,
+}
+
+/// One pool in `status` and `pool ls`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub crush_rule: i32,
+    /// Erasure-code parameters (None for a replicated pool).
+    pub erasure: Option<ErasureStatus>,
+    pub id: u32,
+    pub min_size: u32,
+    pub name: String,
+    pub objects: u64,
+    pub pg_count: u32,
+    pub pgs: BTreeMap<String, u64>,
+    pub recovery: PoolRecovery,
+    pub size: u32,
+    /// `replicated` or `erasure`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErasureStatus {
+    pub k: u32,
+    pub m: u32,
+    pub matrix: Option<String>,
+    pub stripe_unit: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRecovery {
+    pub bytes_left: u64,
+    pub objects_left: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterRecovery {
+    pub bytes_left: u64,
+    pub bytes_per_sec: f64,
+    pub objects_left: u64,
+    pub objects_per_sec: f64,
+}
+
+/// `pool create` / `pool create-ec`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolCreated {
+    pub epoch: u64,
+    pub id: u32,
+    pub pool: String,
+}
+
+/// `pool rm`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRemoved {
+    pub epoch: u64,
+    pub id: u32,
+    pub removed: String,
+}
+
+/// `osd out|in|down`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdMarked {
+    pub done: OsdVerb,
+    pub epoch: u64,
+    pub osd: u32,
+}
+
+/// `osd add`: the new daemon's id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsdAdded {
+    pub epoch: u64,
+    pub osd: u32,
+}
+
+/// `osd set-full-ratio|set-nearfull-ratio`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RatioSet {
+    /// `set-full-ratio` or `set-nearfull-ratio`.
+    pub done: String,
+    pub epoch: u64,
+    pub ratio: f64,
+}
+
+/// `crush set`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CrushSet {
+    pub epoch: u64,
+}
+
+/// The answer of any command, as the monitor produces it (serialized without a tag: the
+/// command says which it is).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum AdminReply {
+    Status(Box<Status>),
+    PoolLs(Vec<PoolStatus>),
+    PoolCreated(PoolCreated),
+    PoolRemoved(PoolRemoved),
+    OsdMarked(OsdMarked),
+    OsdAdded(OsdAdded),
+    RatioSet(RatioSet),
+    /// `crush get`: the map as `crushtool -d` text.
+    CrushMap(String),
+    CrushSet(CrushSet),
+}
+
+impl AdminReply {
+    /// Parses the JSON answer of `cmd` into the reply type of that command.
+    pub fn parse(cmd: &AdminCommand, json: &str) -> Result<AdminReply, serde_json::Error> {
+        use serde_json::from_str;
+        Ok(match cmd {
+            AdminCommand::Status => AdminReply::Status(from_str(json)?),
+            AdminCommand::PoolLs => AdminReply::PoolLs(from_str(json)?),
+            AdminCommand::PoolCreate { .. } | AdminCommand::PoolCreateEc { .. } => {
+                AdminReply::PoolCreated(from_str(json)?)
+            }
+            AdminCommand::PoolRm { .. } => AdminReply::PoolRemoved(from_str(json)?),
+            AdminCommand::Osd { .. } => AdminReply::OsdMarked(from_str(json)?),
+            AdminCommand::OsdAdd { .. } => AdminReply::OsdAdded(from_str(json)?),
+            AdminCommand::SetRatio { .. } => AdminReply::RatioSet(from_str(json)?),
+            AdminCommand::CrushGet => AdminReply::CrushMap(from_str(json)?),
+            AdminCommand::CrushSet { .. } => AdminReply::CrushSet(from_str(json)?),
+        })
+    }
+}
+
+/// A command together with the type of its answer: what a client sends
+/// (`command.to_args()`) and what it deserializes the answer into (`R`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admin<R> {
+    pub command: AdminCommand,
+    reply: PhantomData<fn() -> R>,
+}
+
+impl<R> Admin<R> {
+    fn new(command: AdminCommand) -> Admin<R> {
+        Admin {
+            command,
+            reply: PhantomData,
+        }
+    }
+
+    /// The argument list that travels in `Msg::Command`.
+    pub fn args(&self) -> Vec<String> {
+        self.command.to_args()
+    }
+}
+
+impl Admin<Status> {
+    pub fn status() -> Self {
+        Admin::new(AdminCommand::Status)
+    }
+}
+
+impl Admin<Vec<PoolStatus>> {
+    pub fn pool_ls() -> Self {
+        Admin::new(AdminCommand::PoolLs)
+    }
+}
+
+impl Admin<PoolCreated> {
+    pub fn pool_create(name: &str, size: u32, min_size: u32, pg_count: u32) -> Self {
+        Admin::new(AdminCommand::PoolCreate {
+            name: name.to_string(),
+            size,
+            min_size,
+            pg_count,
+        })
+    }
+
+    /// An erasure-coded pool; `matrix` indexes `spindle_map::EC_MATRIX_NAMES`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pool_create_ec(
+        name: &str,
+        k: u32,
+        m: u32,
+        min_size: u32,
+        matrix: u8,
+        stripe_unit_bytes: u32,
+        pg_count: u32,
+    ) -> Self {
+        Admin::new(AdminCommand::PoolCreateEc {
+            name: name.to_string(),
+            k,
+            m,
+            min_size,
+            matrix,
+            stripe_unit_bytes,
+            pg_count,
+        })
+    }
+}
+
+impl Admin<PoolRemoved> {
+    pub fn pool_rm(name: &str) -> Self {
+        Admin::new(AdminCommand::PoolRm {
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Admin<OsdMarked> {
+    pub fn osd(verb: OsdVerb, id: u32) -> Self {
+        Admin::new(AdminCommand::Osd { verb, id })
+    }
+}
+
+impl Admin<OsdAdded> {
+    pub fn osd_add(weight: f64) -> Self {
+        Admin::new(AdminCommand::OsdAdd { weight })
+    }
+}
+
+impl Admin<RatioSet> {
+    /// The full (`full: true`) or nearfull ratio, in parts per million.
+    pub fn set_ratio(full: bool, ratio_ppm: u32) -> Self {
+        Admin::new(AdminCommand::SetRatio { full, ratio_ppm })
+    }
+}
+
+impl Admin<String> {
+    pub fn crush_get() -> Self {
+        Admin::new(AdminCommand::CrushGet)
+    }
+}
+
+impl Admin<CrushSet> {
+    pub fn crush_set(text: &str) -> Self {
+        Admin::new(AdminCommand::CrushSet {
+            text: text.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{first_map, InitSpec, MonCore, MonTiming};
+
+    fn core() -> MonCore {
+        let spec = InitSpec {
+            osd_count: 3,
+            default_pool: Some(("default".into(), 3, 2, 8)),
+        };
+        let map = first_map(&spec, 7).expect("first map");
+        let timing = MonTiming {
+            down_after_ms: 2_000,
+            out_after_ms: 30_000,
+        };
+        let mut core = MonCore::new(map, timing, 0);
+        let (_, next) = core
+            .execute(&AdminCommand::PoolCreateEc {
+                name: "ec".into(),
+                k: 2,
+                m: 1,
+                min_size: 2,
+                matrix: 0,
+                stripe_unit_bytes: 4096,
+                pg_count: 4,
+            })
+            .unwrap();
+        core.install(next.unwrap(), 0);
+        core.heartbeat(
+            1,
+            0,
+            core.epoch(),
+            vec![],
+            vec![("fs_total_bytes".into(), 100)],
+        );
+        core
+    }
+
+    /// Every command's answer, as JSON on the wire, parses back into its reply type; keys
+    /// come out sorted (the documents are byte for byte what the untyped ones were).
+    #[test]
+    fn every_answer_survives_the_wire_and_keys_are_sorted() {
+        let core = core();
+        let crush = spindle_crush::text::print_text(&core.map().crush);
+        let all = [
+            Admin::status().command,
+            Admin::pool_ls().command,
+            Admin::pool_create("p", 3, 2, 8).command,
+            Admin::pool_create_ec("e2", 2, 1, 2, 0, 4096, 8).command,
+            Admin::pool_rm("default").command,
+            Admin::osd(OsdVerb::Out, 1).command,
+            Admin::osd_add(1.0).command,
+            Admin::set_ratio(false, 800_000).command,
+            Admin::crush_get().command,
+            Admin::crush_set(&crush).command,
+        ];
+        for cmd in all {
+            let (reply, _) = core.execute(&cmd).unwrap();
+            let json = serde_json::to_string(&reply).unwrap();
+            let sorted = serde_json::to_value(&reply).unwrap().to_string();
+            assert_eq!(json, sorted, "{cmd:?}: keys not in sorted order");
+            assert_eq!(AdminReply::parse(&cmd, &json).unwrap(), reply, "{cmd:?}");
+        }
+    }
+
+    #[test]
+    fn status_keeps_the_json_names_clients_rely_on() {
+        let (reply, _) = core().execute(&AdminCommand::Status).unwrap();
+        let v = serde_json::to_value(&reply).unwrap();
+        let osd = &v["osds"][0];
+        assert_eq!(osd["in"], true);
+        assert_eq!(osd["total_bytes"], 100);
+        assert!(osd["used_bytes"].is_null());
+        assert_eq!(v["pools"][0]["type"], "replicated");
+        assert!(v["pools"][0]["erasure"].is_null());
+        assert_eq!(v["pools"][1]["type"], "erasure");
+        assert_eq!(v["pools"][1]["erasure"]["stripe_unit"], 4096);
+        // No daemon booted: every group of both pools (8 + 4) is inactive.
+        assert_eq!(v["pgs"]["inactive"], 12);
+        assert_eq!(v["health"]["status"], "HEALTH_WARN");
+        assert_eq!(v["recovery"]["objects_left"], 0);
+        let marked = serde_json::to_value(OsdMarked {
+            done: OsdVerb::Down,
+            epoch: 3,
+            osd: 1,
+        })
+        .unwrap();
+        assert_eq!(
+            marked,
+            serde_json::json!({"done": "down", "epoch": 3, "osd": 1})
+        );
+    }
+}
