@@ -431,9 +431,20 @@ impl PgCore {
                     .push(*id);
             }
         }
+        // Copies that miss something, and copies still marked incomplete by an earlier
+        // interval whose recovery finished before its completion marks (their listing
+        // matches now): those must be marked complete at the end of this recovery, or
+        // they would stay incomplete (never authoritative) for ever (found by the data
+        // simulator).
         let incomplete: Vec<u32> = missing
             .values()
             .flat_map(|m| m.copies.iter().copied())
+            .chain(
+                infos
+                    .iter()
+                    .filter(|(id, info)| *id != auth_id && info.incomplete)
+                    .map(|(id, _)| *id),
+            )
             .collect::<BTreeSet<u32>>()
             .into_iter()
             .collect();
@@ -442,7 +453,7 @@ impl PgCore {
             round,
             authoritative: auth_id,
             last_version,
-            recovery: (!missing.is_empty()).then(|| RecoveryPlan {
+            recovery: (!incomplete.is_empty()).then(|| RecoveryPlan {
                 source: auth_id,
                 backfill,
                 missing,

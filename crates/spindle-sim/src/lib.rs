@@ -13,12 +13,14 @@
 //! after the faults stop every daemon is up and everyone has the current map within the
 //! settle time. See `docs/simulator.md` for what is still outside.
 
+pub mod data;
 pub mod net;
 pub mod queue;
 pub mod rng;
 pub mod trace;
 pub mod world;
 
+pub use data::{run_data, DataConfig, DataReport, DataWorld, Mutant};
 pub use world::{World, WorldConfig, WorldReport};
 
 /// Runs one seed.
