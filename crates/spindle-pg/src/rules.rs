@@ -14,14 +14,27 @@ use std::collections::{BTreeSet, HashMap};
 
 /// The authoritative copy among `infos` (in the caller's order, primary first): the
 /// *complete* copy with the newest `last_version`; on a tie the earlier one. `None` when
-/// every copy is incomplete: the group must wait for a complete copy.
+/// every copy is incomplete, or when an incomplete copy is newer than every complete one:
+/// the group must wait for a complete copy.
+///
+/// Why the second case: an incomplete copy newer than the complete ones saw writes (maybe
+/// acknowledged) that the complete copies missed, while the complete copy it was being
+/// recovered from is not up. Taking the older complete copy would roll those writes back
+/// (found by the data simulator: a copy being caught up after a replica timeout, its
+/// source crashed, and a copy that had been down for the whole interval became the
+/// authority).
 pub fn authoritative(infos: &[(u32, LogInfo)]) -> Option<usize> {
     let chosen = infos
         .iter()
         .enumerate()
         .filter(|(_, (_, info))| !info.incomplete)
         .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
-        .map(|(i, _)| i);
+        .map(|(i, _)| i)
+        .filter(|&i| {
+            infos
+                .iter()
+                .all(|(_, x)| x.last_version <= infos[i].1.last_version || !x.incomplete)
+        });
     if let Some(i) = chosen {
         assert!(
             !infos[i].1.incomplete,
@@ -145,10 +158,21 @@ mod tests {
 
     #[test]
     fn the_newest_complete_copy_is_authoritative() {
-        let infos = vec![(0, info(3, false)), (1, info(9, true)), (2, info(5, false))];
+        let infos = vec![(0, info(3, false)), (1, info(4, true)), (2, info(5, false))];
         assert_eq!(authoritative(&infos), Some(2));
         // Ties prefer the earlier copy (the primary).
         let infos = vec![(0, info(5, false)), (1, info(5, false))];
+        assert_eq!(authoritative(&infos), Some(0));
+    }
+
+    #[test]
+    fn an_incomplete_copy_newer_than_every_complete_one_means_wait() {
+        // Copy 1 was being caught up when its source went down: it has writes the
+        // complete copies never saw; taking copy 2 would roll them back.
+        let infos = vec![(0, info(3, false)), (1, info(9, true)), (2, info(5, false))];
+        assert_eq!(authoritative(&infos), None);
+        // Once a complete copy at least as new is back, it is the authority.
+        let infos = vec![(0, info(9, false)), (1, info(9, true)), (2, info(5, false))];
         assert_eq!(authoritative(&infos), Some(0));
     }
 

@@ -101,8 +101,13 @@ impl DataConfig {
     /// The command that replays this run.
     pub fn replay(&self) -> String {
         let mut s = format!(
-            "spindle sim --data --seed {} --ops {} --daemons {} --clients {} --faults {}",
-            self.seed, self.ops, self.daemons, self.clients, self.faults
+            "spindle sim --data --seed {} --ops {} --daemons {} --clients {} --faults {} --fault-seconds {}",
+            self.seed,
+            self.ops,
+            self.daemons,
+            self.clients,
+            self.faults,
+            self.fault_window_ms / 1000
         );
         if self.mutant != Mutant::None {
             s.push_str(&format!("  (mutant {:?})", self.mutant));
@@ -1282,7 +1287,7 @@ impl DataWorld {
         if !d.disk_busy {
             d.disk_busy = true;
             let inc = d.inc;
-            let delay = self.rng.range(0, 3);
+            let delay = self.disk_delay_ms();
             self.at(delay, Ev::DiskStep { osd: id, inc });
         }
     }
@@ -1297,6 +1302,10 @@ impl DataWorld {
             return;
         };
         let pgid = pgid_of(self, txn.pg);
+        if let TxnKind::Recover { name, state } = &txn.kind {
+            let v = state.as_ref().map(|s| s.1);
+            self.log(|| format!("osd.{id}: pg {}: recover {name} to {v:?}", txn.pg));
+        }
         let Some(store) = self.daemons[&id].store.as_ref() else {
             return;
         };
@@ -1423,8 +1432,17 @@ impl DataWorld {
             d.disk_busy = false;
         } else {
             let inc = d.inc;
-            let delay = self.rng.range(0, 3);
+            let delay = self.disk_delay_ms();
             self.at(delay, Ev::DiskStep { osd: id, inc });
+        }
+    }
+
+    /// How long the next store transaction takes: mostly a few ms, sometimes a slow disk.
+    fn disk_delay_ms(&mut self) -> u64 {
+        if self.rng.below(50) == 0 {
+            self.rng.range(20, 300)
+        } else {
+            self.rng.range(0, 3)
         }
     }
 
@@ -2050,6 +2068,9 @@ impl DataWorld {
                     {
                         p.ops.remove(&op);
                     }
+                    self.log(|| {
+                        format!("osd.{id}: pg {pg}: reply to client.{client} op {cop}: {result:?}")
+                    });
                     let result = result.map(|_| None).map_err(|e| format!("{e:?}"));
                     // A write's reply carries no data: Ok(None) means "done".
                     self.send(
@@ -2175,6 +2196,13 @@ impl DataWorld {
                 let mut h = TraceHash::default();
                 h.bytes(new.as_deref().unwrap_or(&[]));
                 self.trace.u64(h.value());
+                let name = &self.objects[o.obj];
+                if self.cfg.verbose {
+                    eprintln!(
+                        "[{now:>8} ms] client.{id}: op {op} write of {name} acknowledged: {}",
+                        describe(&new)
+                    );
+                }
                 model.history.push((now, new));
                 model.pending = None;
             }

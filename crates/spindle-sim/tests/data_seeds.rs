@@ -61,6 +61,47 @@ fn one_seed_replays_exactly_and_seeds_differ() {
     assert_ne!(a.trace_hash, b.trace_hash);
 }
 
+/// The first failing seed (within `max_seeds`) of a run with a broken rule, and how many of
+/// those seeds failed.
+fn catch(mutant: Mutant, max_seeds: u64, stop_at_first: bool) -> (Option<u64>, u64) {
+    let (mut first, mut failed) = (None, 0);
+    for seed in 1..=max_seeds {
+        let mut c = cfg(seed, CI_OPS);
+        c.mutant = mutant;
+        let r = run_data(c);
+        if !r.failures.is_empty() {
+            failed += 1;
+            first.get_or_insert(seed);
+            if stop_at_first {
+                break;
+            }
+        }
+    }
+    (first, failed)
+}
+
+/// Check of the checkers: a primary that answers the client before every replica has
+/// the write loses acknowledged writes when it fails; the checkers must see it.
+#[test]
+fn acknowledging_before_the_replicas_is_caught() {
+    let (first, _) = catch(Mutant::AckBeforeReplicas, 100, true);
+    assert!(
+        first.is_some(),
+        "no seed of 1..=100 caught a primary that acknowledges before its replicas"
+    );
+}
+
+/// How many seeds catch each broken rule (slow; run by hand):
+/// `cargo test -p spindle-sim --test data_seeds mutant_figures -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn mutant_figures() {
+    for m in [Mutant::AckBeforeReplicas, Mutant::UngatedLogQuery] {
+        let (first, failed) = catch(m, 200, false);
+        eprintln!("{m:?}: first failing seed {first:?}, {failed} of seeds 1..=200 fail");
+    }
+}
+
 /// Replays one seed with its decisions on stderr: `DATA_SEED=17 cargo test -p spindle-sim
 /// --test data_seeds replay -- --nocapture` (does nothing without `DATA_SEED`).
 #[test]
@@ -74,6 +115,11 @@ fn replay() {
         .unwrap_or(CI_OPS);
     let mut c = cfg(seed, ops);
     c.verbose = true;
+    c.mutant = match std::env::var("DATA_MUTANT").as_deref() {
+        Ok("ack") => Mutant::AckBeforeReplicas,
+        Ok("ungated") => Mutant::UngatedLogQuery,
+        _ => Mutant::None,
+    };
     let r = run_data(c);
     eprintln!("{r:#?}");
 }
