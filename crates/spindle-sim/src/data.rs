@@ -2582,11 +2582,20 @@ impl DataWorld {
     /// last acknowledged state; nothing is in flight any more).
     fn final_check(&mut self) {
         let mut problems = Vec::new();
+        let cur = self.current();
         for (i, name) in self.objects.iter().enumerate() {
-            let pgid = self.pgid(self.pg_of(name));
+            let pg = self.pg_of(name);
+            let pgid = self.pgid(pg);
             let model = &self.models[i];
             let acked = model.history.last().map(|h| h.1.clone()).unwrap_or(None);
-            for (id, d) in &self.daemons {
+            // The acting copies (other daemons may keep a stray copy of an older interval:
+            // stray removal is not modeled).
+            let acting: Vec<u32> = cur
+                .1
+                .pg(self.pool, pg)
+                .map(|m| m.up.clone())
+                .unwrap_or_default();
+            for (id, d) in self.daemons.iter().filter(|(id, _)| acting.contains(id)) {
                 let Some(store) = d.store.as_ref() else {
                     problems.push(format!("osd.{id} has no store at the end"));
                     continue;
@@ -2613,8 +2622,9 @@ impl DataWorld {
             // All copies identical (versions too).
             let versions: BTreeSet<Option<Ver>> = self
                 .daemons
-                .values()
-                .filter_map(|d| d.store.as_ref())
+                .iter()
+                .filter(|(id, _)| acting.contains(id))
+                .filter_map(|(_, d)| d.store.as_ref())
                 .map(|s| s.stat(pgid, name).map(|m| m.version))
                 .collect();
             if versions.len() > 1 {

@@ -63,11 +63,12 @@ fn one_seed_replays_exactly_and_seeds_differ() {
 
 /// The first failing seed (within `max_seeds`) of a run with a broken rule, and how many of
 /// those seeds failed.
-fn catch(mutant: Mutant, max_seeds: u64, stop_at_first: bool) -> (Option<u64>, u64) {
+fn catch(mutant: Mutant, daemons: u32, max_seeds: u64, stop_at_first: bool) -> (Option<u64>, u64) {
     let (mut first, mut failed) = (None, 0);
     for seed in 1..=max_seeds {
         let mut c = cfg(seed, CI_OPS);
         c.mutant = mutant;
+        c.daemons = daemons;
         let r = run_data(c);
         if !r.failures.is_empty() {
             failed += 1;
@@ -84,7 +85,7 @@ fn catch(mutant: Mutant, max_seeds: u64, stop_at_first: bool) -> (Option<u64>, u
 /// the write loses acknowledged writes when it fails; the checkers must see it.
 #[test]
 fn acknowledging_before_the_replicas_is_caught() {
-    let (first, _) = catch(Mutant::AckBeforeReplicas, 100, true);
+    let (first, _) = catch(Mutant::AckBeforeReplicas, 3, 100, true);
     assert!(
         first.is_some(),
         "no seed of 1..=100 caught a primary that acknowledges before its replicas"
@@ -96,9 +97,19 @@ fn acknowledging_before_the_replicas_is_caught() {
 #[test]
 #[ignore]
 fn mutant_figures() {
-    for m in [Mutant::AckBeforeReplicas, Mutant::UngatedLogQuery] {
-        let (first, failed) = catch(m, 200, false);
-        eprintln!("{m:?}: first failing seed {first:?}, {failed} of seeds 1..=200 fail");
+    let daemons = std::env::var("DATA_DAEMONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    for m in [
+        Mutant::None,
+        Mutant::AckBeforeReplicas,
+        Mutant::UngatedLogQuery,
+    ] {
+        let (first, failed) = catch(m, daemons, 200, false);
+        eprintln!(
+            "{m:?} ({daemons} daemons): first failing seed {first:?}, {failed} of seeds 1..=200 fail"
+        );
     }
 }
 
@@ -122,4 +133,22 @@ fn replay() {
     };
     let r = run_data(c);
     eprintln!("{r:#?}");
+}
+
+/// Five daemons (acting sets change members, copies are backfilled onto daemons that had
+/// none) and one client also pass.
+#[test]
+fn five_daemons_and_one_client_pass() {
+    for seed in 1..=20 {
+        let mut c = cfg(seed, CI_OPS);
+        c.daemons = 5;
+        let r = run_data(c);
+        assert!(r.failures.is_empty(), "seed {seed}: {:?}", r.failures);
+        assert_eq!(r.ops_done, CI_OPS);
+        let mut c = cfg(seed, 100);
+        c.clients = 1;
+        let r = run_data(c);
+        assert!(r.failures.is_empty(), "seed {seed}: {:?}", r.failures);
+        assert_eq!(r.ops_done, 100);
+    }
 }
