@@ -152,3 +152,24 @@ fn five_daemons_and_one_client_pass() {
         assert_eq!(r.ops_done, 100);
     }
 }
+
+/// Speed with the default workload (10,000 client operations per seed), optimized test
+/// build: `cargo test -p spindle-sim --test data_seeds speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn speed() {
+    let t = std::time::Instant::now();
+    let mut ops = 0;
+    let seeds = 3;
+    for seed in 1..=seeds {
+        let r = run_data(DataConfig::new(seed));
+        assert!(r.failures.is_empty(), "seed {seed}: {:?}", r.failures);
+        ops += r.ops_done;
+    }
+    let s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "{seeds} seeds x 10,000 ops: {s:.1} s, {:.1} seeds/min, {:.0} client ops/s",
+        seeds as f64 / s * 60.0,
+        ops as f64 / s
+    );
+}
