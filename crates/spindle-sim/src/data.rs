@@ -138,6 +138,26 @@ pub struct DataReport {
     pub failures: Vec<String>,
 }
 
+/// Why a data simulation cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataError {
+    Config(String),
+    Map(String),
+    Store(String),
+}
+
+impl std::fmt::Display for DataError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataError::Config(m) => write!(f, "bad configuration: {m}"),
+            DataError::Map(m) => write!(f, "the first map is invalid: {m}"),
+            DataError::Store(m) => write!(f, "a store does not open on an empty disk: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for DataError {}
+
 /// An object's content (None: absent).
 type State = Option<Vec<u8>>;
 
@@ -582,7 +602,25 @@ fn describe(s: &State) -> String {
 }
 
 impl DataWorld {
-    pub fn new(cfg: DataConfig) -> DataWorld {
+    pub fn new(cfg: DataConfig) -> Result<DataWorld, DataError> {
+        if cfg.daemons == 0 || cfg.daemons > 64 {
+            return Err(DataError::Config(format!(
+                "{} daemons (1..=64 supported)",
+                cfg.daemons
+            )));
+        }
+        if cfg.clients == 0 || cfg.clients > 64 || cfg.ops == 0 {
+            return Err(DataError::Config(format!(
+                "{} clients, {} operations (1..=64 clients, at least one operation)",
+                cfg.clients, cfg.ops
+            )));
+        }
+        if cfg.pgs == 0 || cfg.pgs > 1024 || cfg.objects_per_client == 0 {
+            return Err(DataError::Config(format!(
+                "{} placement groups, {} objects per client",
+                cfg.pgs, cfg.objects_per_client
+            )));
+        }
         let mut rng = SimRng::new(cfg.seed ^ 0xDA7A_0000_0000_0000);
         let size = 3.min(cfg.daemons);
         let min_size = 2.min(size);
@@ -592,7 +630,7 @@ impl DataWorld {
         };
         let mut map = match spindle_mon::first_map(&spec, rng.next_u64()) {
             Ok(m) => m,
-            Err(e) => panic!("the simulator's first map is invalid: {e}"),
+            Err(e) => return Err(DataError::Map(e.to_string())),
         };
         map.epoch = 2;
         for o in map.osds.values_mut() {
@@ -602,35 +640,32 @@ impl DataWorld {
         let pool = map.pools.keys().next().copied().unwrap_or(1);
         let placement = Placement::compute(&map);
         let maps = vec![Arc::new((map, placement))];
-        let daemons = (0..cfg.daemons)
-            .map(|id| {
-                let disk = SimDisk::new(rng.next_u64());
-                let store = match Store::open_on(Arc::new(disk.clone()), store_config()) {
-                    Ok(s) => s,
-                    Err(e) => panic!("a new store on an empty SimDisk must open: {e}"),
-                };
-                (
-                    id,
-                    Daemon {
-                        alive: true,
-                        inc: 1,
-                        disk,
-                        store: Some(store),
-                        epoch: 0,
-                        queue: VecDeque::new(),
-                        disk_busy: false,
-                        gate: TxnGate::new(),
-                        primaries: BTreeMap::new(),
-                        pending: BTreeMap::new(),
-                        next_tag: 1,
-                        next_rep_op: 1,
-                        out_streams: BTreeMap::new(),
-                        in_streams: BTreeMap::new(),
-                        next_conn: 1,
-                    },
-                )
-            })
-            .collect();
+        let mut daemons = BTreeMap::new();
+        for id in 0..cfg.daemons {
+            let disk = SimDisk::new(rng.next_u64());
+            let store = Store::open_on(Arc::new(disk.clone()), store_config())
+                .map_err(|e| DataError::Store(e.to_string()))?;
+            daemons.insert(
+                id,
+                Daemon {
+                    alive: true,
+                    inc: 1,
+                    disk,
+                    store: Some(store),
+                    epoch: 0,
+                    queue: VecDeque::new(),
+                    disk_busy: false,
+                    gate: TxnGate::new(),
+                    primaries: BTreeMap::new(),
+                    pending: BTreeMap::new(),
+                    next_tag: 1,
+                    next_rep_op: 1,
+                    out_streams: BTreeMap::new(),
+                    in_streams: BTreeMap::new(),
+                    next_conn: 1,
+                },
+            );
+        }
         let per_client = cfg.objects_per_client.max(1) as usize;
         let nobj = per_client * cfg.clients as usize;
         let objects: Vec<String> = (0..nobj).map(|i| format!("obj-{i}")).collect();
@@ -665,7 +700,7 @@ impl DataWorld {
             loss_ppm: 0,
             duplicate_ppm: 0,
         };
-        DataWorld {
+        Ok(DataWorld {
             net: Network::new(clean_net),
             clean_net,
             now_ms: 0,
@@ -690,7 +725,7 @@ impl DataWorld {
             },
             rng,
             cfg,
-        }
+        })
     }
 
     fn log(&self, what: impl FnOnce() -> String) {
@@ -2639,5 +2674,13 @@ impl DataWorld {
 
 /// Runs one seed of the data simulator.
 pub fn run_data(cfg: DataConfig) -> DataReport {
-    DataWorld::new(cfg).run()
+    let seed = cfg.seed;
+    match DataWorld::new(cfg) {
+        Ok(w) => w.run(),
+        Err(e) => DataReport {
+            seed,
+            failures: vec![format!("cannot set the simulation up: {e}")],
+            ..DataReport::default()
+        },
+    }
 }

@@ -173,3 +173,15 @@ fn speed() {
         ops as f64 / s
     );
 }
+
+#[test]
+fn a_configuration_that_cannot_run_is_a_failure_not_a_panic() {
+    let mut c = cfg(1, 10);
+    c.daemons = 0;
+    let r = run_data(c);
+    assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+    assert!(r.failures[0].contains("daemons"), "{:?}", r.failures);
+    let mut c = cfg(1, 10);
+    c.clients = 0;
+    assert!(!run_data(c).failures.is_empty());
+}

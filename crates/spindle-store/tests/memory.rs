@@ -101,7 +101,7 @@ fn resident_memory_is_flat_with_distinct_objects_written() {
             c.wait().unwrap();
         }
         i += batch;
-        if i >= WARMUP_OBJECTS && i % SAMPLE_EVERY_OBJECTS == 0 {
+        if i >= WARMUP_OBJECTS && i.is_multiple_of(SAMPLE_EVERY_OBJECTS) {
             trim();
             samples.push((i as f64, rss_bytes() as f64));
         }
