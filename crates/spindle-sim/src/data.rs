@@ -363,11 +363,6 @@ enum TxnKind {
     Mark {
         incomplete: bool,
     },
-    /// Not a transaction: reads the object at its turn (recovery pulls see every earlier
-    /// transaction).
-    Pull {
-        name: String,
-    },
 }
 
 #[derive(Debug)]
@@ -1234,14 +1229,30 @@ impl DataWorld {
                     then,
                 },
             ),
-            PeerReq::Pull { name } => self.enqueue(
-                id,
-                Txn {
-                    pg,
-                    kind: TxnKind::Pull { name },
-                    then,
-                },
-            ),
+            // As in the daemon, a pull reads the store now (what is applied), not after
+            // the queued transactions.
+            PeerReq::Pull { name } => {
+                let pgid = self.pgid(pg);
+                let Some(store) = self.daemons[&id].store.as_ref() else {
+                    return;
+                };
+                let result = match store.stat(pgid, &name) {
+                    None => Ok(PeerAns::Object(None)),
+                    Some(meta) => match at_once(store.read(pgid, &name, 0, u64::MAX)) {
+                        Some(Ok(data)) => Ok(PeerAns::Object(Some((data, meta.version)))),
+                        Some(Err(e)) => Err(e.to_string()),
+                        None => Err("read did not complete at once".into()),
+                    },
+                };
+                match then {
+                    Then::PeerReply { to, tag } => self.send(
+                        Node::Osd(id),
+                        Node::Osd(to),
+                        DMsg::PeerReply { pg, tag, result },
+                    ),
+                    _ => self.peer_answer(id, pg, tag, result),
+                }
+            }
             PeerReq::Push { name, state } => self.enqueue(
                 id,
                 Txn {
@@ -1315,9 +1326,7 @@ impl DataWorld {
     fn enqueue(&mut self, id: u32, txn: Txn) {
         let pg = txn.pg;
         let d = self.daemons.get_mut(&id).expect("daemon exists");
-        if !matches!(txn.kind, TxnKind::Pull { .. }) {
-            d.gate.txn_queued(pg);
-        }
+        d.gate.txn_queued(pg);
         d.queue.push_back(txn);
         if !d.disk_busy {
             d.disk_busy = true;
@@ -1344,7 +1353,6 @@ impl DataWorld {
         let Some(store) = self.daemons[&id].store.as_ref() else {
             return;
         };
-        let mut pulled = None;
         let result: Result<(), String> = match &txn.kind {
             TxnKind::Apply {
                 name,
@@ -1362,20 +1370,6 @@ impl DataWorld {
                 .mark_pg(pgid, *incomplete)
                 .wait()
                 .map_err(|e| e.to_string()),
-            TxnKind::Pull { name } => match store.stat(pgid, name) {
-                None => {
-                    pulled = Some(None);
-                    Ok(())
-                }
-                Some(meta) => match at_once(store.read(pgid, name, 0, u64::MAX)) {
-                    Some(Ok(data)) => {
-                        pulled = Some(Some((data, meta.version)));
-                        Ok(())
-                    }
-                    Some(Err(e)) => Err(e.to_string()),
-                    None => Err("read did not complete at once".into()),
-                },
-            },
         };
         self.trace.u64(u64::from(result.is_ok()));
         if let TxnKind::Mark { incomplete } = &txn.kind {
@@ -1393,14 +1387,11 @@ impl DataWorld {
             }
         }
         // The gate: queries waiting for this group's queued transactions.
-        let released = if matches!(txn.kind, TxnKind::Pull { .. }) {
-            Vec::new()
-        } else {
-            self.daemons
-                .get_mut(&id)
-                .map(|d| d.gate.txn_applied(txn.pg))
-                .unwrap_or_default()
-        };
+        let released = self
+            .daemons
+            .get_mut(&id)
+            .map(|d| d.gate.txn_applied(txn.pg))
+            .unwrap_or_default();
         match txn.then {
             Then::LocalWrite => {
                 if let TxnKind::Apply { version, .. } = txn.kind {
@@ -1434,10 +1425,7 @@ impl DataWorld {
                 }
             }
             Then::PeerReply { to, tag } => {
-                let result = result.map(|()| match pulled {
-                    Some(p) => PeerAns::Object(p),
-                    None => PeerAns::Done,
-                });
+                let result = result.map(|()| PeerAns::Done);
                 self.send(
                     Node::Osd(id),
                     Node::Osd(to),
@@ -1449,10 +1437,7 @@ impl DataWorld {
                 );
             }
             Then::SelfReply { tag } => {
-                let result = result.map(|()| match pulled {
-                    Some(p) => PeerAns::Object(p),
-                    None => PeerAns::Done,
-                });
+                let result = result.map(|()| PeerAns::Done);
                 self.peer_answer(id, txn.pg, tag, result);
             }
         }
@@ -1591,12 +1576,44 @@ impl DataWorld {
         };
         // The same core: a new round number, so late replies of earlier rounds are
         // ignored by it; requests of earlier rounds (and recovery) are forgotten here.
+        let (epoch, acting) = (p.epoch, p.acting.clone());
+        let since = self.member_since(pg, epoch, &acting);
+        let Some(p) = self
+            .daemons
+            .get_mut(&id)
+            .and_then(|d| d.primaries.get_mut(&pg))
+        else {
+            return;
+        };
+        p.peering.set_member_since(since);
         let actions = p.peering.on_event(PgEvent::IntervalChanged(iv));
         if let Some(d) = self.daemons.get_mut(&id) {
             d.pending.retain(|_, (g, _)| *g != pg);
         }
         self.rep_actions(id, pg, dropped);
         self.pg_actions(id, pg, actions);
+    }
+
+    /// For each acting copy: the first epoch since which it has been in the group's
+    /// acting set at every epoch up to `epoch` (from the map history).
+    fn member_since(&self, pg: u32, epoch: u64, acting: &[u32]) -> BTreeMap<u32, u64> {
+        let first = self.maps[0].0.epoch;
+        acting
+            .iter()
+            .map(|&c| {
+                let mut since = epoch;
+                let mut e = epoch;
+                while e > first {
+                    let m = self.map_at(e - 1);
+                    if !m.1.pg(self.pool, pg).is_some_and(|x| x.up.contains(&c)) {
+                        break;
+                    }
+                    e -= 1;
+                    since = e;
+                }
+                (c, since)
+            })
+            .collect()
     }
 
     fn new_tag(&mut self, id: u32, pg: u32, what: Pending) -> u64 {
