@@ -16,6 +16,9 @@
 //!   (min_size, k), interval changes, recovery order, EC "established" copies.
 //! - [`ec`]: slot names and [`ec::decide_slot`], the roll-forward / roll-back rule of
 //!   erasure-coded recovery (an acknowledged write is never rolled back).
+//! - [`replication`]: [`ReplicationCore`], the primary's side of a client mutation on a
+//!   replicated group: write floor, version assignment, local apply and replication,
+//!   acknowledgement only when every acting copy has it, interval changes.
 //! - [`recovery`]: [`RecoveryCore`], one group's recovery bookkeeping: the missing set,
 //!   one recoverer per object, the background order, when copies may be marked complete.
 //! - [`scrub`]: [`scrub::classify`], consistent / repair / damaged per object.
@@ -40,6 +43,7 @@ pub mod ec;
 pub mod gate;
 pub mod peering;
 pub mod recovery;
+pub mod replication;
 pub mod rules;
 pub mod scrub;
 pub mod sync;
@@ -49,4 +53,5 @@ pub use peering::{
     Action, Activation, Event, Interval, MissingObject, PgCore, RecoveryPlan, Round,
 };
 pub use recovery::RecoveryCore;
+pub use replication::{RepAction, RepError, RepEvent, RepInterval, ReplicationCore};
 pub use sync::{plan, LogInfo, SyncPlan};

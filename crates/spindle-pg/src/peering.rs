@@ -31,7 +31,7 @@
 //!   a copy holds, divergent entries included);
 //! - at most one activation per interval.
 
-use crate::rules::{authoritative, listing_diff, Listing};
+use crate::rules::{authoritative_with, listing_diff, Listing};
 use crate::sync::{plan, LogInfo, SyncPlan};
 use spindle_proto::msg::Ver;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -178,6 +178,9 @@ pub struct PgCore {
     pending: Option<Activation>,
     /// Activations issued in the current interval (at most one).
     activations: u32,
+    /// Per acting copy, the first epoch since which it has been a member without
+    /// interruption (optional: see [`crate::rules::authoritative_with`]).
+    member_since: Option<BTreeMap<u32, u64>>,
 }
 
 impl Default for PgCore {
@@ -198,10 +201,19 @@ impl PgCore {
             marks_pending: BTreeSet::new(),
             pending: None,
             activations: 0,
+            member_since: None,
         }
     }
 
     /// The current round.
+    /// Tells the core since when each acting copy has been a member without interruption
+    /// (from the map history), so that a complete copy that saw every acknowledged write
+    /// can be the authority although an incomplete copy holds newer, unacknowledged
+    /// writes. Without it such a group waits for a complete copy at least as new.
+    pub fn set_member_since(&mut self, member_since: BTreeMap<u32, u64>) {
+        self.member_since = Some(member_since);
+    }
+
     pub fn round(&self) -> Round {
         self.round
     }
@@ -354,7 +366,7 @@ impl PgCore {
             return Vec::new();
         }
         let round = self.round;
-        let Some(a) = authoritative(&infos) else {
+        let Some(a) = authoritative_with(&infos, self.member_since.as_ref()) else {
             self.phase = Phase::Stopped;
             return vec![Action::WaitForCompleteCopy { round }];
         };
@@ -431,9 +443,20 @@ impl PgCore {
                     .push(*id);
             }
         }
+        // Copies that miss something, and copies still marked incomplete by an earlier
+        // interval whose recovery finished before its completion marks (their listing
+        // matches now): those must be marked complete at the end of this recovery, or
+        // they would stay incomplete (never authoritative) for ever (found by the data
+        // simulator).
         let incomplete: Vec<u32> = missing
             .values()
             .flat_map(|m| m.copies.iter().copied())
+            .chain(
+                infos
+                    .iter()
+                    .filter(|(id, info)| *id != auth_id && info.incomplete)
+                    .map(|(id, _)| *id),
+            )
             .collect::<BTreeSet<u32>>()
             .into_iter()
             .collect();
@@ -442,7 +465,7 @@ impl PgCore {
             round,
             authoritative: auth_id,
             last_version,
-            recovery: (!missing.is_empty()).then(|| RecoveryPlan {
+            recovery: (!incomplete.is_empty()).then(|| RecoveryPlan {
                 source: auth_id,
                 backfill,
                 missing,

@@ -10,18 +10,50 @@
 use crate::sync::LogInfo;
 use spindle_map::Pool;
 use spindle_proto::msg::Ver;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The authoritative copy among `infos` (in the caller's order, primary first): the
 /// *complete* copy with the newest `last_version`; on a tie the earlier one. `None` when
-/// every copy is incomplete: the group must wait for a complete copy.
+/// every copy is incomplete, or when an incomplete copy is newer than every complete one:
+/// the group must wait for a complete copy.
+///
+/// Why the second case: an incomplete copy newer than the complete ones saw writes (maybe
+/// acknowledged) that the complete copies missed, while the complete copy it was being
+/// recovered from is not up. Taking the older complete copy would roll those writes back
+/// (found by the data simulator: a copy being caught up after a replica timeout, its
+/// source crashed, and a copy that had been down for the whole interval became the
+/// authority).
 pub fn authoritative(infos: &[(u32, LogInfo)]) -> Option<usize> {
+    authoritative_with(infos, None)
+}
+
+/// [`authoritative`] knowing, for each copy, the first epoch since which it has been a
+/// member of the group's acting set without interruption (`member_since`). A complete
+/// copy that has been a member since the epoch of its own `last_version` (or earlier) saw
+/// every write acknowledged since (an acknowledgement needs every acting copy): a newer
+/// incomplete copy then only holds unacknowledged writes, and the complete copy is the
+/// authority (rolling those back). Without that knowledge (`None`, or a copy that joined
+/// later) the group waits, as in [`authoritative`].
+pub fn authoritative_with(
+    infos: &[(u32, LogInfo)],
+    member_since: Option<&BTreeMap<u32, u64>>,
+) -> Option<usize> {
     let chosen = infos
         .iter()
         .enumerate()
         .filter(|(_, (_, info))| !info.incomplete)
         .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
-        .map(|(i, _)| i);
+        .map(|(i, _)| i)
+        .filter(|&i| {
+            let (id, best) = (infos[i].0, &infos[i].1);
+            let saw_every_ack = member_since
+                .and_then(|m| m.get(&id))
+                .is_some_and(|&since| since <= best.last_version.epoch);
+            saw_every_ack
+                || infos
+                    .iter()
+                    .all(|(_, x)| x.last_version <= best.last_version || !x.incomplete)
+        });
     if let Some(i) = chosen {
         assert!(
             !infos[i].1.incomplete,
@@ -145,11 +177,29 @@ mod tests {
 
     #[test]
     fn the_newest_complete_copy_is_authoritative() {
-        let infos = vec![(0, info(3, false)), (1, info(9, true)), (2, info(5, false))];
+        let infos = vec![(0, info(3, false)), (1, info(4, true)), (2, info(5, false))];
         assert_eq!(authoritative(&infos), Some(2));
         // Ties prefer the earlier copy (the primary).
         let infos = vec![(0, info(5, false)), (1, info(5, false))];
         assert_eq!(authoritative(&infos), Some(0));
+    }
+
+    #[test]
+    fn an_incomplete_copy_newer_than_every_complete_one_means_wait() {
+        // Copy 1 was being caught up when its source went down: it has writes the
+        // complete copies never saw; taking copy 2 would roll them back.
+        let infos = vec![(0, info(3, false)), (1, info(9, true)), (2, info(5, false))];
+        assert_eq!(authoritative(&infos), None);
+        // Once a complete copy at least as new is back, it is the authority.
+        let infos9 = vec![(0, info(9, false)), (1, info(9, true)), (2, info(5, false))];
+        assert_eq!(authoritative(&infos9), Some(0));
+        // A complete copy that was a member since its last version's epoch saw every
+        // acknowledged write: copy 1's newer entries were never acknowledged.
+        let since: BTreeMap<u32, u64> = [(0, 1), (1, 1), (2, 1)].into();
+        assert_eq!(authoritative_with(&infos, Some(&since)), Some(2));
+        // Copy 2 joined after (it was down at epoch 1): wait.
+        let since: BTreeMap<u32, u64> = [(0, 2), (1, 1), (2, 2)].into();
+        assert_eq!(authoritative_with(&infos, Some(&since)), None);
     }
 
     #[test]

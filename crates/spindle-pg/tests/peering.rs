@@ -124,9 +124,10 @@ fn divergent_entries_are_rolled_back_and_new_versions_sort_after_them() {
     let r = start(&mut core, &[0, 1]);
     let auth = log(&[(1, 1, "a"), (4, 2, "c")], Ver::default());
     // osd.1 was primary at epoch 3 and wrote (3, 9) "x" that nobody else has; its copy
-    // is incomplete so it cannot be authoritative although its version is not older.
+    // is incomplete so it cannot be authoritative. (An incomplete copy *newer* than every
+    // complete one makes the group wait instead: `rules::authoritative`.)
     let mut div = log(&[(1, 1, "a"), (3, 9, "x")], Ver::default());
-    div.last_version = v(5, 1);
+    div.last_version = v(4, 1);
     div.incomplete = true;
     info(&mut core, r, 0, &auth);
     let acts = info(&mut core, r, 1, &div);
@@ -162,7 +163,7 @@ fn divergent_entries_are_rolled_back_and_new_versions_sort_after_them() {
     assert_eq!(a.authoritative, 0);
     assert_eq!(
         a.last_version,
-        v(5, 1),
+        v(4, 2),
         "new writes sort after every copy's version"
     );
     let rec = a.recovery.as_ref().expect("osd.1 misses objects");

@@ -12,13 +12,21 @@
 //! across monitor restarts, every observer's map for an epoch is the one published, and
 //! after the faults stop every daemon is up and everyone has the current map within the
 //! settle time. See `docs/simulator.md` for what is still outside.
+//!
+//! [`data`]: the data simulator: daemons running the real store over simulated disks and
+//! the real placement-group cores (peering, the transaction gate, recovery, the primary's
+//! replication rules), clients writing and reading a replicated pool, faults, and
+//! checkers (acknowledged writes read back, no stale reads, clean after faults, identical
+//! copies).
 
+pub mod data;
 pub mod net;
 pub mod queue;
 pub mod rng;
 pub mod trace;
 pub mod world;
 
+pub use data::{run_data, DataConfig, DataError, DataReport, DataWorld, Mutant};
 pub use world::{World, WorldConfig, WorldReport};
 
 /// Runs one seed.

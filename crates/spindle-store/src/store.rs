@@ -683,6 +683,21 @@ impl Store {
         self.sh.space_tight.store(tight, Relaxed);
     }
 
+    /// Checkpoints now (after every transaction submitted before this call), and returns
+    /// when the checkpoint is done. With `StoreConfig::timed_checkpoints` off this and the
+    /// journal-size threshold are the only checkpoints: a simulation calls it at the times
+    /// its seed chooses.
+    pub fn checkpoint_now(&self) -> Result<(), StoreError> {
+        let (reply_tx, reply_rx) = mpsc::channel();
+        let Some(tx) = &self.tx else {
+            return Err(StoreError::Closed);
+        };
+        if tx.send(Msg::Checkpoint(reply_tx)).is_err() {
+            return Err(StoreError::Closed);
+        }
+        reply_rx.recv().unwrap_or(Err(StoreError::Closed))
+    }
+
     /// Flush + checkpoint + stop the worker thread.
     pub fn shutdown(mut self) -> Result<(), StoreError> {
         let (reply_tx, reply_rx) = mpsc::channel();

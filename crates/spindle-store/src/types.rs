@@ -13,6 +13,11 @@ pub struct StoreConfig {
     pub checkpoint_journal_bytes: u64,
     /// Checkpoint at least this often while there are journaled changes.
     pub checkpoint_interval_ms: u64,
+    /// Whether `checkpoint_interval_ms` applies. `false`: checkpoints happen only when the
+    /// journal (or the inline bytes held in memory) outgrows `checkpoint_journal_bytes`,
+    /// and when [`crate::Store::checkpoint_now`] asks, so that the disk operations depend
+    /// only on the transactions (deterministic simulation), never on the wall clock.
+    pub timed_checkpoints: bool,
     /// Objects of at most this many bytes are stored inline (in the journal, then in the
     /// metadata database at checkpoint) instead of in a data file of their own; 0 disables.
     /// Capped at 16 MiB.
@@ -68,6 +73,7 @@ impl StoreConfig {
             pg_log_max_entries: 4096,
             checkpoint_journal_bytes: 256 << 20,
             checkpoint_interval_ms: 5000,
+            timed_checkpoints: true,
             inline_max_bytes: INLINE_BYTES_DEFAULT,
             fd_cache_entries: crate::fdcache::default_entries(),
             meta_cache_bytes: META_CACHE_BYTES_DEFAULT,

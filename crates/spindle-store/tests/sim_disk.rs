@@ -590,3 +590,54 @@ fn a_seed_replays_identically() {
         assert!(a.acked > 0 && a.crashes > 0, "{a:?}");
     }
 }
+
+/// With `timed_checkpoints` off, a checkpoint happens only when asked
+/// (`Store::checkpoint_now`) or by journal size: the disk operations of a run then depend on
+/// its transactions only, whatever the wall clock does. Two runs of one script leave
+/// byte-identical disks.
+#[test]
+fn untimed_checkpoints_happen_only_when_asked_and_runs_repeat_exactly() {
+    fn one_run() -> (u64, Vec<(PathBuf, Vec<u8>)>, u64) {
+        let disk = SimDisk::new(11);
+        let mut c = StoreConfig::new(store_dir());
+        c.checkpoint_interval_ms = 1;
+        c.timed_checkpoints = false;
+        c.reserve_bytes = 0;
+        c.fd_cache_entries = 4;
+        c.meta_cache_bytes = 1 << 20;
+        let store = Store::open_on(Arc::new(disk.clone()), c).expect("open");
+        let at_open = store.stats().checkpoints;
+        for i in 0..20u64 {
+            let data = pattern(3000 + i as usize * 100, i);
+            let v = Version {
+                epoch: 1,
+                seq: i + 1,
+            };
+            store
+                .apply(pg(0), &format!("o{}", i % 4), v, Mutation::WriteFull(data))
+                .wait()
+                .expect("apply");
+            // Far longer than the interval: a timed checkpoint would have happened.
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+        assert_eq!(store.stats().checkpoints, at_open, "no checkpoint by time");
+        store.checkpoint_now().expect("checkpoint");
+        let checkpoints = store.stats().checkpoints - at_open;
+        assert_eq!(checkpoints, 1, "one checkpoint, when asked");
+        let files: Vec<(PathBuf, Vec<u8>)> = disk
+            .files()
+            .into_iter()
+            .map(|f| {
+                let bytes = disk.contents(&f).expect("contents");
+                (f, bytes)
+            })
+            .collect();
+        let ops = disk.ops();
+        drop(store);
+        (ops, files, checkpoints)
+    }
+    let a = one_run();
+    let b = one_run();
+    assert_eq!(a.0, b.0, "same number of disk operations");
+    assert!(a.1 == b.1, "byte-identical disks");
+}

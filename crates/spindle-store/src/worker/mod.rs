@@ -95,6 +95,8 @@ pub(crate) enum Msg {
     Shutdown(mpsc::Sender<Result<(), StoreError>>),
     /// Flush what is queued and stop (drop).
     Stop,
+    /// Flush what is queued, then checkpoint now; the result goes back on the channel.
+    Checkpoint(mpsc::Sender<Result<(), StoreError>>),
 }
 
 pub(crate) struct Worker {
@@ -306,10 +308,17 @@ impl Worker {
             if self.full {
                 wait = wait.min(SPACE_CHECK_INTERVAL);
             }
-            let first = match rx.recv_timeout(wait) {
-                Ok(m) => Some(m),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => Some(Msg::Stop),
+            // Without timed checkpoints (and outside full mode) nothing is due by time:
+            // block until a message comes.
+            let timed = self.sh.config.timed_checkpoints;
+            let first = if timed || self.full {
+                match rx.recv_timeout(wait) {
+                    Ok(m) => Some(m),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Some(Msg::Stop),
+                }
+            } else {
+                Some(rx.recv().unwrap_or(Msg::Stop))
             };
             let mut batch = Vec::new();
             let mut bytes = 0usize;
@@ -341,9 +350,9 @@ impl Worker {
             // makes them reusable (whole-object overwrites then find one in place).
             let refill = self.freed_this_epoch.len() >= REUSABLE_FILES_MAX / 2
                 && self.reusable.len() < REUSABLE_FILES_MAX / 4;
-            let due = self.journal_pos > self.sh.config.checkpoint_journal_bytes
+            let mut due = self.journal_pos > self.sh.config.checkpoint_journal_bytes
                 || self.inline_mem > self.sh.config.checkpoint_journal_bytes
-                || (self.journal_pos > 0 && self.last_checkpoint.elapsed() >= interval)
+                || (timed && self.journal_pos > 0 && self.last_checkpoint.elapsed() >= interval)
                 || refill;
             match control {
                 Some(Msg::Shutdown(reply)) => {
@@ -360,6 +369,15 @@ impl Worker {
                     return;
                 }
                 Some(Msg::Stop) => return,
+                Some(Msg::Checkpoint(reply)) => {
+                    let r = match &self.failed {
+                        Some(f) => Err(StoreError::Failed(f.clone())),
+                        None => self.checkpoint(),
+                    };
+                    let _ = reply.send(r);
+                    // Just done: not due again in this round.
+                    due = false;
+                }
                 _ => {}
             }
             let retry_ok = self.checkpoint_retry_at.is_none_or(|t| Instant::now() >= t);
