@@ -12,7 +12,7 @@ use spindle_map::{object_pg, ClusterMap};
 use spindle_proto::msg::typed;
 use spindle_proto::msg::{Mutation, ObjOp, ObjectListing, Ver};
 use spindle_proto::net::{Incoming, NetError, Prepared, RpcConn};
-use spindle_proto::request::{reply_to, CallError, MapReply, RemoteError, Request};
+use spindle_proto::request::{reply_to, AdminRequest, CallError, MapReply, RemoteError, Request};
 use spindle_proto::{ErrorCode, Msg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -262,15 +262,24 @@ impl Client {
     /// Runs an administrative command on the monitor; returns its JSON output (see
     /// [`Client::admin`] for typed answers).
     pub async fn command(&self, args: &[&str]) -> Result<serde_json::Value, ClientError> {
-        self.admin(args.iter().map(|s| s.to_string()).collect())
+        self.command_as(args.iter().map(|s| s.to_string()).collect())
             .await
     }
 
-    /// Runs an administrative command (its argument list, e.g.
-    /// `spindle_mon::Admin::status().args()`) and deserializes its answer into `R`, the
-    /// command's reply type (`spindle_mon::Status`, ...). An answer that does not parse as
-    /// `R` is a [`ClientError::Protocol`].
-    pub async fn admin<R: serde::de::DeserializeOwned>(
+    /// Runs a typed administrative command (e.g. `spindle_mon::Admin::status()`) and
+    /// returns its typed answer (`spindle_mon::Status`). An answer that does not parse as
+    /// the reply type is a [`ClientError::Protocol`].
+    pub async fn admin<A>(&self, req: &A) -> Result<A::Reply, ClientError>
+    where
+        A: AdminRequest,
+        A::Reply: serde::de::DeserializeOwned,
+    {
+        self.command_as(req.args()).await
+    }
+
+    /// Runs an administrative command given as its argument list and deserializes its
+    /// answer into `R` (for arguments the monitor is to check as given).
+    pub async fn command_as<R: serde::de::DeserializeOwned>(
         &self,
         args: Vec<String>,
     ) -> Result<R, ClientError> {

@@ -3,7 +3,7 @@
 //! On the wire a command's answer is still JSON in `CommandReply { ok, output }`; these
 //! types are what the monitor serializes ([`crate::MonCore::execute`] returns an
 //! [`AdminReply`]) and what `spindle` and other clients deserialize it into ([`Admin`]
-//! pairs a command with its reply type). The CLI's `--json` output serializes the same
+//! pairs a command with its reply type: `client.admin(&Admin::status())` is a [`Status`]). The CLI's `--json` output serializes the same
 //! types, so the two cannot drift apart.
 //!
 //! Fields are declared in alphabetical order of their JSON names: the documents come out
@@ -221,6 +221,13 @@ impl<R> Admin<R> {
 
     /// The argument list that travels in `Msg::Command`.
     pub fn args(&self) -> Vec<String> {
+        self.command.to_args()
+    }
+}
+
+impl<R> spindle_proto::AdminRequest for Admin<R> {
+    type Reply = R;
+    fn args(&self) -> Vec<String> {
         self.command.to_args()
     }
 }

@@ -42,4 +42,4 @@ pub mod net;
 pub mod request;
 
 pub use msg::{typed, ErrorCode, Msg, MsgKind};
-pub use request::{CallError, MapReply, RemoteError, Reply, Request};
+pub use request::{AdminRequest, CallError, MapReply, RemoteError, Reply, Request};

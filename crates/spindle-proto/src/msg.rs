@@ -5,6 +5,13 @@
 //! `request_id`; every frame carries the sender's map epoch (see `docs/cluster.md`).
 //! Decoding validates every length and enum tag: a bad body is a [`CodecError`], which
 //! the receiver answers with an error reply (or closes the connection), never a panic.
+//!
+//! Every message is declared once, in the `messages!` table below: its kind tag, its log
+//! name and its fields, each with the codec it travels with. [`Msg`], [`MsgKind`], the
+//! per-message structs of [`typed`], `kind`, `name`, `encode`, `decode` and `bulk` follow
+//! from that. Adding a message is one entry there, plus one line in `request.rs` if it is
+//! a request (naming its reply type). The bytes are pinned by golden vectors
+//! (`tests/golden/messages.txt`).
 
 use crate::codec::{CodecError, Reader, Writer};
 

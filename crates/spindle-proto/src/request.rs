@@ -26,6 +26,14 @@ pub trait Request: Into<Msg> {
     type Reply: Reply;
 }
 
+/// An administrative command: it travels as its argument list (`Msg::Command { args }`)
+/// and is answered with JSON in `CommandReply`, which deserializes into `Reply`
+/// (implemented by `spindle_mon::Admin<R>`, which pairs each command with its answer).
+pub trait AdminRequest {
+    type Reply;
+    fn args(&self) -> Vec<String>;
+}
+
 /// An `Error` reply from the peer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{code:?}: {message}")]

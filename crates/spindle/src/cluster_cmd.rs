@@ -427,7 +427,7 @@ pub async fn admin<R: serde::de::DeserializeOwned>(
     client: &Client,
     req: Admin<R>,
 ) -> anyhow::Result<R> {
-    Ok(client.admin(req.args()).await?)
+    Ok(client.admin(&req).await?)
 }
 
 /// Waits until every daemon is up and every placement group is clean.
@@ -605,7 +605,7 @@ pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
                 let p = parse_erasure_profile(&profile, min_size)?;
                 // The matrix goes by name: the monitor names the known ones if it is not.
                 let r: PoolCreated = client
-                    .admin(
+                    .command_as(
                         [
                             "pool",
                             "create-ec",
@@ -778,7 +778,7 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
                 let client = target.client().await?;
                 // The ratio goes as given: the monitor checks it is in (0, 1].
                 let r: RatioSet = client
-                    .admin(vec!["osd".into(), verb.into(), ratio.to_string()])
+                    .command_as(vec!["osd".into(), verb.into(), ratio.to_string()])
                     .await?;
                 println!("{verb} {} (epoch {})", r.ratio, r.epoch);
                 anyhow::Ok(())

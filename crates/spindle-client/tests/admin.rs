@@ -1,0 +1,66 @@
+//! Typed administrative commands against an in-process monitor: the answer deserializes
+//! into the command's reply type; a failed command is `ClientError::Command`; an answer
+//! read as the wrong type is `ClientError::Protocol`.
+
+use spindle_client::{Client, ClientConfig, ClientError};
+use spindle_mon::{Admin, BoundMonitor, InitSpec, MonConfig, OsdVerb, PoolCreated, Status};
+
+/// Removes the monitor's directory however the test ends.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_answers_are_typed() {
+    let dir =
+        Scratch(std::env::temp_dir().join(format!("spindle-client-admin-{}", std::process::id())));
+    let spec = InitSpec {
+        osd_count: 3,
+        default_pool: Some(("default".into(), 3, 2, 8)),
+    };
+    spindle_mon::init(&dir.0, &spec).unwrap();
+    let mon = BoundMonitor::bind(MonConfig::new(&dir.0)).await.unwrap();
+    let addr = mon.addr.to_string();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(mon.run(async move {
+        let _ = stop_rx.await;
+    }));
+    let client = Client::connect(ClientConfig::new(addr)).await.unwrap();
+
+    let status: Status = client.admin(&Admin::status()).await.unwrap();
+    assert_eq!(status.osds.len(), 3);
+    assert_eq!(status.pools[0].name, "default");
+    assert_eq!(status.pools[0].kind, "replicated");
+
+    let created = client
+        .admin(&Admin::pool_create("typed", 2, 1, 4))
+        .await
+        .unwrap();
+    assert_eq!(created.pool, "typed");
+    assert_eq!(created.epoch, status.epoch + 1);
+    let pools = client.admin(&Admin::pool_ls()).await.unwrap();
+    assert!(pools.iter().any(|p| p.name == "typed" && p.pg_count == 4));
+
+    let marked = client.admin(&Admin::osd(OsdVerb::Out, 2)).await.unwrap();
+    assert_eq!((marked.osd, marked.done), (2, OsdVerb::Out));
+
+    // A command the monitor refuses: its message, as a command error.
+    let e = client
+        .admin(&Admin::pool_rm("no-such-pool"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Command(_)), "{e:?}");
+    // The status document read as a pool creation: a protocol error, not a default value.
+    let e = client
+        .command_as::<PoolCreated>(Admin::status().args())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Protocol(_)), "{e:?}");
+
+    let _ = stop_tx.send(());
+    served.await.unwrap().unwrap();
+}
