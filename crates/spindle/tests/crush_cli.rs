@@ -38,10 +38,24 @@ fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("spindle-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+/// A scratch directory of one test, removed when it goes out of scope.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("spindle-cli-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[test]
@@ -104,8 +118,9 @@ fn test_output_diffs_clean_against_crushtool() {
 fn compile_and_decompile_match_crushtool() {
     let example =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../spindle-crush/maps/example.txt");
-    let ours_bin = tmp("ours.bin");
-    let theirs_bin = tmp("theirs.bin");
+    let scratch = Scratch::new("compile");
+    let ours_bin = scratch.path("ours.bin");
+    let theirs_bin = scratch.path("theirs.bin");
     stdout(
         spindle()
             .args(["crush", "compile"])
@@ -129,9 +144,9 @@ fn compile_and_decompile_match_crushtool() {
     let theirs_text = stdout(crushtool().arg("-d").arg(&theirs_bin));
     assert_eq!(ours_text, theirs_text);
     // The decompiled text compiles back to the same bytes.
-    let text_path = tmp("round.txt");
+    let text_path = scratch.path("round.txt");
     std::fs::write(&text_path, &ours_text).unwrap();
-    let again = tmp("again.bin");
+    let again = scratch.path("again.bin");
     stdout(
         spindle()
             .args(["crush", "compile"])
@@ -173,7 +188,8 @@ fn main_job_summarizes_the_bundled_map() {
 
 #[test]
 fn errors_are_clear_and_line_numbered() {
-    let bad = tmp("bad.txt");
+    let scratch = Scratch::new("errors");
+    let bad = scratch.path("bad.txt");
     std::fs::write(
         &bad,
         "device 0 osd.0\ntype 0 osd\nroot r {\n\tid -1\n\talg straw7\n}\n",
@@ -183,7 +199,7 @@ fn errors_are_clear_and_line_numbered() {
         .args(["crush", "compile"])
         .arg(&bad)
         .arg("-o")
-        .arg(tmp("x.bin"))
+        .arg(scratch.path("x.bin"))
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -191,7 +207,7 @@ fn errors_are_clear_and_line_numbered() {
     assert!(err.contains("line 5") && err.contains("straw7"), "{err}");
     let out = spindle()
         .args(["crush", "test", "-i"])
-        .arg(tmp("missing.txt"))
+        .arg(scratch.path("missing.txt"))
         .output()
         .unwrap();
     assert!(!out.status.success());
