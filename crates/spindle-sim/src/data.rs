@@ -1578,13 +1578,6 @@ impl DataWorld {
         // ignored by it; requests of earlier rounds (and recovery) are forgotten here.
         let (epoch, acting) = (p.epoch, p.acting.clone());
         let members = self.members(pg, epoch, &acting);
-        let Some(p) = self
-            .daemons
-            .get_mut(&id)
-            .and_then(|d| d.primaries.get_mut(&pg))
-        else {
-            return;
-        };
         self.log(|| format!("osd.{id}: pg {pg}: peering at epoch {epoch}, members {members:?}"));
         let Some(p) = self
             .daemons
