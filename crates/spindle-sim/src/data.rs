@@ -2457,7 +2457,16 @@ impl DataWorld {
                     self.at(len, Ev::HealPair(Node::Osd(osd), other));
                 }
             }
-            5..=6 => {
+            5 => {
+                // A daemon cut off from the monitor only: marked down while it still
+                // serves at its old epoch (a deposed primary that does not know it).
+                let osd = self.rng.below(n as u64) as u32;
+                let len = self.rng.range(2_000, 8_000);
+                self.log(|| format!("FAULT: osd.{osd} cut from the monitor for {len} ms"));
+                self.net.partition(Node::Osd(osd), Node::Mon);
+                self.at(len, Ev::HealPair(Node::Osd(osd), Node::Mon));
+            }
+            6 => {
                 // Two daemons cannot talk (both still reach the monitor).
                 let a = self.rng.below(n as u64) as u32;
                 let b = self.rng.below(n as u64) as u32;
