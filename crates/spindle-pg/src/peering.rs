@@ -178,9 +178,9 @@ pub struct PgCore {
     pending: Option<Activation>,
     /// Activations issued in the current interval (at most one).
     activations: u32,
-    /// Per acting copy, the first epoch since which it has been a member without
-    /// interruption (optional: see [`crate::rules::authoritative_with`]).
-    member_since: Option<BTreeMap<u32, u64>>,
+    /// When each copy was an acting member (optional: see
+    /// [`crate::rules::authoritative_with`]).
+    members: Option<crate::rules::MemberEpochs>,
 }
 
 impl Default for PgCore {
@@ -201,17 +201,17 @@ impl PgCore {
             marks_pending: BTreeSet::new(),
             pending: None,
             activations: 0,
-            member_since: None,
+            members: None,
         }
     }
 
     /// The current round.
-    /// Tells the core since when each acting copy has been a member without interruption
-    /// (from the map history), so that a complete copy that saw every acknowledged write
-    /// can be the authority although an incomplete copy holds newer, unacknowledged
-    /// writes. Without it such a group waits for a complete copy at least as new.
-    pub fn set_member_since(&mut self, member_since: BTreeMap<u32, u64>) {
-        self.member_since = Some(member_since);
+    /// Tells the core at which epochs each copy was an acting member (from the map
+    /// history), so that a complete copy can be the authority although an incomplete copy
+    /// holds newer writes that were provably never acknowledged. Without it such a group
+    /// waits for a complete copy at least as new.
+    pub fn set_members(&mut self, members: crate::rules::MemberEpochs) {
+        self.members = Some(members);
     }
 
     pub fn round(&self) -> Round {
@@ -366,7 +366,7 @@ impl PgCore {
             return Vec::new();
         }
         let round = self.round;
-        let Some(a) = authoritative_with(&infos, self.member_since.as_ref()) else {
+        let Some(a) = authoritative_with(&infos, self.members.as_ref()) else {
             self.phase = Phase::Stopped;
             return vec![Action::WaitForCompleteCopy { round }];
         };

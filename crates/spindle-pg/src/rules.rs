@@ -27,32 +27,56 @@ pub fn authoritative(infos: &[(u32, LogInfo)]) -> Option<usize> {
     authoritative_with(infos, None)
 }
 
-/// [`authoritative`] knowing, for each copy, the first epoch since which it has been a
-/// member of the group's acting set without interruption (`member_since`). A complete
-/// copy that has been a member since the epoch of its own `last_version` (or earlier) saw
-/// every write acknowledged since (an acknowledgement needs every acting copy): a newer
-/// incomplete copy then only holds unacknowledged writes, and the complete copy is the
-/// authority (rolling those back). Without that knowledge (`None`, or a copy that joined
-/// later) the group waits, as in [`authoritative`].
+/// For each copy, the epochs at which it was a member of the group's acting set (from
+/// the map history), as inclusive ranges.
+pub type MemberEpochs = BTreeMap<u32, Vec<std::ops::RangeInclusive<u64>>>;
+
+/// Whether `copy` was an acting member at `epoch` according to `m`.
+pub fn was_member(m: &MemberEpochs, copy: u32, epoch: u64) -> bool {
+    m.get(&copy)
+        .is_some_and(|ranges| ranges.iter().any(|r| r.contains(&epoch)))
+}
+
+/// [`authoritative`] knowing when each copy was an acting member (`members`). A write is
+/// acknowledged only once every acting copy of its epoch has it, so an entry of an
+/// incomplete copy newer than the complete copy `C`, written at an epoch where `C` was a
+/// member, was never acknowledged (`C` does not have it). When every such newer entry is of
+/// that kind (and the incomplete copy's log reaches back to `C`'s version), `C` is the
+/// authority and those entries are rolled back; otherwise, or without `members`, the group
+/// waits, as in [`authoritative`].
 pub fn authoritative_with(
     infos: &[(u32, LogInfo)],
-    member_since: Option<&BTreeMap<u32, u64>>,
+    members: Option<&MemberEpochs>,
 ) -> Option<usize> {
+    let newest = infos
+        .iter()
+        .filter(|(_, info)| !info.incomplete)
+        .map(|(_, info)| info.last_version)
+        .max();
+    // Among the newest complete copies (in the caller's order: the primary first), the
+    // first that no newer incomplete copy contradicts.
     let chosen = infos
         .iter()
         .enumerate()
-        .filter(|(_, (_, info))| !info.incomplete)
-        .max_by_key(|(i, (_, info))| (info.last_version, std::cmp::Reverse(*i)))
+        .filter(|(_, (_, info))| !info.incomplete && Some(info.last_version) == newest)
         .map(|(i, _)| i)
-        .filter(|&i| {
+        .find(|&i| {
             let (id, best) = (infos[i].0, &infos[i].1);
-            let saw_every_ack = member_since
-                .and_then(|m| m.get(&id))
-                .is_some_and(|&since| since <= best.last_version.epoch);
-            saw_every_ack
-                || infos
-                    .iter()
-                    .all(|(_, x)| x.last_version <= best.last_version || !x.incomplete)
+            infos.iter().all(|(_, x)| {
+                if !x.incomplete || x.last_version <= best.last_version {
+                    return true;
+                }
+                // Newer, incomplete: only unacknowledged entries may be newer.
+                let Some(m) = members else {
+                    return false;
+                };
+                x.log_tail <= best.last_version
+                    && x.log
+                        .iter()
+                        .filter(|e| e.version > best.last_version)
+                        .all(|e| was_member(m, id, e.version.epoch))
+                    && was_member(m, id, x.last_version.epoch)
+            })
         });
     if let Some(i) = chosen {
         assert!(
@@ -193,13 +217,34 @@ mod tests {
         // Once a complete copy at least as new is back, it is the authority.
         let infos9 = vec![(0, info(9, false)), (1, info(9, true)), (2, info(5, false))];
         assert_eq!(authoritative(&infos9), Some(0));
-        // A complete copy that was a member since its last version's epoch saw every
-        // acknowledged write: copy 1's newer entries were never acknowledged.
-        let since: BTreeMap<u32, u64> = [(0, 1), (1, 1), (2, 1)].into();
-        assert_eq!(authoritative_with(&infos, Some(&since)), Some(2));
-        // Copy 2 joined after (it was down at epoch 1): wait.
-        let since: BTreeMap<u32, u64> = [(0, 2), (1, 1), (2, 2)].into();
-        assert_eq!(authoritative_with(&infos, Some(&since)), None);
+        // Copy 1's newer entries were written at epoch 4, when copy 2 was a member and did
+        // not get them: never acknowledged, copy 2 is the authority.
+        let newer = |epoch| {
+            let mut x = info(9, true);
+            x.last_version = Ver { epoch, seq: 9 };
+            x.log = (6..=9)
+                .map(|seq| spindle_proto::msg::LogEntryMsg {
+                    version: Ver { epoch, seq },
+                    name: format!("o{seq}"),
+                    delete: false,
+                })
+                .collect();
+            x
+        };
+        let infos = vec![(0, info(3, false)), (1, newer(4)), (2, info(5, false))];
+        let members: MemberEpochs =
+            [(0, vec![1..=4]), (1, vec![1..=4]), (2, vec![1..=1, 4..=4])].into();
+        assert_eq!(authoritative_with(&infos, Some(&members)), Some(2));
+        // Copy 2 was not a member at epoch 4 (down): the entries may be acknowledged: wait.
+        let members: MemberEpochs = [(0, vec![1..=4]), (1, vec![1..=4]), (2, vec![1..=3])].into();
+        assert_eq!(authoritative_with(&infos, Some(&members)), None);
+        // Without the history: wait.
+        assert_eq!(authoritative_with(&infos, None), None);
+        // Two complete copies at the same version: the one that was a member at epoch 4
+        // is the authority, even if the other comes first.
+        let infos = vec![(0, info(5, false)), (1, newer(4)), (2, info(5, false))];
+        let members: MemberEpochs = [(0, vec![1..=3]), (1, vec![1..=4]), (2, vec![1..=4])].into();
+        assert_eq!(authoritative_with(&infos, Some(&members)), Some(2));
     }
 
     #[test]

@@ -1577,7 +1577,8 @@ impl DataWorld {
         // The same core: a new round number, so late replies of earlier rounds are
         // ignored by it; requests of earlier rounds (and recovery) are forgotten here.
         let (epoch, acting) = (p.epoch, p.acting.clone());
-        let since = self.member_since(pg, epoch, &acting);
+        let members = self.members(pg, epoch, &acting);
+        self.log(|| format!("osd.{id}: pg {pg}: peering at epoch {epoch}, members {members:?}"));
         let Some(p) = self
             .daemons
             .get_mut(&id)
@@ -1585,7 +1586,7 @@ impl DataWorld {
         else {
             return;
         };
-        p.peering.set_member_since(since);
+        p.peering.set_members(members);
         let actions = p.peering.on_event(PgEvent::IntervalChanged(iv));
         if let Some(d) = self.daemons.get_mut(&id) {
             d.pending.retain(|_, (g, _)| *g != pg);
@@ -1594,24 +1595,25 @@ impl DataWorld {
         self.pg_actions(id, pg, actions);
     }
 
-    /// For each acting copy: the first epoch since which it has been in the group's
-    /// acting set at every epoch up to `epoch` (from the map history).
-    fn member_since(&self, pg: u32, epoch: u64, acting: &[u32]) -> BTreeMap<u32, u64> {
+    /// For each acting copy: the epochs (up to `epoch`) at which it was in the group's
+    /// acting set, from the map history.
+    fn members(&self, pg: u32, epoch: u64, acting: &[u32]) -> spindle_pg::rules::MemberEpochs {
         let first = self.maps[0].0.epoch;
         acting
             .iter()
             .map(|&c| {
-                let mut since = epoch;
-                let mut e = epoch;
-                while e > first {
-                    let m = self.map_at(e - 1);
+                let mut ranges: Vec<std::ops::RangeInclusive<u64>> = Vec::new();
+                for e in first..=epoch {
+                    let m = self.map_at(e);
                     if !m.1.pg(self.pool, pg).is_some_and(|x| x.up.contains(&c)) {
-                        break;
+                        continue;
                     }
-                    e -= 1;
-                    since = e;
+                    match ranges.last_mut() {
+                        Some(r) if *r.end() + 1 == e => *r = *r.start()..=e,
+                        _ => ranges.push(e..=e),
+                    }
                 }
-                (c, since)
+                (c, ranges)
             })
             .collect()
     }
@@ -2455,7 +2457,16 @@ impl DataWorld {
                     self.at(len, Ev::HealPair(Node::Osd(osd), other));
                 }
             }
-            5..=6 => {
+            5 => {
+                // A daemon cut off from the monitor only: marked down while it still
+                // serves at its old epoch (a deposed primary that does not know it).
+                let osd = self.rng.below(n as u64) as u32;
+                let len = self.rng.range(2_000, 8_000);
+                self.log(|| format!("FAULT: osd.{osd} cut from the monitor for {len} ms"));
+                self.net.partition(Node::Osd(osd), Node::Mon);
+                self.at(len, Ev::HealPair(Node::Osd(osd), Node::Mon));
+            }
+            6 => {
                 // Two daemons cannot talk (both still reach the monitor).
                 let a = self.rng.below(n as u64) as u32;
                 let b = self.rng.below(n as u64) as u32;

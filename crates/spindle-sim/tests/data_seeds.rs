@@ -15,11 +15,20 @@ fn cfg(seed: u64, ops: u64) -> DataConfig {
     c
 }
 
+/// More seeds: `DATA_SWEEP_SEEDS=1000 cargo test -p spindle-sim --test data_seeds sweep`.
+fn sweep_seeds() -> u64 {
+    std::env::var("DATA_SWEEP_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(CI_SEEDS)
+}
+
 #[test]
 fn a_sweep_of_seeds_with_faults_passes() {
+    let seeds = sweep_seeds();
     let mut failed = Vec::new();
     let (mut faults, mut crashes, mut recovered, mut acked) = (0, 0, 0, 0);
-    for seed in 1..=CI_SEEDS {
+    for seed in 1..=seeds {
         let r = run_data(cfg(seed, CI_OPS));
         assert_eq!(r.ops_done, CI_OPS, "seed {seed}: {:?}", r.failures);
         faults += r.faults;
@@ -37,13 +46,10 @@ fn a_sweep_of_seeds_with_faults_passes() {
         failed.join("\n")
     );
     // The sweep exercised what it claims to.
-    assert!(faults >= CI_SEEDS * 5, "{faults} faults");
-    assert!(crashes >= CI_SEEDS / 2, "{crashes} crashes");
+    assert!(faults >= seeds * 5, "{faults} faults");
+    assert!(crashes >= seeds / 2, "{crashes} crashes");
     assert!(recovered > 0, "no object was ever recovered");
-    assert!(
-        acked >= CI_SEEDS * CI_OPS / 2,
-        "{acked} writes acknowledged"
-    );
+    assert!(acked >= seeds * CI_OPS / 2, "{acked} writes acknowledged");
 }
 
 #[test]
