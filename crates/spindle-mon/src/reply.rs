@@ -14,6 +14,75 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 
+/// The state of a placement group as `status` reports it (Ceph's names), in display order.
+/// `inconsistent` (scrub found objects with no intact copy) outranks clean, degraded,
+/// recovering and backfilling; a group that does not serve shows why instead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PgStatus {
+    Clean,
+    Inconsistent,
+    Degraded,
+    Recovering,
+    Backfilling,
+    Peering,
+    Incomplete,
+    Inactive,
+}
+
+impl PgStatus {
+    /// Every state, in display order.
+    pub const ALL: [PgStatus; 8] = [
+        PgStatus::Clean,
+        PgStatus::Inconsistent,
+        PgStatus::Degraded,
+        PgStatus::Recovering,
+        PgStatus::Backfilling,
+        PgStatus::Peering,
+        PgStatus::Incomplete,
+        PgStatus::Inactive,
+    ];
+
+    /// The name in `Status::pgs` and `PoolStatus::pgs`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PgStatus::Clean => "clean",
+            PgStatus::Inconsistent => "inconsistent",
+            PgStatus::Degraded => "degraded",
+            PgStatus::Recovering => "recovering",
+            PgStatus::Backfilling => "backfilling",
+            PgStatus::Peering => "peering",
+            PgStatus::Incomplete => "incomplete",
+            PgStatus::Inactive => "inactive",
+        }
+    }
+
+    /// Serving, and waiting will not change it: clean, or inconsistent (scrub's verdict
+    /// stands until the damaged objects are overwritten or deleted).
+    pub fn is_settled(self) -> bool {
+        matches!(self, PgStatus::Clean | PgStatus::Inconsistent)
+    }
+}
+
+/// `12 clean, 2 degraded`: the non-zero counts of a per-state map, in display order.
+pub fn pg_summary(pgs: &BTreeMap<String, u64>) -> String {
+    let count = |s: PgStatus| pgs.get(s.name()).copied().unwrap_or(0);
+    PgStatus::ALL
+        .iter()
+        .filter(|s| count(**s) > 0)
+        .map(|s| format!("{} {}", count(*s), s.name()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Groups of a per-state map that are not settled ([`PgStatus::is_settled`]).
+pub fn unsettled_pgs(pgs: &BTreeMap<String, u64>) -> u64 {
+    PgStatus::ALL
+        .iter()
+        .filter(|s| !s.is_settled())
+        .map(|s| pgs.get(s.name()).copied().unwrap_or(0))
+        .sum()
+}
+
 /// The `spindle status` document.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -409,5 +478,23 @@ mod tests {
             marked,
             serde_json::json!({"done": "down", "epoch": 3, "osd": 1})
         );
+    }
+
+    #[test]
+    fn pg_states_have_one_name_each_and_summaries_follow_display_order() {
+        let names: std::collections::BTreeSet<_> = PgStatus::ALL.iter().map(|s| s.name()).collect();
+        assert_eq!(names.len(), PgStatus::ALL.len());
+        for (i, s) in PgStatus::ALL.iter().enumerate() {
+            assert_eq!(
+                *s as usize, i,
+                "ALL is in declaration order (status.rs indexes by it)"
+            );
+        }
+        let pgs: BTreeMap<String, u64> = [("degraded", 2), ("clean", 12), ("inconsistent", 1)]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(pg_summary(&pgs), "12 clean, 1 inconsistent, 2 degraded");
+        assert_eq!(unsettled_pgs(&pgs), 2, "clean and inconsistent are settled");
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::core::{counter, MonCore};
 use crate::reply::{
-    ClusterRecovery, ErasureStatus, HealthCheck, HealthReport, InconsistentPg, OsdStatus,
+    ClusterRecovery, ErasureStatus, HealthCheck, HealthReport, InconsistentPg, OsdStatus, PgStatus,
     PoolRecovery, PoolStatus, Status,
 };
 use spindle_map::{OsdInfo, PgId, PoolKind};
@@ -11,21 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 
 /// The `spindle status` document.
 pub fn status(st: &MonCore) -> Status {
-    // "inconsistent" (Ceph's name): serving, but scrub found objects with no intact
-    // copy. It outranks clean/degraded/recovering/backfilling; a group that does not
-    // serve (peering, incomplete, inactive) shows that instead, while the PG_DAMAGED
-    // check still counts its damaged objects.
-    const STATES: [&str; 8] = [
-        "clean",
-        "degraded",
-        "recovering",
-        "backfilling",
-        "peering",
-        "incomplete",
-        "inactive",
-        "inconsistent",
-    ];
-    const INCONSISTENT: usize = 7;
+    const STATES: usize = PgStatus::ALL.len();
     let map = &st.map;
     let mut report_of: HashMap<(u32, u32, u32), (u64, &PgReport)> = HashMap::new();
     for (osd, (epoch, reports)) in &st.reports {
@@ -33,14 +19,14 @@ pub fn status(st: &MonCore) -> Status {
             report_of.insert((*osd, r.pool, r.pg), (*epoch, r));
         }
     }
-    let mut totals = [0u64; STATES.len()];
+    let mut totals = [0u64; STATES];
     // (group, objects with no intact copy) as the group's current primary reports it.
     let mut damaged: Vec<(PgId, u64)> = Vec::new();
     let (mut missing_objects_total, mut missing_bytes_total) = (0u64, 0u64);
     let mut pools = Vec::new();
     let mut objects_total = 0u64;
     for pool in map.pools.values() {
-        let mut counts = [0u64; STATES.len()];
+        let mut counts = [0u64; STATES];
         let (mut objects, mut missing_objects, mut missing_bytes) = (0u64, 0u64, 0u64);
         for pg in 0..pool.pg_count {
             let Some(mapping) = st.placement.pg(pool.id, pg) else {
@@ -59,8 +45,8 @@ pub fn status(st: &MonCore) -> Status {
             if damaged_objects > 0 {
                 damaged.push((PgId { pool: pool.id, pg }, damaged_objects));
             }
-            let slot = if (mapping.up.len() as u32) < serving {
-                6
+            let state = if (mapping.up.len() as u32) < serving {
+                PgStatus::Inactive
             } else {
                 match report {
                     Some((e, r)) if *e >= map.epoch => {
@@ -74,20 +60,23 @@ pub fn status(st: &MonCore) -> Status {
                             | PgStateCode::Backfilling
                                 if damaged_objects > 0 =>
                             {
-                                INCONSISTENT
+                                PgStatus::Inconsistent
                             }
-                            PgStateCode::Clean if mapping.up.len() as u32 >= pool.size() => 0,
-                            PgStateCode::Clean | PgStateCode::Degraded => 1,
-                            PgStateCode::Recovering => 2,
-                            PgStateCode::Backfilling => 3,
-                            PgStateCode::Peering => 4,
-                            PgStateCode::Incomplete => 5,
-                            PgStateCode::Inactive => 6,
+                            PgStateCode::Clean if mapping.up.len() as u32 >= pool.size() => {
+                                PgStatus::Clean
+                            }
+                            PgStateCode::Clean | PgStateCode::Degraded => PgStatus::Degraded,
+                            PgStateCode::Recovering => PgStatus::Recovering,
+                            PgStateCode::Backfilling => PgStatus::Backfilling,
+                            PgStateCode::Peering => PgStatus::Peering,
+                            PgStateCode::Incomplete => PgStatus::Incomplete,
+                            PgStateCode::Inactive => PgStatus::Inactive,
                         }
                     }
-                    _ => 4,
+                    _ => PgStatus::Peering,
                 }
             };
+            let slot = state as usize;
             counts[slot] += 1;
         }
         for i in 0..counts.len() {
@@ -127,7 +116,7 @@ pub fn status(st: &MonCore) -> Status {
             pg_count: pool.pg_count,
             crush_rule: pool.crush_rule,
             objects,
-            pgs: by_state(&STATES, counts),
+            pgs: by_state(counts),
             recovery: PoolRecovery {
                 objects_left: missing_objects,
                 bytes_left: missing_bytes,
@@ -226,7 +215,7 @@ pub fn status(st: &MonCore) -> Status {
         osds,
         pools,
         objects: objects_total,
-        pgs: by_state(&STATES, totals),
+        pgs: by_state(totals),
         inconsistent_pgs,
         recovery: ClusterRecovery {
             objects_left: missing_objects_total,
@@ -238,11 +227,11 @@ pub fn status(st: &MonCore) -> Status {
 }
 
 /// Placement groups per state name.
-fn by_state<const N: usize>(states: &[&str; N], counts: [u64; N]) -> BTreeMap<String, u64> {
-    states
+fn by_state(counts: [u64; PgStatus::ALL.len()]) -> BTreeMap<String, u64> {
+    PgStatus::ALL
         .iter()
         .zip(counts)
-        .map(|(k, v)| (k.to_string(), v))
+        .map(|(s, v)| (s.name().to_string(), v))
         .collect()
 }
 

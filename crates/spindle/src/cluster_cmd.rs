@@ -10,8 +10,8 @@ use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::Value;
 use spindle_client::{Client, ClientConfig};
+use spindle_mon::reply::{pg_summary, unsettled_pgs};
 use spindle_mon::{Admin, OsdVerb, PoolCreated, RatioSet, Status};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -401,27 +401,6 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-const PG_STATES: [&str; 8] = [
-    "clean",
-    "inconsistent",
-    "degraded",
-    "recovering",
-    "backfilling",
-    "peering",
-    "incomplete",
-    "inactive",
-];
-
-fn pg_summary(pgs: &BTreeMap<String, u64>) -> String {
-    let count = |k: &str| pgs.get(k).copied().unwrap_or(0);
-    PG_STATES
-        .iter()
-        .filter(|k| count(k) > 0)
-        .map(|k| format!("{} {k}", count(k)))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// Runs an administrative command on the monitor and returns its typed answer.
 pub async fn admin<R: serde::de::DeserializeOwned>(
     client: &Client,
@@ -437,14 +416,8 @@ pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<St
         let status = admin(client, Admin::status()).await?;
         let all_up = status.osds.iter().all(|o| o.up || !o.in_cluster);
         let pgs = &status.pgs;
-        // Inconsistent groups serve; they do not get better by waiting (scrub's verdict
-        // stands until the damaged objects are overwritten or deleted).
-        let not_clean: u64 = PG_STATES
-            .iter()
-            .filter(|k| !matches!(**k, "clean" | "inconsistent"))
-            .map(|k| pgs.get(*k).copied().unwrap_or(0))
-            .sum();
-        if all_up && not_clean == 0 {
+        // Inconsistent groups serve; they do not get better by waiting.
+        if all_up && unsettled_pgs(pgs) == 0 {
             return Ok(status);
         }
         if Instant::now() > deadline {
