@@ -35,7 +35,7 @@ pub enum CrushCommand {
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
         #[command(flatten)]
-        target: crate::cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// Load a CRUSH map (Ceph text or binary) into the running cluster: a new epoch, data
     /// placed by the new map. Every daemon must be a device of the map and every pool's rule
@@ -43,7 +43,7 @@ pub enum CrushCommand {
     SetMap {
         input: PathBuf,
         #[command(flatten)]
-        target: crate::cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
 }
 
@@ -88,9 +88,9 @@ pub struct TestArgs {
 
 pub fn run(command: CrushCommand) -> anyhow::Result<()> {
     match command {
-        CrushCommand::GetMap { output, target } => crate::daemon::runtime()?.block_on(async {
+        CrushCommand::GetMap { output, target } => spindle_cluster::runtime()?.block_on(async {
             let client = target.client().await?;
-            let text = crate::cluster_cmd::admin(&client, spindle_mon::Admin::crush_get()).await?;
+            let text = spindle_cluster::admin(&client, spindle_mon::Admin::crush_get()).await?;
             match output {
                 Some(path) => std::fs::write(&path, text)
                     .with_context(|| format!("writing {}", path.display()))?,
@@ -101,10 +101,10 @@ pub fn run(command: CrushCommand) -> anyhow::Result<()> {
         CrushCommand::SetMap { input, target } => {
             let map = read_map(&input)?;
             let text = text::print_text(&map);
-            crate::daemon::runtime()?.block_on(async {
+            spindle_cluster::runtime()?.block_on(async {
                 let client = target.client().await?;
-                let r = crate::cluster_cmd::admin(&client, spindle_mon::Admin::crush_set(&text))
-                    .await?;
+                let r =
+                    spindle_cluster::admin(&client, spindle_mon::Admin::crush_set(&text)).await?;
                 println!("loaded {} (epoch {})", input.display(), r.epoch);
                 Ok(())
             })

@@ -2,7 +2,8 @@
 
 use anyhow::Context;
 use clap::Args;
-use std::path::{Path, PathBuf};
+use spindle_cluster::write_atomic;
+use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct MonRunArgs {
@@ -75,13 +76,6 @@ pub fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     .context("cannot start the async runtime")
 }
 
-pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
 /// Resolves on SIGTERM or SIGINT.
 async fn termination() {
     use tokio::signal::unix::{signal, SignalKind};
@@ -97,14 +91,6 @@ async fn termination() {
         }
         _ => std::future::pending::<()>().await,
     }
-}
-
-/// Writes `contents` to `path` atomically (temp file + rename).
-pub fn write_atomic(path: &Path, contents: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
 }
 
 pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {

@@ -2,10 +2,10 @@
 //! `rm`). Images live in a pool (`--pool`, default `default`); the cluster is found
 //! through `--dir`/`--mon` like every cluster command.
 
-use crate::cluster_cmd::{ObjArgs, Target};
-use crate::daemon::runtime;
+use crate::cluster_cmd::ObjArgs;
 use anyhow::{bail, Context};
 use clap::Subcommand;
+use spindle_cluster::{format_size, parse_size_bytes, runtime, Target};
 use spindle_image::image::{ImageInfo, OBJECT_SIZE_BYTES_DEFAULT, SECTOR_BYTES};
 use spindle_image::Image;
 use std::io::Write;
@@ -57,51 +57,6 @@ pub enum ImageCommand {
         #[command(flatten)]
         obj: ObjArgs,
     },
-}
-
-/// Parses `10G`, `512M`, `4K`, `4KiB`, `1T` or plain bytes (suffixes are powers of 1024).
-pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, suffix) = t.split_at(digits_end);
-    if digits.is_empty() {
-        return Err(format!(
-            "{text:?}: expected a number with an optional K/M/G/T suffix"
-        ));
-    }
-    let n: u64 = digits.parse().map_err(|e| format!("{text:?}: {e}"))?;
-    let shift = match suffix.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        "P" | "PB" | "PIB" => 50,
-        other => return Err(format!("{text:?}: unknown size suffix {other:?}")),
-    };
-    n.checked_mul(1u64 << shift)
-        .ok_or_else(|| format!("{text:?}: too large"))
-}
-
-/// `10 GiB`-style rendering (exact when a whole number of the unit).
-pub fn format_size(bytes: u64) -> String {
-    const UNITS: [(&str, u32); 5] = [
-        ("PiB", 50),
-        ("TiB", 40),
-        ("GiB", 30),
-        ("MiB", 20),
-        ("KiB", 10),
-    ];
-    for (unit, shift) in UNITS {
-        let one = 1u64 << shift;
-        if bytes >= one {
-            if bytes.is_multiple_of(one) {
-                return format!("{} {unit}", bytes >> shift);
-            }
-            return format!("{:.1} {unit}", bytes as f64 / one as f64);
-        }
-    }
-    format!("{bytes} B")
 }
 
 fn check_volume_size(size_bytes: u64) -> anyhow::Result<()> {
@@ -212,24 +167,4 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
         }
         anyhow::Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size_bytes("10G"), Ok(10 << 30));
-        assert_eq!(parse_size_bytes("512M"), Ok(512 << 20));
-        assert_eq!(parse_size_bytes("4K"), Ok(4096));
-        assert_eq!(parse_size_bytes("4kib"), Ok(4096));
-        assert_eq!(parse_size_bytes("1536"), Ok(1536));
-        assert!(parse_size_bytes("G").is_err());
-        assert!(parse_size_bytes("1X").is_err());
-        assert!(parse_size_bytes("99999999999P").is_err());
-        assert_eq!(format_size(10 << 30), "10 GiB");
-        assert_eq!(format_size(1536), "1.5 KiB");
-        assert_eq!(format_size(100), "100 B");
-    }
 }

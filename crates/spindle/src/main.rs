@@ -1,14 +1,6 @@
 //! `spindle`: the command-line entry point. Each subcommand lives in its own module;
 //! this file only parses arguments and dispatches.
 
-mod bench_common;
-mod bench_crush;
-mod bench_ec;
-mod bench_fio;
-mod bench_io;
-mod bench_objects;
-mod bench_recovery;
-mod bench_soak;
 mod cluster_cmd;
 mod crush_cmd;
 mod daemon;
@@ -48,11 +40,11 @@ enum Command {
         command: ec_cmd::EcCommand,
     },
     /// Start an embedded cluster (a monitor and N storage daemons on 127.0.0.1) and return.
-    Up(cluster_cmd::UpArgs),
+    Up(spindle_cluster::UpArgs),
     /// Stop every daemon of the embedded cluster (data stays on disk).
     Down {
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// Cluster state: epoch, daemons, pools, placement-group health.
     Status(cluster_cmd::StatusArgs),
@@ -61,14 +53,14 @@ enum Command {
         #[command(subcommand)]
         command: cluster_cmd::PoolCommand,
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// Storage daemons: ls, out, in, stop, start, run.
     Osd {
         #[command(subcommand)]
         command: cluster_cmd::OsdCommand,
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// The monitor daemon.
     Mon {
@@ -82,7 +74,7 @@ enum Command {
         #[command(flatten)]
         obj: cluster_cmd::ObjArgs,
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// Read an object into a file ("-" writes stdout).
     Get {
@@ -91,7 +83,7 @@ enum Command {
         #[command(flatten)]
         obj: cluster_cmd::ObjArgs,
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// Delete an object.
     Rm {
@@ -99,7 +91,7 @@ enum Command {
         #[command(flatten)]
         obj: cluster_cmd::ObjArgs,
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// List the objects of a pool.
     Ls {
@@ -108,7 +100,7 @@ enum Command {
         #[command(flatten)]
         obj: cluster_cmd::ObjArgs,
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// Size and version of an object.
     Stat {
@@ -118,7 +110,7 @@ enum Command {
         #[command(flatten)]
         obj: cluster_cmd::ObjArgs,
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// Compare every copy of every object now (or of one pool) and repair bad copies.
     Scrub(cluster_cmd::ScrubArgs),
@@ -127,7 +119,7 @@ enum Command {
         #[command(subcommand)]
         command: image_cmd::ImageCommand,
         #[command(flatten)]
-        target: cluster_cmd::Target,
+        target: spindle_cluster::Target,
     },
     /// Serve every image of a pool over NBD (nbdinfo, qemu-img, fio, nbd-client).
     Nbd(nbd_cmd::NbdArgs),
@@ -150,19 +142,19 @@ enum MonCommand {
 #[derive(Subcommand)]
 enum BenchCommand {
     /// Object write/read throughput, latency and CPU against Ceph's rados bench.
-    Objects(bench_objects::BenchObjectsArgs),
+    Objects(spindle_bench::objects::BenchObjectsArgs),
     /// CRUSH mappings per second against crushtool.
-    Crush(bench_crush::BenchCrushArgs),
+    Crush(spindle_bench::crush::BenchCrushArgs),
     /// Erasure coding and CRC32C throughput against ISA-L.
-    Ec(bench_ec::BenchEcArgs),
+    Ec(spindle_bench::ec::BenchEcArgs),
     /// The spindle-io engine against fio's io_uring engine on the same file.
-    Io(bench_io::BenchIoArgs),
+    Io(spindle_bench::io::BenchIoArgs),
     /// Recovery speed and client impact after losing a daemon (own scratch cluster).
-    Recovery(bench_recovery::BenchRecoveryArgs),
+    Recovery(spindle_bench::recovery::BenchRecoveryArgs),
     /// Block images over NBD with fio (DeLiBA matrix) against Ceph RBD and nbdkit memory.
-    Fio(bench_fio::BenchFioArgs),
+    Fio(spindle_bench::fio::BenchFioArgs),
     /// Many short-lived clients: descriptors and memory of every process must stay flat.
-    Soak(bench_soak::BenchSoakArgs),
+    Soak(spindle_bench::soak::BenchSoakArgs),
 }
 
 /// Keeps large buffers (object data, frames) in the heap instead of a fresh mmap per
@@ -230,8 +222,8 @@ fn main() {
     let result = match cli.command {
         Command::Crush { command } => crush_cmd::run(command),
         Command::Ec { command } => ec_cmd::run(command),
-        Command::Up(args) => cluster_cmd::up(args),
-        Command::Down { target } => cluster_cmd::down(target),
+        Command::Up(args) => spindle_cluster::up(args),
+        Command::Down { target } => spindle_cluster::down(target),
         Command::Status(args) => cluster_cmd::status(args),
         Command::Pool { command, target } => cluster_cmd::pool(command, target),
         Command::Osd { command, target } => cluster_cmd::osd(command, target),
@@ -263,13 +255,13 @@ fn main() {
         Command::Nbd(args) => nbd_cmd::run(args),
         Command::Sim(args) => sim_cmd::run(args),
         Command::Bench { command } => match command {
-            BenchCommand::Objects(args) => bench_objects::run(args),
-            BenchCommand::Crush(args) => bench_crush::run(args),
-            BenchCommand::Ec(args) => bench_ec::run(args),
-            BenchCommand::Io(args) => bench_io::run(args),
-            BenchCommand::Recovery(args) => bench_recovery::run(args),
-            BenchCommand::Fio(args) => bench_fio::run(args),
-            BenchCommand::Soak(args) => bench_soak::run(args),
+            BenchCommand::Objects(args) => spindle_bench::objects::run(args),
+            BenchCommand::Crush(args) => spindle_bench::crush::run(args),
+            BenchCommand::Ec(args) => spindle_bench::ec::run(args),
+            BenchCommand::Io(args) => spindle_bench::io::run(args),
+            BenchCommand::Recovery(args) => spindle_bench::recovery::run(args),
+            BenchCommand::Fio(args) => spindle_bench::fio::run(args),
+            BenchCommand::Soak(args) => spindle_bench::soak::run(args),
         },
     };
     if let Err(error) = result {

@@ -23,10 +23,10 @@
 //!   objects; the image is thin either way).
 //! * An image resized while it is exported keeps its old size until the server restarts.
 
-use crate::cluster_cmd::Target;
 use crate::daemon::init_logging;
 use anyhow::{bail, Context};
 use clap::Args;
+use spindle_cluster::Target;
 
 use spindle_image::nbd::ImageExports;
 use spindle_image::{BlockConfig, Image};

@@ -9,7 +9,7 @@ use clap::Args;
 use spindle_crush::batch::{map_batch, map_batch_parallel, BatchEngine, BatchResult};
 use spindle_crush::{binary, do_rule, text, Workspace};
 
-use crate::bench_common::{print_report, BenchResult};
+use crate::common::{print_report, BenchResult};
 
 /// The benchmark map: root straw2 -> 8 hosts straw2 x 4 devices, unequal weights
 /// (the public vector `h8x4_straw2`, made with crushtool 16.2.15).

@@ -11,11 +11,11 @@
 //! warm-up; memory: the least-squares slope of RSS over operations) beside the target
 //! (issue #16: zero descriptors, under 1 KiB of memory per 1,000 operations).
 
-use crate::bench_common::{print_report, BenchResult};
-use crate::cluster_cmd::Target;
+use crate::common::{print_report, BenchResult};
 use anyhow::{bail, Context};
 use clap::Args;
 use spindle_client::{Client, ClientConfig};
+use spindle_cluster::Target;
 use spindle_mon::Admin;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -199,12 +199,12 @@ async fn one_client(sh: &Shared) -> anyhow::Result<u64> {
             .await?;
         ops += 1;
     }
-    crate::cluster_cmd::admin(&client, Admin::status()).await?;
+    spindle_cluster::admin(&client, Admin::status()).await?;
     Ok(ops + 1)
 }
 
 pub fn run(args: BenchSoakArgs) -> anyhow::Result<()> {
-    let rt = crate::daemon::runtime()?;
+    let rt = spindle_cluster::runtime()?;
     rt.block_on(run_async(args))
 }
 
@@ -224,10 +224,9 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
         }
         None => {
             let name = format!("soak-{}", std::process::id());
-            let r =
-                crate::cluster_cmd::admin(&probe, Admin::pool_create(&name, 3, 2, args.pg_count))
-                    .await
-                    .context("cannot create the scratch pool")?;
+            let r = spindle_cluster::admin(&probe, Admin::pool_create(&name, 3, 2, args.pg_count))
+                .await
+                .context("cannot create the scratch pool")?;
             probe.wait_for_epoch(r.epoch, 10_000).await;
             // Wait until its groups are active (a write would wait for them anyway).
             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -237,7 +236,7 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
     let procs = processes(&probe, &args.target).await?;
     let result = soak(&args, mon, pool.clone(), procs).await;
     if scratch {
-        if let Err(e) = crate::cluster_cmd::admin(&probe, Admin::pool_rm(&pool)).await {
+        if let Err(e) = spindle_cluster::admin(&probe, Admin::pool_rm(&pool)).await {
             eprintln!("bench soak: could not remove the scratch pool {pool}: {e}");
         }
     }

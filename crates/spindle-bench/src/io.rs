@@ -27,7 +27,7 @@ use spindle_io::{
     RingThreads,
 };
 
-use crate::bench_common::{print_report, BenchResult};
+use crate::common::{print_report, BenchResult};
 
 /// Arguments of `spindle bench io`.
 #[derive(clap::Args, Debug)]

@@ -3,10 +3,10 @@
 //! time of the cluster's daemons per operation, beside Ceph 16's figures measured on this
 //! kind of machine (`shared/baselines/ceph.md`).
 
-use crate::bench_common::{print_report, BenchResult};
-use crate::cluster_cmd::Target;
+use crate::common::{print_report, BenchResult};
 use clap::Args;
 use spindle_client::Client;
+use spindle_cluster::Target;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -252,7 +252,7 @@ async fn run_phase(
 }
 
 pub fn run(args: BenchObjectsArgs) -> anyhow::Result<()> {
-    let rt = crate::daemon::runtime()?;
+    let rt = spindle_cluster::runtime()?;
     rt.block_on(async {
         let client = args.target.client().await?;
         if client.map().pool_by_name(&args.pool).is_none() {

@@ -9,12 +9,12 @@
 //! prefills it like `baselines/fio/prefill.fio`, starts its own `spindle nbd` and
 //! `nbdkit memory` children on free ports, and stops them when done.
 
-use crate::bench_common::BenchResult;
-use crate::cluster_cmd::Target;
-use crate::daemon::runtime;
+use crate::common::BenchResult;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
+use spindle_cluster::runtime;
+use spindle_cluster::Target;
 use spindle_image::image::OBJECT_SIZE_BYTES_DEFAULT;
 use spindle_image::{Image, ImageError};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -142,11 +142,11 @@ pub struct BenchFioArgs {
     #[arg(long, default_value = "fio-bench")]
     pub image: String,
     /// Size of the benchmark image and of the nbdkit memory disk.
-    #[arg(long, value_parser = crate::image_cmd::parse_size_bytes, default_value = "4G")]
+    #[arg(long, value_parser = spindle_cluster::parse_size_bytes, default_value = "4G")]
     pub size: u64,
     /// Object size of the benchmark image when it is created (default: the pool's, as
     /// `spindle image create`: 4 MiB, or 256 KiB on an erasure-coded pool).
-    #[arg(long, value_parser = crate::image_cmd::parse_size_bytes)]
+    #[arg(long, value_parser = spindle_cluster::parse_size_bytes)]
     pub object_size: Option<u64>,
     /// Skip the sequential prefill (reads then hit never-written, all-zero ranges).
     #[arg(long)]

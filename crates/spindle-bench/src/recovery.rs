@@ -10,10 +10,10 @@
 //!    kill a second daemon and mark it out, measure during recovery and after it (target:
 //!    ops/s during recovery at least 70 % of before).
 
-use crate::bench_common::{print_report, BenchResult};
-use crate::cluster_cmd::{self, admin, SettingsArgs, Target, UpArgs};
+use crate::common::{print_report, BenchResult};
 use clap::Args;
 use spindle_client::Client;
+use spindle_cluster::{self as cluster_cmd, admin, SettingsArgs, Target, UpArgs};
 use spindle_mon::{Admin, OsdVerb, Status};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -228,7 +228,7 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
         dir: scratch.to_path_buf(),
         mon: None,
     };
-    let rt = crate::daemon::runtime()?;
+    let rt = spindle_cluster::runtime()?;
     rt.block_on(async {
         let client = target.client().await?;
         progress(&format!("writing {} MiB of 1 MiB objects", args.fill_mib));

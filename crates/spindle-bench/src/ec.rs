@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use spindle_ec::{crc32c, EngineKind, MatrixKind, ReedSolomon};
 
-use crate::bench_common::{print_report, BenchResult};
+use crate::common::{print_report, BenchResult};
 
 /// Arguments of `spindle bench ec`.
 #[derive(clap::Args, Debug)]

@@ -1,0 +1,22 @@
+//! `spindle-bench`: the benchmark commands behind `spindle bench ...`. Each prints
+//! Spindle's figure beside its anchor measured in the same run on the same machine
+//! (crushtool, ISA-L, fio's io_uring engine, Ceph's `rados bench` / RBD, nbdkit memory)
+//! and the ratio; `--json` gives one JSON object. Figures and their history:
+//! `docs/benchmarks.md`.
+//!
+//! - [`crush`]: placement against crushtool; [`ec`]: erasure coding and CRC32C against
+//!   ISA-L; [`io`]: the I/O engine against fio;
+//! - [`objects`]: object writes/reads on a cluster against `rados bench`; [`fio`]: block
+//!   images over NBD with fio against Ceph RBD and nbdkit memory; [`recovery`]: recovery
+//!   speed after a daemon loss; [`soak`]: descriptors and memory of long-running
+//!   processes;
+//! - [`common`]: the report every benchmark prints.
+
+pub mod common;
+pub mod crush;
+pub mod ec;
+pub mod fio;
+pub mod io;
+pub mod objects;
+pub mod recovery;
+pub mod soak;

@@ -1,0 +1,495 @@
+//! `spindle-cluster`: the embedded-cluster process manager behind `spindle up`, `spindle
+//! down`, `spindle osd start/stop/add` and the benchmarks that run their own cluster. It
+//! starts the monitor and the storage daemons as detached `spindle mon run` / `spindle
+//! osd run` processes of the running executable, finds them again through their pid
+//! files, stops them, and waits for a cluster to become clean.
+//!
+//! Embedded cluster layout: `DIR/cluster.json` (daemon count, settings), `DIR/mon/`
+//! (database, `addr`, `pid`, `log`), `DIR/osd.N/` (store, `pid`, `log`).
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use serde_json::Value;
+use spindle_client::{Client, ClientConfig};
+use spindle_mon::reply::{pg_summary, unsettled_pgs};
+use spindle_mon::{Admin, Status};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How to find the cluster (every cluster subcommand takes these).
+#[derive(Args, Clone, Debug)]
+pub struct Target {
+    /// Embedded cluster directory.
+    #[arg(
+        long,
+        env = "SPINDLE_DIR",
+        default_value = "./spindle-data",
+        global = true
+    )]
+    pub dir: PathBuf,
+    /// Monitor address (overrides --dir for finding the monitor).
+    #[arg(long, global = true)]
+    pub mon: Option<String>,
+}
+
+impl Target {
+    pub fn mon_addr(&self) -> anyhow::Result<String> {
+        if let Some(m) = &self.mon {
+            return Ok(m.clone());
+        }
+        let file = self.dir.join("mon").join("addr");
+        std::fs::read_to_string(&file)
+            .map(|s| s.trim().to_string())
+            .map_err(|_| {
+                anyhow!(
+                    "no cluster found in {} (no {}); start one with `spindle up` or pass --mon ADDR",
+                    self.dir.display(),
+                    file.display()
+                )
+            })
+    }
+
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        let addr = self.mon_addr()?;
+        Client::connect(ClientConfig::new(addr.clone()))
+            .await
+            .with_context(|| {
+                format!(
+                    "is the cluster in {} running? (`spindle up` starts it)",
+                    self.dir.display()
+                )
+            })
+    }
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Number of storage daemons of a new cluster.
+    #[arg(long, default_value_t = 3)]
+    pub osds: u32,
+    /// Placement groups of the default pool.
+    #[arg(long, default_value_t = 64)]
+    pub pg_count: u32,
+    /// Seconds to wait for the cluster to become clean.
+    #[arg(long, default_value_t = 60)]
+    pub wait_seconds: u64,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// Daemon settings of an embedded cluster, kept in `DIR/cluster.json` (given flags
+/// replace the stored values; daemons pick them up when they start).
+#[derive(Args, Clone, Debug, Default)]
+pub struct SettingsArgs {
+    /// Mark a daemon out (and re-create its data elsewhere) after it was down this long;
+    /// 0 = never. Default 30000.
+    #[arg(long)]
+    pub out_after_ms: Option<u64>,
+    /// Background recovery: objects each daemon recovers at once. Default 2.
+    #[arg(long)]
+    pub recovery_ops_max: Option<usize>,
+    /// Background recovery: bytes per second per daemon; 0 = unlimited (default).
+    #[arg(long)]
+    pub recovery_bytes_per_sec: Option<u64>,
+    /// Scrub every placement group this often; 0 = only `spindle scrub`. Default 1 day.
+    #[arg(long)]
+    pub scrub_interval_ms: Option<u64>,
+}
+
+pub const SETTING_KEYS: [&str; 4] = [
+    "out_after_ms",
+    "recovery_ops_max",
+    "recovery_bytes_per_sec",
+    "scrub_interval_ms",
+];
+
+impl SettingsArgs {
+    fn values(&self) -> [Option<u64>; 4] {
+        [
+            self.out_after_ms,
+            self.recovery_ops_max.map(|v| v as u64),
+            self.recovery_bytes_per_sec,
+            self.scrub_interval_ms,
+        ]
+    }
+}
+
+pub fn read_cluster_json(dir: &Path) -> anyhow::Result<Value> {
+    let text = std::fs::read_to_string(dir.join("cluster.json"))
+        .with_context(|| format!("no embedded cluster in {}", dir.display()))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// Stored setting `key` as command-line arguments for a daemon (nothing if unset).
+pub fn setting_args(dir: &Path, keys: &[&str]) -> Vec<String> {
+    let v = read_cluster_json(dir).unwrap_or(Value::Null);
+    keys.iter()
+        .filter_map(|k| {
+            v["settings"][*k]
+                .as_u64()
+                .map(|n| [format!("--{}", k.replace('_', "-")), n.to_string()])
+        })
+        .flatten()
+        .collect()
+}
+
+/// Merges given flags into `cluster.json`.
+pub fn store_settings(dir: &Path, settings: &SettingsArgs) -> anyhow::Result<()> {
+    let mut v = read_cluster_json(dir)?;
+    for (k, val) in SETTING_KEYS.iter().zip(settings.values()) {
+        if let Some(val) = val {
+            v["settings"][*k] = serde_json::json!(val);
+        }
+    }
+    write_atomic(&dir.join("cluster.json"), &v.to_string())
+}
+
+/// True if `pid` is a live process (a zombie, e.g. a killed daemon whose parent is gone
+/// and not reaped yet, counts as dead).
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    pid > 0 && unsafe { libc::kill(pid as i32, 0) } == 0 && !zombie(pid)
+}
+
+pub fn read_pid(dir: &Path) -> Option<u32> {
+    std::fs::read_to_string(dir.join("pid"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Starts `spindle ARGS` detached (own session), output appended to `log`.
+pub fn spawn_daemon(args: &[String], log: &Path) -> anyhow::Result<u32> {
+    use std::os::unix::process::CommandExt;
+    let exe = std::env::current_exe().context("cannot find the spindle executable")?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("cannot start daemon")?;
+    Ok(child.id())
+}
+
+pub fn osd_dir(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("osd.{id}"))
+}
+
+pub fn start_osd(dir: &Path, id: u32, mon: &str) -> anyhow::Result<u32> {
+    let d = osd_dir(dir, id);
+    std::fs::create_dir_all(&d)?;
+    if let Some(pid) = read_pid(&d).filter(|&p| pid_alive(p)) {
+        return Ok(pid);
+    }
+    let mut args: Vec<String> = vec![
+        "osd".into(),
+        "run".into(),
+        "--id".into(),
+        id.to_string(),
+        "--dir".into(),
+        d.display().to_string(),
+        "--mon".into(),
+        mon.to_string(),
+    ];
+    args.extend(setting_args(dir, &SETTING_KEYS[1..]));
+    spawn_daemon(&args, &d.join("log"))
+}
+
+pub fn cluster_osd_count(dir: &Path) -> anyhow::Result<u32> {
+    let v = read_cluster_json(dir)?;
+    v["osds"]
+        .as_u64()
+        .map(|n| n as u32)
+        .ok_or_else(|| anyhow!("cluster.json has no osd count"))
+}
+
+pub fn up(args: UpArgs) -> anyhow::Result<()> {
+    up_impl(args, false)
+}
+
+/// `up` without the report on stdout (for benchmarks that run their own cluster).
+pub fn up_quiet(args: UpArgs) -> anyhow::Result<()> {
+    up_impl(args, true)
+}
+
+fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
+    macro_rules! say {
+        ($($t:tt)*) => {
+            if !quiet {
+                println!($($t)*);
+            }
+        };
+    }
+    let dir = args.target.dir.clone();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize()?;
+    let mon_dir = dir.join("mon");
+    let osds = match cluster_osd_count(&dir) {
+        Ok(n) => n,
+        Err(_) => {
+            if args.osds == 0 {
+                bail!("--osds must be at least 1");
+            }
+            let size = args.osds.min(3);
+            let min_size = if size >= 2 { 2 } else { 1 };
+            spindle_mon::init(
+                &mon_dir,
+                &spindle_mon::InitSpec {
+                    osd_count: args.osds,
+                    default_pool: Some(("default".into(), size, min_size, args.pg_count)),
+                },
+            )?;
+            write_atomic(
+                &dir.join("cluster.json"),
+                &serde_json::json!({"osds": args.osds}).to_string(),
+            )?;
+            say!(
+                "created a cluster of {} storage daemons in {} (pool 'default': {size} copies, min {min_size})",
+                args.osds,
+                dir.display()
+            );
+            args.osds
+        }
+    };
+    store_settings(&dir, &args.settings)?;
+    std::fs::create_dir_all(&mon_dir)?;
+    let mon_pid = match read_pid(&mon_dir).filter(|&p| pid_alive(p)) {
+        Some(p) => p,
+        None => {
+            let _ = std::fs::remove_file(mon_dir.join("pid"));
+            let mut mon_args: Vec<String> = vec![
+                "mon".into(),
+                "run".into(),
+                "--dir".into(),
+                mon_dir.display().to_string(),
+            ];
+            mon_args.extend(setting_args(&dir, &SETTING_KEYS[..1]));
+            spawn_daemon(&mon_args, &mon_dir.join("log"))?
+        }
+    };
+    // The monitor writes its pid after binding: wait for it.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if read_pid(&mon_dir) == Some(mon_pid) {
+            break;
+        }
+        if !pid_alive(mon_pid) || Instant::now() > deadline {
+            bail!(
+                "the monitor did not start; see {}",
+                mon_dir.join("log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mon_addr = args
+        .target
+        .mon_addr()
+        .or_else(|_| std::fs::read_to_string(mon_dir.join("addr")).map(|s| s.trim().to_string()))?;
+    let mut pids = Vec::new();
+    for id in 0..osds {
+        pids.push(start_osd(&dir, id, &mon_addr)?);
+    }
+    let target = Target {
+        dir: dir.clone(),
+        mon: Some(mon_addr.clone()),
+    };
+    let rt = runtime()?;
+    let status = rt.block_on(async {
+        let client = target.client().await?;
+        wait_clean(&client, Duration::from_secs(args.wait_seconds)).await
+    })?;
+    say!("monitor      {mon_addr} (pid {mon_pid})");
+    for o in &status.osds {
+        say!("osd.{:<8} {} (pid {})", o.id, o.addr, o.pid);
+    }
+    say!("epoch {}, pgs: {}", status.epoch, pg_summary(&status.pgs));
+    say!();
+    say!("use it:");
+    say!("  export SPINDLE_DIR={}", dir.display());
+    say!("  spindle put NAME FILE    spindle get NAME FILE    spindle ls");
+    say!("  spindle status           spindle bench objects --seconds 10");
+    say!(
+        "  spindle down             (stops every daemon; data stays in {})",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Runs an administrative command on the monitor and returns its typed answer.
+pub async fn admin<R: serde::de::DeserializeOwned>(
+    client: &Client,
+    req: Admin<R>,
+) -> anyhow::Result<R> {
+    Ok(client.admin(&req).await?)
+}
+
+/// Waits until every daemon is up and every placement group is clean.
+pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<Status> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let status = admin(client, Admin::status()).await?;
+        let all_up = status.osds.iter().all(|o| o.up || !o.in_cluster);
+        let pgs = &status.pgs;
+        // Inconsistent groups serve; they do not get better by waiting.
+        if all_up && unsettled_pgs(pgs) == 0 {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "cluster not clean after {} s: pgs {}; daemons up: {}",
+                timeout.as_secs(),
+                pg_summary(pgs),
+                status.osds.iter().filter(|o| o.up).count()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub fn stop_pid(pid: u32, what: &str) -> anyhow::Result<()> {
+    if !pid_alive(pid) {
+        return Ok(());
+    }
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_alive(pid) {
+        if Instant::now() > deadline {
+            eprintln!("{what} (pid {pid}) did not stop in 10 s; killing it");
+            // SAFETY: plain kill(2).
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+pub fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+pub fn down(target: Target) -> anyhow::Result<()> {
+    down_impl(target, false)
+}
+
+/// `down` without the report on stdout.
+pub fn down_quiet(target: Target) -> anyhow::Result<()> {
+    down_impl(target, true)
+}
+
+fn down_impl(target: Target, quiet: bool) -> anyhow::Result<()> {
+    let dir = &target.dir;
+    let osds = cluster_osd_count(dir)?;
+    for id in 0..osds {
+        if let Some(pid) = read_pid(&osd_dir(dir, id)) {
+            stop_pid(pid, &format!("osd.{id}"))?;
+        }
+    }
+    if let Some(pid) = read_pid(&dir.join("mon")) {
+        stop_pid(pid, "monitor")?;
+    }
+    if !quiet {
+        println!("stopped the cluster in {}", dir.display());
+    }
+    Ok(())
+}
+
+/// A multi-threaded tokio runtime for commands and benchmarks.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Writes `contents` to `path` atomically (temp file + rename).
+pub fn write_atomic(path: &Path, contents: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+/// Parses `10G`, `512M`, `4K`, `4KiB`, `1T` or plain bytes (suffixes are powers of 1024).
+pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(digits_end);
+    if digits.is_empty() {
+        return Err(format!(
+            "{text:?}: expected a number with an optional K/M/G/T suffix"
+        ));
+    }
+    let n: u64 = digits.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        "P" | "PB" | "PIB" => 50,
+        other => return Err(format!("{text:?}: unknown size suffix {other:?}")),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("{text:?}: too large"))
+}
+
+/// `10 GiB`-style rendering (exact when a whole number of the unit).
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 5] = [
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ];
+    for (unit, shift) in UNITS {
+        let one = 1u64 << shift;
+        if bytes >= one {
+            if bytes.is_multiple_of(one) {
+                return format!("{} {unit}", bytes >> shift);
+            }
+            return format!("{:.1} {unit}", bytes as f64 / one as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size_bytes("10G"), Ok(10 << 30));
+        assert_eq!(parse_size_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_size_bytes("4K"), Ok(4096));
+        assert_eq!(parse_size_bytes("4kib"), Ok(4096));
+        assert_eq!(parse_size_bytes("1536"), Ok(1536));
+        assert!(parse_size_bytes("G").is_err());
+        assert!(parse_size_bytes("1X").is_err());
+        assert!(parse_size_bytes("99999999999P").is_err());
+        assert_eq!(format_size(10 << 30), "10 GiB");
+        assert_eq!(format_size(1536), "1.5 KiB");
+        assert_eq!(format_size(100), "100 B");
+    }
+}
