@@ -60,87 +60,19 @@ pub fn run(args: SimArgs) -> Result<()> {
         args.faults.unwrap_or(24),
         args.fault_seconds.unwrap_or(120),
     );
-    let started = Instant::now();
-    let mut reports = Vec::new();
-    let mut failing = Vec::new();
-    let count = seeds.clone().count();
-    for seed in seeds {
+    sweep(&args, seeds, "spindle sim", |seed| {
         let mut cfg = spindle_sim::WorldConfig::new(seed);
         cfg.daemons = args.daemons;
         cfg.clients = clients;
         cfg.faults = faults;
         cfg.fault_window_ms = fault_seconds * 1000;
         cfg.verbose = args.verbose;
-        let t = Instant::now();
-        let report = spindle_sim::run(cfg);
-        let wall_ms = t.elapsed().as_secs_f64() * 1e3;
         let replay = format!(
             "spindle sim --seed {seed} --daemons {} --clients {} --faults {} --fault-seconds {}",
             args.daemons, clients, faults, fault_seconds
         );
-        if !args.json {
-            let verdict = if report.failures.is_empty() {
-                "ok"
-            } else {
-                "FAILED"
-            };
-            println!(
-                "seed {seed}: {verdict}  trace {}  {} events  {} faults  {} epochs  {:.1} s simulated  {wall_ms:.1} ms",
-                report.trace_hash,
-                report.events,
-                report.faults,
-                report.epochs,
-                report.sim_time_ms as f64 / 1e3
-            );
-            for f in &report.failures {
-                println!("  {f}");
-            }
-            if !report.failures.is_empty() {
-                println!("  replay: {replay}");
-            }
-        }
-        if !report.failures.is_empty() {
-            failing.push((seed, replay));
-        }
-        reports.push((report, wall_ms));
-    }
-    let wall_s = started.elapsed().as_secs_f64();
-    let events: u64 = reports.iter().map(|(r, _)| r.events).sum();
-    let sim_s: f64 = reports
-        .iter()
-        .map(|(r, _)| r.sim_time_ms as f64 / 1e3)
-        .sum();
-    if args.json {
-        let doc = serde_json::json!({
-            "seeds": count,
-            "failed": failing.iter().map(|(s, r)| serde_json::json!({"seed": s, "replay": r})).collect::<Vec<_>>(),
-            "wall_seconds": wall_s,
-            "seeds_per_minute": count as f64 / wall_s * 60.0,
-            "events_per_second": events as f64 / wall_s,
-            "simulated_seconds_per_wall_second": sim_s / wall_s,
-            "runs": reports.iter().map(|(r, ms)| {
-                let mut v = serde_json::to_value(r).unwrap_or_default();
-                v["wall_ms"] = serde_json::json!(ms);
-                v
-            }).collect::<Vec<_>>(),
-        });
-        println!("{doc:#}");
-    } else {
-        println!(
-            "{count} seed(s), {} failed, {wall_s:.2} s wall, {:.0} seeds/min, {:.0} events/s, {:.0}x real time",
-            failing.len(),
-            count as f64 / wall_s * 60.0,
-            events as f64 / wall_s,
-            sim_s / wall_s
-        );
-    }
-    if !failing.is_empty() {
-        for (seed, replay) in &failing {
-            eprintln!("spindle sim: seed {seed} failed; replay: {replay}");
-        }
-        bail!("{} of {count} seed(s) failed", failing.len());
-    }
-    Ok(())
+        (spindle_sim::run(cfg), replay)
+    })
 }
 
 /// `spindle sim --data`: the data simulator over a seed range.
@@ -151,11 +83,7 @@ fn run_data(args: &SimArgs, seeds: std::ops::RangeInclusive<u64>) -> Result<()> 
     if args.ops == 0 {
         bail!("--ops must be at least 1");
     }
-    let count = seeds.clone().count();
-    let started = Instant::now();
-    let mut reports = Vec::new();
-    let mut failing = Vec::new();
-    for seed in seeds {
+    sweep(args, seeds, "spindle sim --data", |seed| {
         let mut cfg = spindle_sim::DataConfig::new(seed);
         cfg.daemons = args.daemons;
         cfg.ops = args.ops;
@@ -170,53 +98,121 @@ fn run_data(args: &SimArgs, seeds: std::ops::RangeInclusive<u64>) -> Result<()> 
             cfg.fault_window_ms = s * 1000;
         }
         let replay = cfg.replay();
+        (spindle_sim::run_data(cfg), replay)
+    })
+}
+
+/// What a sweep needs of one simulator's report.
+trait SeedReport: serde::Serialize {
+    fn failures(&self) -> &[String];
+    fn sim_time_ms(&self) -> u64;
+    /// The work a seed did, and its name in the rates (events, or client operations).
+    fn work(&self) -> u64;
+    const WORK_RATE_KEY: &'static str;
+    const WORK_RATE_NAME: &'static str;
+    /// The one-line summary of a seed.
+    fn line(&self) -> String;
+}
+
+impl SeedReport for spindle_sim::WorldReport {
+    fn failures(&self) -> &[String] {
+        &self.failures
+    }
+    fn sim_time_ms(&self) -> u64 {
+        self.sim_time_ms
+    }
+    fn work(&self) -> u64 {
+        self.events
+    }
+    const WORK_RATE_KEY: &'static str = "events_per_second";
+    const WORK_RATE_NAME: &'static str = "events/s";
+    fn line(&self) -> String {
+        format!(
+            "trace {}  {} events  {} faults  {} epochs",
+            self.trace_hash, self.events, self.faults, self.epochs
+        )
+    }
+}
+
+impl SeedReport for spindle_sim::DataReport {
+    fn failures(&self) -> &[String] {
+        &self.failures
+    }
+    fn sim_time_ms(&self) -> u64 {
+        self.sim_time_ms
+    }
+    fn work(&self) -> u64 {
+        self.ops_done
+    }
+    const WORK_RATE_KEY: &'static str = "client_ops_per_second";
+    const WORK_RATE_NAME: &'static str = "simulated client ops/s";
+    fn line(&self) -> String {
+        format!(
+            "trace {}  {} ops ({} writes acked, {} reads checked, {} retries)  {} faults ({} crashes)  {} epochs  {} peerings  {} objects recovered",
+            self.trace_hash,
+            self.ops_done,
+            self.writes_acked,
+            self.reads_checked,
+            self.retries,
+            self.faults,
+            self.crashes,
+            self.epochs,
+            self.peerings,
+            self.objects_recovered
+        )
+    }
+}
+
+/// Runs `run_one` (report, replay command) for every seed: a line per seed (or one JSON
+/// document), every failing seed with its replay command, and an error if any failed.
+fn sweep<R: SeedReport>(
+    args: &SimArgs,
+    seeds: std::ops::RangeInclusive<u64>,
+    command: &str,
+    mut run_one: impl FnMut(u64) -> (R, String),
+) -> Result<()> {
+    let count = seeds.clone().count();
+    let started = Instant::now();
+    let mut reports = Vec::new();
+    let mut failing = Vec::new();
+    for seed in seeds {
         let t = Instant::now();
-        let report = spindle_sim::run_data(cfg);
+        let (report, replay) = run_one(seed);
         let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+        let failed = !report.failures().is_empty();
         if !args.json {
-            let verdict = if report.failures.is_empty() {
-                "ok"
-            } else {
-                "FAILED"
-            };
+            let verdict = if failed { "FAILED" } else { "ok" };
             println!(
-                "seed {seed}: {verdict}  trace {}  {} ops ({} writes acked, {} reads checked, {} retries)  {} faults ({} crashes)  {} epochs  {} peerings  {} objects recovered  {:.1} s simulated  {wall_ms:.0} ms",
-                report.trace_hash,
-                report.ops_done,
-                report.writes_acked,
-                report.reads_checked,
-                report.retries,
-                report.faults,
-                report.crashes,
-                report.epochs,
-                report.peerings,
-                report.objects_recovered,
-                report.sim_time_ms as f64 / 1e3
+                "seed {seed}: {verdict}  {}  {:.1} s simulated  {wall_ms:.1} ms",
+                report.line(),
+                report.sim_time_ms() as f64 / 1e3
             );
-            for f in &report.failures {
+            for f in report.failures() {
                 println!("  {f}");
             }
+            if failed {
+                println!("  replay: {replay}");
+            }
         }
-        if !report.failures.is_empty() {
+        if failed {
             failing.push((seed, replay));
         }
         reports.push((report, wall_ms));
     }
     let wall_s = started.elapsed().as_secs_f64();
-    let ops: u64 = reports.iter().map(|(r, _)| r.ops_done).sum();
+    let work: u64 = reports.iter().map(|(r, _)| r.work()).sum();
     let sim_s: f64 = reports
         .iter()
-        .map(|(r, _)| r.sim_time_ms as f64 / 1e3)
+        .map(|(r, _)| r.sim_time_ms() as f64 / 1e3)
         .sum();
     let seeds_per_minute = count as f64 / wall_s * 60.0;
-    let ops_per_second = ops as f64 / wall_s;
+    let work_per_second = work as f64 / wall_s;
     if args.json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "seeds": count,
             "failed": failing.iter().map(|(s, r)| serde_json::json!({"seed": s, "replay": r})).collect::<Vec<_>>(),
             "wall_seconds": wall_s,
             "seeds_per_minute": seeds_per_minute,
-            "client_ops_per_second": ops_per_second,
             "simulated_seconds_per_wall_second": sim_s / wall_s,
             "runs": reports.iter().map(|(r, ms)| {
                 let mut v = serde_json::to_value(r).unwrap_or_default();
@@ -224,17 +220,19 @@ fn run_data(args: &SimArgs, seeds: std::ops::RangeInclusive<u64>) -> Result<()> 
                 v
             }).collect::<Vec<_>>(),
         });
+        doc[R::WORK_RATE_KEY] = serde_json::json!(work_per_second);
         println!("{doc:#}");
     } else {
         println!(
-            "{count} seed(s), {} failed, {wall_s:.2} s wall, {seeds_per_minute:.1} seeds/min, {ops_per_second:.0} simulated client ops/s, {:.1}x real time",
+            "{count} seed(s), {} failed, {wall_s:.2} s wall, {seeds_per_minute:.1} seeds/min, {work_per_second:.0} {}, {:.1}x real time",
             failing.len(),
+            R::WORK_RATE_NAME,
             sim_s / wall_s
         );
     }
     if !failing.is_empty() {
         for (seed, replay) in &failing {
-            eprintln!("spindle sim --data: seed {seed} failed; replay: {replay}");
+            eprintln!("{command}: seed {seed} failed; replay: {replay}");
         }
         bail!("{} of {count} seed(s) failed", failing.len());
     }
