@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, BufReader};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::device::Exports;
 use crate::{handshake, transmission};
@@ -38,48 +38,10 @@ pub struct ServerConfig {
     pub handshake_timeout_ms: u64,
 }
 
-/// Accept failures (e.g. EMFILE) back off from this delay, doubling, up to the next, and
-/// are logged at most once per interval with a count.
-const ACCEPT_BACKOFF_MS_MIN: u64 = 10;
-const ACCEPT_BACKOFF_MS_MAX: u64 = 1_000;
-const ACCEPT_LOG_INTERVAL_MS: u64 = 10_000;
-
-/// Accounting unit of the payload budget (semaphore permits count these).
-const BUDGET_UNIT_BYTES: u64 = 1024;
-
-/// The server's WRITE payload budget: a semaphore counting KiB.
-pub(crate) struct PayloadBudget {
-    sem: Arc<tokio::sync::Semaphore>,
-    units_total: u32,
-    peak_units: AtomicU64,
-}
-
-impl PayloadBudget {
-    fn new(bytes: u64) -> PayloadBudget {
-        let units_total = (bytes / BUDGET_UNIT_BYTES).clamp(1, u32::MAX as u64 / 2) as u32;
-        PayloadBudget {
-            sem: Arc::new(tokio::sync::Semaphore::new(units_total as usize)),
-            units_total,
-            peak_units: AtomicU64::new(0),
-        }
-    }
-
-    /// Waits until `bytes` fit and takes them (released when the permit is dropped).
-    pub(crate) async fn acquire(&self, bytes: u64) -> tokio::sync::OwnedSemaphorePermit {
-        let units = (bytes.div_ceil(BUDGET_UNIT_BYTES).max(1) as u32).min(self.units_total);
-        let permit = match self.sem.clone().acquire_many_owned(units).await {
-            Ok(p) => p,
-            Err(_) => unreachable!("the payload budget semaphore is never closed"),
-        };
-        self.peak_units
-            .fetch_max(self.in_use_units(), Ordering::Relaxed);
-        permit
-    }
-
-    fn in_use_units(&self) -> u64 {
-        (self.units_total as usize - self.sem.available_permits()) as u64
-    }
-}
+// Accept failures (e.g. EMFILE) back off and are logged at most once per interval with a
+// count; the payload budget is a semaphore of bytes (both `spindle_serve`, shared with the
+// cluster protocol's servers).
+use spindle_serve::{AcceptBackoff, PayloadBudget};
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -237,15 +199,14 @@ impl<E: Exports> NbdServer<E> {
             error_replies: g(&c.error_replies),
             protocol_errors: g(&c.protocol_errors),
             stalled_connections: g(&c.stalled_connections),
-            payload_bytes_in_use: self.payload_budget.in_use_units() * BUDGET_UNIT_BYTES,
+            payload_bytes_in_use: self.payload_budget.in_use_bytes(),
         }
     }
 
     /// Most WRITE payload bytes held at once since the previous call (then restarts from
     /// what is held now). The `spindle nbd` process trims its heap after a burst.
     pub fn take_payload_peak_bytes(&self) -> u64 {
-        let now = self.payload_budget.in_use_units();
-        self.payload_budget.peak_units.swap(now, Ordering::Relaxed) * BUDGET_UNIT_BYTES
+        self.payload_budget.take_peak_bytes()
     }
 
     /// Accepts TCP connections until `shutdown` turns true, then waits for every
@@ -299,9 +260,7 @@ impl<E: Exports> NbdServer<E> {
     {
         let mut stop = shutdown.clone();
         let mut conns = JoinSet::new();
-        let mut backoff_ms = 0u64;
-        let mut failures_unlogged = 0u64;
-        let mut last_log: Option<std::time::Instant> = None;
+        let mut backoff = AcceptBackoff::new();
         loop {
             tokio::select! {
                 biased;
@@ -309,7 +268,7 @@ impl<E: Exports> NbdServer<E> {
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
                 r = accept() => match r {
                     Ok((stream, peer)) => {
-                        backoff_ms = 0;
+                        backoff.accepted();
                         debug!(%peer, "nbd connection accepted");
                         let server = self.clone();
                         let sd = shutdown.clone();
@@ -319,20 +278,7 @@ impl<E: Exports> NbdServer<E> {
                             }
                         });
                     }
-                    Err(e) => {
-                        failures_unlogged += 1;
-                        if last_log.is_none_or(|t| {
-                            t.elapsed() >= Duration::from_millis(ACCEPT_LOG_INTERVAL_MS)
-                        }) {
-                            warn!(error = %e, failures = failures_unlogged,
-                                "nbd accept failed (count since the last report)");
-                            failures_unlogged = 0;
-                            last_log = Some(std::time::Instant::now());
-                        }
-                        backoff_ms =
-                            (backoff_ms * 2).clamp(ACCEPT_BACKOFF_MS_MIN, ACCEPT_BACKOFF_MS_MAX);
-                        tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                    }
+                    Err(e) => backoff.pause_after("nbd", &e).await,
                 },
             }
         }

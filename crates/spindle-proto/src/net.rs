@@ -634,75 +634,22 @@ const KEEPALIVE_IDLE_MS: u64 = 30_000;
 const KEEPALIVE_INTERVAL_MS: u64 = 10_000;
 const KEEPALIVE_RETRIES: u32 = 3;
 
-/// Accept failures (e.g. out of descriptors) back off from this delay, doubling...
-const ACCEPT_BACKOFF_MS_MIN: u64 = 10;
-/// ...up to this one, and are logged at most once per this interval.
-const ACCEPT_BACKOFF_MS_MAX: u64 = 1_000;
-const ACCEPT_LOG_INTERVAL_MS: u64 = 10_000;
-
 /// Buffers of a served connection (bulk payloads bypass both).
 const SERVED_READ_BUFFER_BYTES: usize = 64 << 10;
 const SERVED_WRITE_BUFFER_BYTES: usize = 64 << 10;
 
-/// Accounting unit of a [`PayloadBudget`] (permits are u32 counts of these).
-const BUDGET_UNIT_BYTES: u64 = 1024;
+/// The payload budget of served connections (`spindle_serve`). A served frame's payload is
+/// charged before it is read and released when the request's last [`Replier`] is dropped,
+/// i.e. when the request is done. A process keeps two: one for client requests and one for
+/// peer traffic (replication, recovery), because a primary holds client bytes while it
+/// waits for replicas, and replicas must never wait for client bytes to be released (that
+/// would be a cycle).
+pub use spindle_serve::PayloadBudget;
+use spindle_serve::{AcceptBackoff, BUDGET_UNIT_BYTES};
 
-/// A byte budget for incoming payloads held in memory by one process. A served frame's
-/// payload is charged before it is read (the connection waits, and TCP slows its sender,
-/// while the budget is exhausted) and released when the request's last [`Replier`] is
-/// dropped, i.e. when the request is done. A process keeps two: one for client requests
-/// and one for peer traffic (replication, recovery), because a primary holds client bytes
-/// while it waits for replicas, and replicas must never wait for client bytes to be
-/// released (that would be a cycle).
-pub struct PayloadBudget {
-    sem: Arc<tokio::sync::Semaphore>,
-    units_total: u32,
-    /// Most units in use since the last [`PayloadBudget::take_peak_bytes`].
-    peak_units: AtomicU64,
-}
-
-impl PayloadBudget {
-    /// A budget of `bytes` (at least one maximum-size frame).
-    pub fn new(bytes: u64) -> PayloadBudget {
-        let bytes = bytes.max(PAYLOAD_LEN_MAX_DEFAULT as u64 + BUDGET_UNIT_BYTES);
-        let units_total = (bytes / BUDGET_UNIT_BYTES).min(u32::MAX as u64 / 2) as u32;
-        PayloadBudget {
-            sem: Arc::new(tokio::sync::Semaphore::new(units_total as usize)),
-            units_total,
-            peak_units: AtomicU64::new(0),
-        }
-    }
-
-    fn units(bytes: u64) -> u32 {
-        bytes.div_ceil(BUDGET_UNIT_BYTES).max(1) as u32
-    }
-
-    /// Waits until `bytes` of the budget are free and takes them.
-    pub async fn acquire(&self, bytes: u64) -> tokio::sync::OwnedSemaphorePermit {
-        let units = Self::units(bytes).min(self.units_total);
-        let permit = match self.sem.clone().acquire_many_owned(units).await {
-            Ok(p) => p,
-            // The semaphore is never closed.
-            Err(_) => unreachable!("payload budget semaphore closed"),
-        };
-        let used = (self.units_total as usize - self.sem.available_permits()) as u64;
-        self.peak_units.fetch_max(used, Ordering::Relaxed);
-        permit
-    }
-
-    pub fn total_bytes(&self) -> u64 {
-        self.units_total as u64 * BUDGET_UNIT_BYTES
-    }
-
-    pub fn in_use_bytes(&self) -> u64 {
-        (self.units_total as usize - self.sem.available_permits()) as u64 * BUDGET_UNIT_BYTES
-    }
-
-    /// Most bytes in use since the previous call (then restarts from what is in use now).
-    pub fn take_peak_bytes(&self) -> u64 {
-        let now = (self.units_total as usize - self.sem.available_permits()) as u64;
-        self.peak_units.swap(now, Ordering::Relaxed) * BUDGET_UNIT_BYTES
-    }
+/// A budget of `bytes`, at least one maximum-size frame.
+fn payload_budget(bytes: u64) -> PayloadBudget {
+    PayloadBudget::new(bytes.max(PAYLOAD_LEN_MAX_DEFAULT as u64 + BUDGET_UNIT_BYTES))
 }
 
 /// Default payload budget of a process: 1/32 of its memory, between 128 MiB and 1 GiB
@@ -745,8 +692,8 @@ impl ServeLimits {
     /// `payload_budget_bytes` in total, split evenly.
     pub fn new(payload_budget_bytes: u64) -> ServeLimits {
         ServeLimits {
-            client_budget: PayloadBudget::new(payload_budget_bytes / 2),
-            peer_budget: PayloadBudget::new(payload_budget_bytes / 2),
+            client_budget: payload_budget(payload_budget_bytes / 2),
+            peer_budget: payload_budget(payload_budget_bytes / 2),
             idle_timeout_ms: SERVER_IDLE_TIMEOUT_MS,
             frame_deadline_ms_base: FRAME_DEADLINE_MS_BASE,
             frame_deadline_ms_per_mib: FRAME_DEADLINE_MS_PER_MIB,
@@ -1127,13 +1074,11 @@ pub async fn accept_loop<S: Service>(
             }
         })
     });
-    let mut backoff_ms = 0u64;
-    let mut failures_unlogged = 0u64;
-    let mut last_log: Option<std::time::Instant> = None;
+    let mut backoff = AcceptBackoff::new();
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                backoff_ms = 0;
+                backoff.accepted();
                 let svc = svc.clone();
                 let limits = limits.clone();
                 tokio::spawn(async move {
@@ -1148,21 +1093,7 @@ pub async fn accept_loop<S: Service>(
                     .await;
                 });
             }
-            Err(e) => {
-                failures_unlogged += 1;
-                let due = last_log
-                    .is_none_or(|t| t.elapsed() >= Duration::from_millis(ACCEPT_LOG_INTERVAL_MS));
-                if due {
-                    tracing::warn!(
-                        "{label}: accept failed ({failures_unlogged} time(s) since the last \
-                         report): {e}"
-                    );
-                    failures_unlogged = 0;
-                    last_log = Some(std::time::Instant::now());
-                }
-                backoff_ms = (backoff_ms * 2).clamp(ACCEPT_BACKOFF_MS_MIN, ACCEPT_BACKOFF_MS_MAX);
-                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-            }
+            Err(e) => backoff.pause_after(label, &e).await,
         }
     }
 }
