@@ -213,59 +213,34 @@ mod wire {
     pub(super) struct ScrubEntries;
     pub(super) struct Code;
 
-    impl Field for U32 {
-        type Value = u32;
-        fn put(&self, w: &mut Writer, v: &u32) {
-            w.u32(*v);
-        }
-        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<u32, CodecError> {
-            r.u32(self.0)
-        }
+    /// A field with no bulk bytes: its value type, how it is written and how it is read
+    /// (`$s` is the field descriptor, for its label and bound).
+    macro_rules! plain_field {
+        ($($t:ty => $v:ty, put($w:ident, $x:ident) $put:block, get($s:ident, $r:ident) $get:block;)*) => {$(
+            impl Field for $t {
+                type Value = $v;
+                fn put(&self, $w: &mut Writer, $x: &$v) $put
+                fn get(&self, $r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<$v, CodecError> {
+                    let $s = self;
+                    $get
+                }
+            }
+        )*};
     }
-    impl Field for U64 {
-        type Value = u64;
-        fn put(&self, w: &mut Writer, v: &u64) {
-            w.u64(*v);
-        }
-        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<u64, CodecError> {
-            r.u64(self.0)
-        }
-    }
-    impl Field for Flag {
-        type Value = bool;
-        fn put(&self, w: &mut Writer, v: &bool) {
-            w.u8(*v as u8);
-        }
-        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<bool, CodecError> {
-            Ok(r.u8(self.0)? != 0)
-        }
-    }
-    impl Field for Text {
-        type Value = String;
-        fn put(&self, w: &mut Writer, v: &String) {
-            w.str(v);
-        }
-        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<String, CodecError> {
-            Ok(r.str(self.0, self.1)?.to_string())
-        }
-    }
-    impl Field for Name {
-        type Value = String;
-        fn put(&self, w: &mut Writer, v: &String) {
-            w.str(v);
-        }
-        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<String, CodecError> {
-            name(r)
-        }
-    }
-    impl Field for Bytes {
-        type Value = Vec<u8>;
-        fn put(&self, w: &mut Writer, v: &Vec<u8>) {
-            w.bytes(v);
-        }
-        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Vec<u8>, CodecError> {
-            Ok(r.bytes(self.0, self.1)?.to_vec())
-        }
+    plain_field! {
+        U32 => u32, put(w, v) { w.u32(*v); }, get(s, r) { r.u32(s.0) };
+        U64 => u64, put(w, v) { w.u64(*v); }, get(s, r) { r.u64(s.0) };
+        Flag => bool, put(w, v) { w.u8(*v as u8); }, get(s, r) { Ok(r.u8(s.0)? != 0) };
+        Text => String, put(w, v) { w.str(v); }, get(s, r) { Ok(r.str(s.0, s.1)?.to_string()) };
+        Name => String, put(w, v) { w.str(v); }, get(_s, r) { name(r) };
+        Bytes => Vec<u8>, put(w, v) { w.bytes(v); }, get(s, r) { Ok(r.bytes(s.0, s.1)?.to_vec()) };
+        V => Ver, put(w, v) { put_ver(w, *v); }, get(_s, r) { get_ver(r) };
+        OptVer => Option<Ver>, put(w, v) { put_opt_ver(w, *v); }, get(_s, r) {
+            Ok(match r.u8("exists")? {
+                0 => None,
+                _ => Some(get_ver(r)?),
+            })
+        };
     }
     impl Field for Bulk {
         type Value = Vec<u8>;
@@ -278,27 +253,6 @@ mod wire {
         }
         fn bulk_mut<'a>(&self, v: &'a mut Vec<u8>) -> Option<&'a mut Vec<u8>> {
             Some(v)
-        }
-    }
-    impl Field for V {
-        type Value = Ver;
-        fn put(&self, w: &mut Writer, v: &Ver) {
-            put_ver(w, *v);
-        }
-        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Ver, CodecError> {
-            get_ver(r)
-        }
-    }
-    impl Field for OptVer {
-        type Value = Option<Ver>;
-        fn put(&self, w: &mut Writer, v: &Option<Ver>) {
-            put_opt_ver(w, *v);
-        }
-        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Option<Ver>, CodecError> {
-            Ok(match r.u8("exists")? {
-                0 => None,
-                _ => Some(get_ver(r)?),
-            })
         }
     }
     fn mutation_data(m: &Mutation) -> Option<&[u8]> {
