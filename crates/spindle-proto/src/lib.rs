@@ -40,6 +40,7 @@ pub use frame::{
 pub mod msg;
 pub mod net;
 pub mod request;
+pub mod transport;
 
 pub use msg::{typed, ErrorCode, Msg, MsgKind};
 pub use request::{AdminRequest, CallError, MapReply, RemoteError, Reply, Request};

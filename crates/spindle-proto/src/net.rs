@@ -14,6 +14,7 @@ use crate::frame::{
 };
 use crate::msg::Msg;
 use crate::request::{CallError, Request};
+use crate::transport::{Tcp, Transport};
 use crate::CodecError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -410,9 +411,10 @@ pub struct RpcConn {
 
 /// Milliseconds since the first call in this process (a monotonic clock for idle checks).
 fn monotonic_ms() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    // tokio's clock: the same as std's, except under a paused test clock.
+    static START: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
     START
-        .get_or_init(std::time::Instant::now)
+        .get_or_init(tokio::time::Instant::now)
         .elapsed()
         .as_millis() as u64
 }
@@ -437,14 +439,24 @@ impl PendingReply {
 }
 
 impl RpcConn {
-    /// Connects; unsolicited frames (request id 0) go to `push` if given.
+    /// Connects over TCP; unsolicited frames (request id 0) go to `push` if given.
     pub async fn connect(
         addr: &str,
         timeout_ms: u64,
         push: Option<mpsc::UnboundedSender<Incoming>>,
     ) -> Result<Arc<RpcConn>, NetError> {
-        let stream =
-            tokio::time::timeout(Duration::from_millis(timeout_ms), TcpStream::connect(addr))
+        Self::connect_via(&Tcp, addr, timeout_ms, push).await
+    }
+
+    /// Connects over `transport` (see [`RpcConn::connect`]).
+    pub async fn connect_via<T: Transport>(
+        transport: &T,
+        addr: &str,
+        timeout_ms: u64,
+        push: Option<mpsc::UnboundedSender<Incoming>>,
+    ) -> Result<Arc<RpcConn>, NetError> {
+        let (read_half, write_half) =
+            tokio::time::timeout(Duration::from_millis(timeout_ms), transport.connect(addr))
                 .await
                 .map_err(|_| NetError::Connect {
                     addr: addr.to_string(),
@@ -454,8 +466,6 @@ impl RpcConn {
                     addr: addr.to_string(),
                     reason: e.to_string(),
                 })?;
-        stream.set_nodelay(true)?;
-        let (read_half, write_half) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             pending: Mutex::new(HashMap::new()),
@@ -627,12 +637,6 @@ pub const WRITE_STALL_MS_MAX: u64 = 30_000;
 /// that ended its side does not wait for replies (Spindle's clients close both sides), and
 /// a subscription must not keep a closed connection's descriptor and buffers for long.
 pub const REPLY_DRAIN_MS_MAX: u64 = 250;
-
-/// TCP keepalive on served connections: a peer that vanished without a FIN or RST (host
-/// crash, partition) is noticed after about idle + interval * retries.
-const KEEPALIVE_IDLE_MS: u64 = 30_000;
-const KEEPALIVE_INTERVAL_MS: u64 = 10_000;
-const KEEPALIVE_RETRIES: u32 = 3;
 
 /// Buffers of a served connection (bulk payloads bypass both).
 const SERVED_READ_BUFFER_BYTES: usize = 64 << 10;
@@ -810,16 +814,6 @@ async fn writer_loop_bounded<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-fn set_keepalive(stream: &TcpStream) {
-    let ka = socket2::TcpKeepalive::new()
-        .with_time(Duration::from_millis(KEEPALIVE_IDLE_MS))
-        .with_interval(Duration::from_millis(KEEPALIVE_INTERVAL_MS))
-        .with_retries(KEEPALIVE_RETRIES);
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
-        tracing::debug!("cannot set TCP keepalive: {e}");
-    }
-}
-
 /// Why a served connection ended.
 enum Ended {
     PeerClosed,
@@ -856,18 +850,30 @@ pub async fn serve_with<F>(
     label: &str,
     limits: &ServeLimits,
     epoch: impl Fn() -> u64,
-    mut dispatch: F,
+    dispatch: F,
 ) where
     F: FnMut(Incoming, Replier),
 {
-    let _ = stream.set_nodelay(true);
-    set_keepalive(&stream);
+    let (read_half, write_half, peer) = crate::transport::tcp_accepted(stream);
+    serve_halves(read_half, write_half, &peer, label, limits, epoch, dispatch).await
+}
+
+/// [`serve_with`] over the halves of a connection of any [`Transport`] (`peer` names the
+/// other end in logs).
+pub async fn serve_halves<R, W, F>(
+    read_half: R,
+    write_half: W,
+    peer: &str,
+    label: &str,
+    limits: &ServeLimits,
+    epoch: impl Fn() -> u64,
+    mut dispatch: F,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Send + Unpin + 'static,
+    F: FnMut(Incoming, Replier),
+{
     limits.connections_open.fetch_add(1, Ordering::Relaxed);
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_else(|_| "?".to_string());
-    let (read_half, write_half) = stream.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
     let mut writer = tokio::spawn(writer_loop_bounded(
         write_half,
@@ -880,95 +886,111 @@ pub async fn serve_with<F>(
     ));
     let idle = Duration::from_millis(limits.idle_timeout_ms);
     let mut r = BufReader::with_capacity(SERVED_READ_BUFFER_BYTES, read_half);
-    let ended = 'conn: loop {
-        // Wait for a free request slot before reading the next frame.
-        let Ok(admitted) = admission.clone().acquire_owned().await else {
-            break Ended::Error("admission closed".into());
-        };
-        // Wait for the next frame's first byte; with nothing in progress, not for ever.
-        loop {
-            match tokio::time::timeout(idle, r.fill_buf()).await {
-                Ok(Ok([])) => break 'conn Ended::PeerClosed,
-                Ok(Ok(_)) => break,
-                Ok(Err(e)) => break 'conn Ended::Error(e.to_string()),
-                Err(_) => {
-                    // The slot taken above is the only one out: nothing in progress.
-                    if admission.available_permits() + 1 == REQUESTS_IN_FLIGHT_PER_CONNECTION {
-                        break 'conn Ended::Idle;
+    // The connection ends when reading ends, or when the writer gave up (the peer takes
+    // no bytes: its requests would be served into the void).
+    let reading = async {
+        'conn: loop {
+            // Wait for a free request slot before reading the next frame.
+            let Ok(admitted) = admission.clone().acquire_owned().await else {
+                break Ended::Error("admission closed".into());
+            };
+            // Wait for the next frame's first byte; with nothing in progress, not for ever.
+            loop {
+                match tokio::time::timeout(idle, r.fill_buf()).await {
+                    Ok(Ok([])) => break 'conn Ended::PeerClosed,
+                    Ok(Ok(_)) => break,
+                    Ok(Err(e)) => break 'conn Ended::Error(e.to_string()),
+                    Err(_) => {
+                        // The slot taken above is the only one out: nothing in progress.
+                        if admission.available_permits() + 1 == REQUESTS_IN_FLIGHT_PER_CONNECTION {
+                            break 'conn Ended::Idle;
+                        }
                     }
+                }
+            }
+            let header =
+                match tokio::time::timeout(limits.frame_deadline(0), read_header(&mut r)).await {
+                    Err(_) => break Ended::Error("frame header stalled".into()),
+                    Ok(Ok(None)) => break Ended::PeerClosed,
+                    Ok(Ok(Some(h))) => Ok(h),
+                    Ok(Err(e)) => Err(e),
+                };
+            let frame = match header {
+                Ok(h) => {
+                    // Charge the payload before reading it: while the budget is exhausted this
+                    // connection is not read (its sender is slowed by TCP flow control).
+                    let budget = limits.budget_for(h.kind);
+                    let charged = budget.acquire(h.payload_len as u64).await;
+                    let deadline = limits.frame_deadline(h.payload_len);
+                    match tokio::time::timeout(deadline, read_body(&mut r, &h)).await {
+                        Err(_) => {
+                            break Ended::Error(format!(
+                                "frame of {} bytes not complete after {} ms",
+                                h.payload_len,
+                                deadline.as_millis()
+                            ))
+                        }
+                        Ok(body) => body.map(|f| (f, charged)),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            match frame {
+                Ok((frame, charged)) => {
+                    let (kind, request_id, frame_epoch) =
+                        (frame.kind, frame.request_id, frame.epoch);
+                    let mut frame = frame;
+                    let bulk_block_crcs = std::mem::take(&mut frame.bulk_block_crcs);
+                    match frame.decode() {
+                        Ok(msg) => dispatch(
+                            Incoming {
+                                request_id,
+                                epoch: frame_epoch,
+                                msg,
+                                bulk_block_crcs,
+                            },
+                            Replier {
+                                tx: replier.tx.clone(),
+                                _held: Some(Arc::new(Held {
+                                    _admission: admitted,
+                                    _payload: charged,
+                                })),
+                            },
+                        ),
+                        Err(e) => {
+                            tracing::warn!("{label}: bad message from {peer} (kind {kind}): {e}");
+                            replier.send(
+                                request_id,
+                                epoch(),
+                                &Msg::error(crate::ErrorCode::Invalid, format!("bad message: {e}")),
+                            );
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("{label}: closing connection from {peer}: {e}");
+                    replier.send(
+                        0,
+                        epoch(),
+                        &Msg::error(
+                            crate::ErrorCode::Invalid,
+                            format!("closing connection: {e}"),
+                        ),
+                    );
+                    break Ended::Error(e.to_string());
                 }
             }
         }
-        let header = match tokio::time::timeout(limits.frame_deadline(0), read_header(&mut r)).await
-        {
-            Err(_) => break Ended::Error("frame header stalled".into()),
-            Ok(Ok(None)) => break Ended::PeerClosed,
-            Ok(Ok(Some(h))) => Ok(h),
-            Ok(Err(e)) => Err(e),
-        };
-        let frame = match header {
-            Ok(h) => {
-                // Charge the payload before reading it: while the budget is exhausted this
-                // connection is not read (its sender is slowed by TCP flow control).
-                let budget = limits.budget_for(h.kind);
-                let charged = budget.acquire(h.payload_len as u64).await;
-                let deadline = limits.frame_deadline(h.payload_len);
-                match tokio::time::timeout(deadline, read_body(&mut r, &h)).await {
-                    Err(_) => {
-                        break Ended::Error(format!(
-                            "frame of {} bytes not complete after {} ms",
-                            h.payload_len,
-                            deadline.as_millis()
-                        ))
-                    }
-                    Ok(body) => body.map(|f| (f, charged)),
-                }
-            }
-            Err(e) => Err(e),
-        };
-        match frame {
-            Ok((frame, charged)) => {
-                let (kind, request_id, frame_epoch) = (frame.kind, frame.request_id, frame.epoch);
-                let mut frame = frame;
-                let bulk_block_crcs = std::mem::take(&mut frame.bulk_block_crcs);
-                match frame.decode() {
-                    Ok(msg) => dispatch(
-                        Incoming {
-                            request_id,
-                            epoch: frame_epoch,
-                            msg,
-                            bulk_block_crcs,
-                        },
-                        Replier {
-                            tx: replier.tx.clone(),
-                            _held: Some(Arc::new(Held {
-                                _admission: admitted,
-                                _payload: charged,
-                            })),
-                        },
-                    ),
-                    Err(e) => {
-                        tracing::warn!("{label}: bad message from {peer} (kind {kind}): {e}");
-                        replier.send(
-                            request_id,
-                            epoch(),
-                            &Msg::error(crate::ErrorCode::Invalid, format!("bad message: {e}")),
-                        );
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!("{label}: closing connection from {peer}: {e}");
-                replier.send(
-                    0,
-                    epoch(),
-                    &Msg::error(
-                        crate::ErrorCode::Invalid,
-                        format!("closing connection: {e}"),
-                    ),
-                );
-                break Ended::Error(e.to_string());
-            }
+    };
+    let (ended, writer_done) = tokio::select! {
+        ended = reading => (ended, false),
+        w = &mut writer => {
+            let why = match w {
+                Ok(Ok(())) => "reply writer ended".to_string(),
+                Ok(Err(e)) => format!("replies stalled: {e}"),
+                Err(e) => format!("reply writer failed: {e}"),
+            };
+            (Ended::Error(why), true)
         }
     };
     match &ended {
@@ -981,9 +1003,10 @@ pub async fn serve_with<F>(
     // running, subscriptions) see `Replier::closed` / a failed send and end.
     drop(r);
     drop(replier);
-    if tokio::time::timeout(Duration::from_millis(REPLY_DRAIN_MS_MAX), &mut writer)
-        .await
-        .is_err()
+    if !writer_done
+        && tokio::time::timeout(Duration::from_millis(REPLY_DRAIN_MS_MAX), &mut writer)
+            .await
+            .is_err()
     {
         writer.abort();
         let _ = writer.await;
@@ -1058,6 +1081,16 @@ pub async fn accept_loop<S: Service>(
     label: &'static str,
     svc: S,
 ) {
+    accept_loop_via(&Tcp, listener, label, svc).await
+}
+
+/// [`accept_loop`] over any [`Transport`].
+pub async fn accept_loop_via<T: Transport, S: Service>(
+    transport: &T,
+    listener: T::Listener,
+    label: &'static str,
+    svc: S,
+) {
     let limits = svc.limits();
     // Ends with this loop (dropped when the loop's task is aborted).
     let _trimmer = AbortOnDrop({
@@ -1076,15 +1109,17 @@ pub async fn accept_loop<S: Service>(
     });
     let mut backoff = AcceptBackoff::new();
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
+        match transport.accept(&listener).await {
+            Ok((read_half, write_half, peer)) => {
                 backoff.accepted();
                 let svc = svc.clone();
                 let limits = limits.clone();
                 tokio::spawn(async move {
                     let s2 = svc.clone();
-                    serve_with(
-                        stream,
+                    serve_halves(
+                        read_half,
+                        write_half,
+                        &peer,
                         label,
                         &limits,
                         move || s2.epoch(),
