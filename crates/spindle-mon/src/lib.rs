@@ -3,9 +3,10 @@
 //! marks daemons down when they miss heartbeats for `down_after_ms`, and answers
 //! administrative commands (`status`, `pool create|rm|ls`, `osd out|in|down`, `crush set`).
 //!
-//! Every decision is made by [`MonCore`] (no I/O: events in, next map out); `Monitor` is
-//! the shell that persists each proposed map, installs it in the core, publishes it and
-//! answers over the network.
+//! Every decision is made by [`MonCore`] (no I/O: events in, next map out); [`MonNode`]
+//! (the core and its map store) turns a request or a tick into the maps to publish and
+//! the reply; `Monitor` is the shell that runs it over the network (the simulator runs
+//! the same node over its simulated one).
 //!
 //! Invariants:
 //! - an epoch is visible (replied, pushed) only after `MapStore::save` returned, so a
@@ -15,23 +16,25 @@
 
 pub mod command;
 pub mod core;
+pub mod node;
 pub mod reply;
 mod status;
 mod store;
 
 pub use command::{AdminCommand, OsdVerb};
 pub use core::{propose, MapChange, MonCore, MonTiming};
+pub use node::{Committed, Handled, MonNode};
 pub use reply::{
     Admin, AdminReply, ClusterRecovery, CrushSet, ErasureStatus, HealthCheck, HealthReport,
     InconsistentPg, OsdAdded, OsdMarked, OsdStatus, PoolCreated, PoolRecovery, PoolRemoved,
     PoolStatus, RatioSet, Status,
 };
 pub use status::{status, Health, Severity};
-pub use store::{MapStore, MapStoreError, RedbMapStore};
+pub use store::{MapStore, MapStoreError, MemMapStore, RedbMapStore};
 
 use spindle_map::{ClusterMap, OsdInfo, PoolKind};
 use spindle_proto::net::{accept_loop, Incoming, Replier, Service};
-use spindle_proto::{ErrorCode, Msg};
+use spindle_proto::Msg;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -124,23 +127,18 @@ pub fn init(dir: &std::path::Path, spec: &InitSpec) -> Result<ClusterMap, MonErr
     Ok(map)
 }
 
-struct State {
-    core: MonCore,
-    store: Box<dyn MapStore>,
-}
-
 /// A running monitor (shared by its tasks).
 pub struct Monitor {
-    state: Mutex<State>,
+    node: Mutex<MonNode>,
     map_tx: watch::Sender<Arc<Vec<u8>>>,
     /// The core's clock: milliseconds since the monitor started.
     started: Instant,
 }
 
 impl Monitor {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, MonNode> {
         // A poisoned lock means a bug panicked mid-update; keep serving the last state.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.node.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn now_ms(&self) -> u64 {
@@ -148,176 +146,84 @@ impl Monitor {
     }
 
     pub fn epoch(&self) -> u64 {
-        self.lock().core.epoch()
+        self.lock().epoch()
     }
 
-    /// Persists `next` (a proposal of the core), installs it and publishes it. An epoch is
-    /// visible only after `MapStore::save` returned.
-    fn commit(&self, st: &mut MutexGuard<'_, State>, next: ClusterMap) -> Result<u64, String> {
-        st.store.save(&next).map_err(|e| e.to_string())?;
-        let now_ms = self.now_ms();
-        st.core.install(next, now_ms);
-        let bytes = Arc::new(st.core.map().encode());
-        self.map_tx.send_replace(bytes);
-        Ok(st.core.epoch())
-    }
-
-    /// Commits what the core proposes; returns the current epoch.
-    fn commit_change(&self, change: Option<MapChange>, st: &mut MutexGuard<'_, State>) -> u64 {
-        if let Some(MapChange { next, reason }) = change {
-            match self.commit(st, next) {
-                Ok(e) => tracing::info!("{reason} (epoch {e})"),
-                Err(e) => tracing::error!("cannot commit a map change ({reason}): {e}"),
+    /// Publishes what the node committed (under its lock, so epochs go out in order) and
+    /// logs it (`warn`: changes nobody asked for, such as a daemon marked down).
+    fn publish(&self, h: &Handled, warn: bool) {
+        for c in &h.committed {
+            if warn {
+                tracing::warn!("{} (epoch {})", c.reason, c.epoch);
+            } else {
+                tracing::info!("{} (epoch {})", c.reason, c.epoch);
             }
+            self.map_tx.send_replace(c.bytes.clone());
         }
-        st.core.epoch()
+        for f in &h.failed {
+            tracing::error!("{f}");
+        }
     }
 
     fn handle(self: &Arc<Self>, inc: Incoming, reply: Replier) {
         let rid = inc.request_id;
-        match inc.msg {
-            Msg::OsdBoot { osd_id, addr, pid } => {
-                let now_ms = self.now_ms();
-                let mut st = self.lock();
-                let res = st
-                    .core
-                    .boot(now_ms, osd_id, &addr, pid)
-                    .and_then(|next| match next {
-                        Some(next) => self.commit(&mut st, next),
-                        None => Ok(st.core.epoch()),
-                    });
-                match res {
-                    Ok(e) => {
-                        drop(st);
-                        tracing::info!("osd.{osd_id} booted at {addr} (pid {pid}), epoch {e}");
-                        let map = self.map_tx.borrow().as_ref().clone();
-                        reply.send(rid, e, &Msg::MapUpdate { map });
-                    }
-                    Err(msg) => {
-                        let e = st.core.epoch();
-                        drop(st);
-                        reply.send(rid, e, &Msg::error(ErrorCode::Invalid, msg));
-                    }
-                }
-            }
-            Msg::Heartbeat {
-                osd_id,
-                reports,
-                counters,
-            } => {
-                let now_ms = self.now_ms();
-                let mut st = self.lock();
-                let change = st
-                    .core
-                    .heartbeat(now_ms, osd_id, inc.epoch, reports, counters);
-                let epoch = self.commit_change(change, &mut st);
-                drop(st);
-                reply.send(rid, epoch, &Msg::HeartbeatAck { epoch });
-            }
-            Msg::GetMap {
-                have_epoch,
-                subscribe,
-            } => {
-                let mut rx = self.map_tx.subscribe();
-                let current = rx.borrow_and_update().clone();
-                let epoch = self.epoch();
-                if !subscribe {
-                    if have_epoch < epoch {
-                        reply.send(
-                            rid,
-                            epoch,
-                            &Msg::MapUpdate {
-                                map: current.to_vec(),
-                            },
-                        );
-                    } else {
-                        reply.send(rid, epoch, &Msg::Ok);
-                    }
-                    return;
-                }
-                let me = self.clone();
-                tokio::spawn(async move {
-                    let mut have = have_epoch;
-                    let mut bytes = current;
-                    loop {
-                        let e = me.epoch();
-                        if have < e {
-                            if !reply.send(
-                                0,
-                                e,
-                                &Msg::MapUpdate {
-                                    map: bytes.to_vec(),
-                                },
-                            ) {
-                                return;
-                            }
-                            have = e;
-                        }
-                        // Ends with the connection, not at the next epoch.
-                        tokio::select! {
-                            changed = rx.changed() => if changed.is_err() {
-                                return;
-                            },
-                            () = reply.closed() => return,
-                        }
-                        bytes = rx.borrow_and_update().clone();
-                    }
-                });
-                // The subscription itself is acknowledged so the caller knows it is live.
-                let _ = rid;
-            }
-            Msg::Command { args } => {
-                let mut st = self.lock();
-                let res = AdminCommand::parse(&args)
-                    .and_then(|cmd| st.core.execute(&cmd))
-                    .and_then(|(out, next)| match next {
-                        Some(next) => self.commit(&mut st, next).map(|_| out),
-                        None => Ok(out),
-                    })
-                    .and_then(|out| serde_json::to_string(&out).map_err(|e| e.to_string()));
-                let (ok, output) = match res {
-                    Ok(json) => (true, json),
-                    Err(e) => (false, e),
-                };
-                let epoch = st.core.epoch();
-                drop(st);
-                reply.send(rid, epoch, &Msg::CommandReply { ok, output });
-            }
-            other => {
-                reply.send(
-                    rid,
-                    self.epoch(),
-                    &Msg::error(
-                        ErrorCode::Invalid,
-                        format!("the monitor does not handle {}", other.name()),
-                    ),
-                );
-            }
+        let h = {
+            let mut node = self.lock();
+            let h = node.on_request(self.now_ms(), inc.epoch, inc.msg);
+            self.publish(&h, false);
+            h
+        };
+        if let Some(msg) = &h.reply {
+            reply.send(rid, h.epoch, msg);
         }
+        if let Some(have_epoch) = h.subscribe {
+            self.subscribe(have_epoch, reply);
+        }
+    }
+
+    /// Pushes the current map if newer than `have_epoch`, then every later epoch, until
+    /// the connection closes (not merely until the next epoch).
+    fn subscribe(self: &Arc<Self>, have_epoch: u64, reply: Replier) {
+        let mut rx = self.map_tx.subscribe();
+        let mut bytes = rx.borrow_and_update().clone();
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut have = have_epoch;
+            loop {
+                let e = me.epoch();
+                if have < e {
+                    if !reply.send(
+                        0,
+                        e,
+                        &Msg::MapUpdate {
+                            map: bytes.to_vec(),
+                        },
+                    ) {
+                        return;
+                    }
+                    have = e;
+                }
+                tokio::select! {
+                    changed = rx.changed() => if changed.is_err() {
+                        return;
+                    },
+                    () = reply.closed() => return,
+                }
+                bytes = rx.borrow_and_update().clone();
+            }
+        });
     }
 
     /// The `spindle status` document.
     pub fn status(&self) -> Status {
-        status::status(&self.lock().core)
+        status::status(self.lock().core())
     }
 
     /// Marks down (then out) the daemons the core finds due.
     fn check_heartbeats(&self) {
-        let now_ms = self.now_ms();
-        let mut st = self.lock();
-        // One change per call of `tick`; a bounded number per tick (down, then out).
-        for _ in 0..4 {
-            let Some(MapChange { next, reason }) = st.core.tick(now_ms) else {
-                break;
-            };
-            match self.commit(&mut st, next) {
-                Ok(e) => tracing::warn!("{reason} (epoch {e})"),
-                Err(e) => {
-                    tracing::error!("cannot commit a map change ({reason}): {e}");
-                    break;
-                }
-            }
-        }
+        let mut node = self.lock();
+        let h = node.on_tick(self.now_ms());
+        self.publish(&h, true);
     }
 }
 
@@ -357,8 +263,9 @@ impl BoundMonitor {
         );
         let mon = Arc::new(Monitor {
             // Every daemon the map calls up gets a full grace period after a monitor restart.
-            state: Mutex::new(State {
-                core: MonCore::new(
+            // Every daemon the map calls up gets a full grace period after a monitor restart.
+            node: Mutex::new(MonNode::new(
+                MonCore::new(
                     map,
                     MonTiming {
                         down_after_ms: config.down_after_ms,
@@ -366,8 +273,8 @@ impl BoundMonitor {
                     },
                     0,
                 ),
-                store: Box::new(store),
-            }),
+                Box::new(store),
+            )),
             map_tx,
             started: Instant::now(),
         });

@@ -85,3 +85,42 @@ impl MapStore for RedbMapStore {
         Ok(())
     }
 }
+
+/// A map store in memory, for simulations and tests: clones share the map (it survives
+/// the node that saved it, as a disk survives a crash), and saves can be made to fail.
+#[derive(Clone, Default)]
+pub struct MemMapStore {
+    saved: std::sync::Arc<std::sync::Mutex<Option<ClusterMap>>>,
+    fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl MemMapStore {
+    /// A store that already holds `map`.
+    pub fn with(map: ClusterMap) -> MemMapStore {
+        let s = MemMapStore::default();
+        *s.lock() = Some(map);
+        s
+    }
+
+    /// Makes every later save fail (`true`) or succeed again.
+    pub fn fail_saves(&self, fail: bool) {
+        self.fail.store(fail, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ClusterMap>> {
+        self.saved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl MapStore for MemMapStore {
+    fn load(&self) -> Result<Option<ClusterMap>, MapStoreError> {
+        Ok(self.lock().clone())
+    }
+    fn save(&mut self, map: &ClusterMap) -> Result<(), MapStoreError> {
+        if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(MapStoreError::Db("saves fail (simulated)".into()));
+        }
+        *self.lock() = Some(map.clone());
+        Ok(())
+    }
+}

@@ -1,5 +1,5 @@
-//! The simulated cluster: the real monitor core ([`spindle_mon::MonCore`]) behind a shell
-//! that mirrors `spindle_mon::Monitor` (save, install, publish, reply), storage daemons'
+//! The simulated cluster: the real monitor node ([`spindle_mon::MonNode`]: the core and
+//! its map store, the request handling `spindle_mon::Monitor` runs over TCP), storage daemons'
 //! monitor sessions, and map-following clients, all exchanging real protocol messages
 //! (encoded and decoded with `spindle_proto`) over the simulated network, on one thread,
 //! in simulated time, with faults.
@@ -15,7 +15,9 @@ use crate::rng::SimRng;
 use crate::trace::TraceHash;
 use spindle_map::session::{DaemonSession, SessionAction, SessionState, SessionTiming};
 use spindle_map::ClusterMap;
-use spindle_mon::{AdminCommand, InitSpec, MapChange, MonCore, MonTiming, OsdVerb};
+use spindle_mon::{
+    AdminCommand, Handled, InitSpec, MemMapStore, MonCore, MonNode, MonTiming, OsdVerb,
+};
 use spindle_proto::Msg;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -123,11 +125,11 @@ enum Heal {
     Network,
 }
 
-/// The monitor's shell: the real core, its durable map store (the last saved map), and
-/// its map subscribers (connections: lost when it crashes).
-struct MonNode {
-    core: Option<MonCore>,
-    saved: ClusterMap,
+/// The monitor: the real node (None while it is down), its durable map store (survives a
+/// crash), and its map subscribers (connections: lost when it crashes).
+struct MonShell {
+    node: Option<MonNode>,
+    store: MemMapStore,
     subscribers: BTreeSet<Node>,
 }
 
@@ -173,7 +175,7 @@ pub struct World {
     queue: EventQueue<Ev>,
     net: Network,
     trace: TraceHash,
-    mon: MonNode,
+    mon: MonShell,
     osds: BTreeMap<u32, OsdNode>,
     clients: BTreeMap<u32, ClientNode>,
     /// Every published epoch's map bytes: all observers must agree on each epoch.
@@ -199,9 +201,13 @@ impl World {
         let first = spindle_mon::first_map(&spec, rng.next_u64()).expect("valid first map");
         let mut published = BTreeMap::new();
         published.insert(first.epoch, first.encode());
-        let mon = MonNode {
-            core: Some(MonCore::new(first.clone(), cfg.timing, 0)),
-            saved: first,
+        let store = MemMapStore::with(first.clone());
+        let mon = MonShell {
+            node: Some(MonNode::new(
+                MonCore::new(first, cfg.timing, 0),
+                Box::new(store.clone()),
+            )),
+            store,
             subscribers: BTreeSet::new(),
         };
         let osds = (0..cfg.daemons)
@@ -306,7 +312,7 @@ impl World {
 
     fn epoch_of(&self, node: Node) -> u64 {
         match node {
-            Node::Mon => self.mon.core.as_ref().map_or(0, |c| c.epoch()),
+            Node::Mon => self.mon.node.as_ref().map_or(0, |n| n.epoch()),
             Node::Osd(id) => self
                 .osds
                 .get(&id)
@@ -377,7 +383,7 @@ impl World {
             }
             Ev::MonRestart => {
                 self.trace.u64(2);
-                if self.mon.core.is_none() {
+                if self.mon.node.is_none() {
                     self.mon_restart();
                 }
             }
@@ -429,131 +435,83 @@ impl World {
         }
     }
 
-    // ---- the monitor's shell (as `spindle_mon::Monitor`) ----
+    // ---- the monitor's shell (what `spindle_mon::Monitor` does with a `Handled`) ----
 
-    /// Saves, installs and publishes a proposed map.
-    fn mon_commit(&mut self, next: ClusterMap, reason: &str) {
-        self.log(|| {
-            let up: Vec<u32> = next.osds.values().filter(|o| o.up).map(|o| o.id).collect();
-            format!("mon: commit epoch {} ({reason}); up {up:?}", next.epoch)
-        });
-        let Some(core) = self.mon.core.as_mut() else {
-            return;
-        };
-        if next.epoch != core.epoch() + 1 {
-            let e = core.epoch();
-            return self.fail(format!(
-                "the core proposed epoch {} at epoch {e}",
-                next.epoch
-            ));
+    /// Publishes what the node committed, then answers the requester.
+    fn mon_apply(&mut self, to: Option<(Node, u64)>, h: Handled) {
+        for f in &h.failed {
+            self.fail(format!("the monitor could not save a map: {f}"));
         }
-        self.mon.saved = next.clone();
-        core.install(next, self.now_ms);
-        let bytes = core.map().encode();
-        let epoch = core.epoch();
-        if let Some(prev) = self.published.insert(epoch, bytes.clone()) {
-            if prev != bytes {
+        for c in h.committed {
+            self.log(|| format!("mon: commit epoch {} ({})", c.epoch, c.reason));
+            let newest = self.published.keys().next_back().copied().unwrap_or(0);
+            if c.epoch != newest + 1 {
                 self.fail(format!(
-                    "epoch {epoch} was published twice with different maps"
+                    "the monitor committed epoch {} after epoch {newest}",
+                    c.epoch
                 ));
             }
+            let bytes = c.bytes.to_vec();
+            if let Some(prev) = self.published.insert(c.epoch, bytes.clone()) {
+                if prev != bytes {
+                    self.fail(format!(
+                        "epoch {} was published twice with different maps",
+                        c.epoch
+                    ));
+                }
+            }
+            let subscribers: Vec<Node> = self.mon.subscribers.iter().copied().collect();
+            for s in subscribers {
+                self.send(Node::Mon, s, &Msg::MapUpdate { map: bytes.clone() });
+            }
         }
-        let subscribers: Vec<Node> = self.mon.subscribers.iter().copied().collect();
-        for s in subscribers {
-            self.send(Node::Mon, s, &Msg::MapUpdate { map: bytes.clone() });
+        let Some((from, request_id)) = to else {
+            return;
+        };
+        match h.reply {
+            // Nothing here sends the monitor a request it must refuse.
+            Some(Msg::Error { message, .. }) => {
+                self.fail(format!("the monitor refused a request of {from:?}: {message}"))
+            }
+            Some(reply) => self.send_rid(Node::Mon, from, request_id, &reply),
+            None => {}
         }
-    }
-
-    fn mon_commit_change(&mut self, change: Option<MapChange>) {
-        if let Some(MapChange { next, reason }) = change {
-            self.mon_commit(next, &reason);
+        if let Some(have) = h.subscribe {
+            self.mon.subscribers.insert(from);
+            if let Some(node) = self.mon.node.as_ref() {
+                if have < node.epoch() {
+                    let map = node.map_bytes();
+                    self.send(Node::Mon, from, &Msg::MapUpdate { map });
+                }
+            }
         }
-    }
-
-    fn mon_map_bytes(&self) -> Option<(u64, Vec<u8>)> {
-        let core = self.mon.core.as_ref()?;
-        Some((core.epoch(), core.map().encode()))
     }
 
     fn mon_receive(&mut self, from: Node, epoch: u64, request_id: u64, msg: Msg) {
         let now = self.now_ms;
-        let Some(core) = self.mon.core.as_mut() else {
+        let Some(node) = self.mon.node.as_mut() else {
             return; // down: the message is lost with the connection
         };
-        match msg {
-            Msg::OsdBoot { osd_id, addr, pid } => match core.boot(now, osd_id, &addr, pid) {
-                Ok(next) => {
-                    if let Some(next) = next {
-                        self.mon_commit(next, &format!("boot of osd.{osd_id} pid {pid}"));
-                    }
-                    if let Some((_, map)) = self.mon_map_bytes() {
-                        self.send(Node::Mon, from, &Msg::MapUpdate { map });
-                    }
-                }
-                Err(e) => self.fail(format!("boot of osd.{osd_id} refused: {e}")),
-            },
-            Msg::Heartbeat {
-                osd_id,
-                reports,
-                counters,
-            } => {
-                let change = core.heartbeat(now, osd_id, epoch, reports, counters);
-                self.mon_commit_change(change);
-                if let Some((epoch, _)) = self.mon_map_bytes() {
-                    self.send(Node::Mon, from, &Msg::HeartbeatAck { epoch });
-                }
-            }
-            Msg::GetMap {
-                have_epoch,
-                subscribe,
-            } => {
-                if subscribe {
-                    self.mon.subscribers.insert(from);
-                }
-                if let Some((epoch, map)) = self.mon_map_bytes() {
-                    if have_epoch < epoch {
-                        self.send(Node::Mon, from, &Msg::MapUpdate { map });
-                    }
-                }
-            }
-            Msg::Command { args } => {
-                let reply = match core.command(&args) {
-                    Ok((out, next)) => {
-                        if let Some(next) = next {
-                            self.mon_commit(next, &args.join(" "));
-                        }
-                        Msg::CommandReply {
-                            ok: true,
-                            output: out.to_string(),
-                        }
-                    }
-                    Err(e) => Msg::CommandReply {
-                        ok: false,
-                        output: e,
-                    },
-                };
-                self.send_rid(Node::Mon, from, request_id, &reply);
-            }
-            other => self.fail(format!("the monitor got an unexpected {}", other.name())),
-        }
+        let h = node.on_request(now, epoch, msg);
+        self.mon_apply(Some((from, request_id)), h);
     }
 
     fn mon_tick(&mut self) {
-        for _ in 0..4 {
-            let now = self.now_ms;
-            let Some(core) = self.mon.core.as_mut() else {
-                return;
-            };
-            let Some(change) = core.tick(now) else {
-                return;
-            };
-            self.mon_commit(change.next, &change.reason);
-        }
+        let now = self.now_ms;
+        let Some(node) = self.mon.node.as_mut() else {
+            return;
+        };
+        let h = node.on_tick(now);
+        self.mon_apply(None, h);
     }
 
     fn mon_restart(&mut self) {
         self.log(|| "mon: restart".into());
-        let core = MonCore::new(self.mon.saved.clone(), self.cfg.timing, self.now_ms);
+        let saved = match spindle_mon::MapStore::load(&self.mon.store) {
+            Ok(Some(map)) => map,
+            other => return self.fail(format!("the monitor's store lost its map: {other:?}")),
+        };
+        let core = MonCore::new(saved, self.cfg.timing, self.now_ms);
         let newest = self.published.keys().next_back().copied().unwrap_or(0);
         if core.epoch() < newest {
             self.fail(format!(
@@ -561,7 +519,7 @@ impl World {
                 core.epoch()
             ));
         }
-        self.mon.core = Some(core);
+        self.mon.node = Some(MonNode::new(core, Box::new(self.mon.store.clone())));
     }
 
     // ---- storage daemons' monitor sessions (model of `Osd::mon_loop`) ----
@@ -692,6 +650,8 @@ impl World {
     fn client_receive(&mut self, id: u32, request_id: u64, msg: Msg) {
         match msg {
             Msg::MapUpdate { map } => self.install(Node::Client(id), &map),
+            // The answer to a poll when the client's map is current (`MapReply::Current`).
+            Msg::Ok => {}
             Msg::CommandReply { ok, output } => {
                 // A duplicated reply finds its command already answered.
                 let Some(cmd) = self.commands.remove(&request_id) else {
@@ -780,7 +740,7 @@ impl World {
             }
             2 => {
                 // Crash the monitor; it restarts from its saved map.
-                if self.mon.core.take().is_some() {
+                if self.mon.node.take().is_some() {
                     self.mon.subscribers.clear();
                     let back = self.rng.range(200, 5_000);
                     self.queue.push(self.now_ms + back, Ev::MonRestart);
@@ -887,7 +847,7 @@ impl World {
         self.faults_over = true;
         self.net.heal_all();
         self.net.config = NetConfig::default();
-        if self.mon.core.is_none() {
+        if self.mon.node.is_none() {
             self.queue.push(self.now_ms + 1, Ev::MonRestart);
         }
         let down: Vec<u32> = self
@@ -911,10 +871,10 @@ impl World {
     /// After the faults stopped and `settle_ms` passed: the monitor is up, every daemon is
     /// up in its map, and every daemon and client has its current map.
     fn check_converged(&mut self) {
-        let Some(core) = self.mon.core.as_ref() else {
+        let Some(node) = self.mon.node.as_ref() else {
             return self.fail("the monitor is not running after the faults stopped".into());
         };
-        let map = core.map().clone();
+        let map = node.core().map().clone();
         for (id, o) in &self.osds {
             if !map.osds.get(id).is_some_and(|i| i.up) {
                 self.failures.push(format!(
