@@ -58,6 +58,8 @@ pub struct ClientConfig {
     pub mon_addr: String,
     /// Total time an operation may take across retries.
     pub op_timeout_ms: u64,
+    /// TCP, or an in-process network in tests.
+    pub net: spindle_proto::transport::Net,
 }
 
 impl ClientConfig {
@@ -65,6 +67,7 @@ impl ClientConfig {
         ClientConfig {
             mon_addr: mon_addr.into(),
             op_timeout_ms: 30_000,
+            net: spindle_proto::transport::Net::Tcp,
         }
     }
 }
@@ -136,7 +139,7 @@ impl Client {
     /// Connects to the monitor, fetches the map and subscribes to new epochs.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         let (push_tx, push_rx) = mpsc::unbounded_channel();
-        let mon = RpcConn::connect(&config.mon_addr, 3000, Some(push_tx.clone()))
+        let mon = RpcConn::connect_via(&config.net, &config.mon_addr, 3000, Some(push_tx.clone()))
             .await
             .map_err(|e| ClientError::Monitor {
                 addr: config.mon_addr.clone(),
@@ -231,7 +234,8 @@ impl Client {
                 return Ok(c);
             }
         }
-        let conn = RpcConn::connect(
+        let conn = RpcConn::connect_via(
+            &self.inner.config.net,
             &self.inner.config.mon_addr,
             3000,
             Some(self.inner.push_tx.clone()),
@@ -327,7 +331,7 @@ impl Client {
                 return Ok(c.clone());
             }
         }
-        let conn = RpcConn::connect(addr, 2000, None).await?;
+        let conn = RpcConn::connect_via(&self.inner.config.net, addr, 2000, None).await?;
         lock(&self.inner.osds).insert(osd, conn.clone());
         Ok(conn)
     }
@@ -406,7 +410,8 @@ impl Client {
                         .get(&primary)
                         .map(|o| o.addr.clone())
                         .unwrap_or_default();
-                    self.attempt(&ms, primary, &addr, m, deadline).await
+                    let pg = spindle_map::PgId { pool: pool_id, pg };
+                    self.attempt(&ms, pg, primary, &addr, m, deadline).await
                 }
             };
             let last = match attempt {
@@ -439,9 +444,33 @@ impl Client {
         }
     }
 
+    /// Resolves once a map newer than `epoch` no longer has `primary` as the primary of
+    /// `pg`: a request in flight there is to be sent again to the new primary (as Ceph's
+    /// clients resend on a map change), not waited for until the operation's deadline (a
+    /// primary that vanished without closing its connections, or is partitioned away,
+    /// never answers).
+    async fn primary_moved(&self, pg: spindle_map::PgId, primary: u32, epoch: u64) -> String {
+        let mut rx = self.inner.map_tx.subscribe();
+        loop {
+            let ms = self.state();
+            let now_primary = ms.placement.pg(pg.pool, pg.pg).and_then(|p| p.primary());
+            if ms.map.epoch > epoch && now_primary != Some(primary) {
+                return format!(
+                    "osd.{primary} is no longer the primary of pg {pg} at epoch {}",
+                    ms.map.epoch
+                );
+            }
+            if rx.changed().await.is_err() {
+                // The client is going away; the reply's own timeout ends the wait.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     async fn attempt(
         &self,
         ms: &MapState,
+        pg: spindle_map::PgId,
         primary: u32,
         addr: &str,
         msg: &Prepared,
@@ -455,11 +484,20 @@ impl Client {
             .saturating_duration_since(Instant::now())
             .as_millis() as u64;
         let sent = conn.start_prepared(ms.map.epoch, msg);
-        let reply = match async { sent?.wait(left_ms.max(1)).await }.await {
-            Ok(r) => r,
-            Err(e) => {
-                lock(&self.inner.osds).remove(&primary);
-                return Attempt::RetryMaybeApplied(format!("osd.{primary}: {e}"));
+        let reply = tokio::select! {
+            r = async { sent?.wait(left_ms.max(1)).await } => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    lock(&self.inner.osds).remove(&primary);
+                    return Attempt::RetryMaybeApplied(format!("osd.{primary}: {e}"));
+                }
+            },
+            why = self.primary_moved(pg, primary, ms.map.epoch) => {
+                // A daemon marked down may hold a dead connection: open a new one later.
+                if !self.state().map.osds.get(&primary).is_some_and(|o| o.up) {
+                    lock(&self.inner.osds).remove(&primary);
+                }
+                return Attempt::RetryMaybeApplied(why);
             }
         };
         match reply.msg {

@@ -33,12 +33,12 @@ pub use status::{status, Health, Severity};
 pub use store::{MapStore, MapStoreError, MemMapStore, RedbMapStore};
 
 use spindle_map::{ClusterMap, OsdInfo, PoolKind};
-use spindle_proto::net::{accept_loop, Incoming, Replier, Service};
+use spindle_proto::net::{accept_loop_via, Incoming, Replier, Service};
+use spindle_proto::transport::{Net, NetListener};
 use spindle_proto::Msg;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +64,8 @@ pub struct MonConfig {
     /// A daemon down for this long is marked out, so its data is re-created elsewhere
     /// (0 = never).
     pub out_after_ms: u64,
+    /// TCP, or an in-process network in tests.
+    pub net: Net,
 }
 
 impl MonConfig {
@@ -73,6 +75,7 @@ impl MonConfig {
             listen: "127.0.0.1:0".to_string(),
             down_after_ms: 2000,
             out_after_ms: 30_000,
+            net: Net::Tcp,
         }
     }
     fn db_path(&self) -> PathBuf {
@@ -241,8 +244,10 @@ impl Service for MonService {
 
 /// A bound, loaded monitor, ready to serve.
 pub struct BoundMonitor {
-    pub addr: std::net::SocketAddr,
-    listener: TcpListener,
+    /// The address clients and daemons use (a TCP port 0 became the port picked).
+    pub addr: String,
+    listener: NetListener,
+    net: Net,
     mon: Arc<Monitor>,
 }
 
@@ -253,8 +258,7 @@ impl BoundMonitor {
         let map = store
             .load()?
             .ok_or_else(|| MonError::NotInitialized(config.dir.clone()))?;
-        let listener = TcpListener::bind(&config.listen).await?;
-        let addr = listener.local_addr()?;
+        let (listener, addr) = config.net.bind(&config.listen).await?;
         let (map_tx, _) = watch::channel(Arc::new(map.encode()));
         tracing::info!(
             "monitor listening on {addr}, cluster {:016x}, epoch {}",
@@ -281,6 +285,7 @@ impl BoundMonitor {
         Ok(BoundMonitor {
             addr,
             listener,
+            net: config.net.clone(),
             mon,
         })
     }
@@ -305,7 +310,7 @@ impl BoundMonitor {
                 }
             }
         });
-        let accept = accept_loop(self.listener, "monitor", MonService(mon.clone()));
+        let accept = accept_loop_via(&self.net, self.listener, "monitor", MonService(mon.clone()));
         tokio::select! {
             _ = accept => {}
             _ = shutdown => {}

@@ -47,9 +47,10 @@ use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, PgReport, PgStateCode, Ver,
 };
 use spindle_proto::net::{
-    accept_loop, Incoming, NetError, PendingReply, Prepared, Replier, RpcConn, Service,
+    accept_loop_via, Incoming, NetError, PendingReply, Prepared, Replier, RpcConn, Service,
 };
 use spindle_proto::request::{reply_to, MapReply, Request};
+use spindle_proto::transport::Net;
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{LogEntry, LogOp, Mutation, PgId, Store, StoreConfig, StoreError, Version};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -57,7 +58,6 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 #[derive(Debug, thiserror::Error)]
@@ -91,6 +91,8 @@ pub struct OsdConfig {
     /// Each placement group this daemon is primary of is scrubbed this often (0 = never;
     /// `spindle scrub` works regardless).
     pub scrub_interval_ms: u64,
+    /// TCP, or an in-process network in tests.
+    pub net: Net,
 }
 
 impl OsdConfig {
@@ -106,6 +108,7 @@ impl OsdConfig {
             recovery_bytes_per_sec: 0,
             stray_check_ms: 2000,
             scrub_interval_ms: 24 * 3600 * 1000,
+            net: Net::Tcp,
         }
     }
 }
@@ -297,8 +300,8 @@ impl Osd {
         let store = tokio::task::spawn_blocking(move || Store::open(StoreConfig::new(store_dir)))
             .await
             .map_err(|e| OsdError::Boot(e.to_string()))??;
-        let listener = TcpListener::bind(&config.listen).await?;
-        let addr = listener.local_addr()?.to_string();
+        let (listener, addr) = config.net.bind(&config.listen).await?;
+        let net = config.net.clone();
         let (push_tx, push_rx) = mpsc::unbounded_channel();
         let (map_tx, _) = watch::channel(0u64);
         let osd = Osd {
@@ -327,7 +330,10 @@ impl Osd {
             }),
         };
         tracing::info!("osd.{} listening on {addr}", osd.inner.id);
-        let server = tokio::spawn(accept_loop(listener, "osd", osd.clone()));
+        let server = {
+            let osd = osd.clone();
+            tokio::spawn(async move { accept_loop_via(&net, listener, "osd", osd).await })
+        };
         let pusher = {
             let osd = osd.clone();
             tokio::spawn(async move { osd.push_loop(push_rx).await })
@@ -460,7 +466,8 @@ impl Osd {
 
     /// Connects to the monitor and boots over the new connection.
     async fn connect_and_boot(&self) -> Result<Arc<RpcConn>, String> {
-        let conn = RpcConn::connect(
+        let conn = RpcConn::connect_via(
+            &self.inner.config.net,
             &self.inner.config.mon_addr,
             2000,
             Some(self.inner.push_tx.clone()),
@@ -765,7 +772,7 @@ impl Osd {
             .map(|o| o.addr.clone())
             .filter(|a| !a.is_empty())
             .ok_or_else(|| format!("osd.{osd} has no address"))?;
-        let conn = RpcConn::connect(&addr, 2000, None)
+        let conn = RpcConn::connect_via(&self.inner.config.net, &addr, 2000, None)
             .await
             .map_err(|e| e.to_string())?;
         lock(&self.inner.peers).insert(osd, conn.clone());

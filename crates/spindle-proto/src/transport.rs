@@ -14,6 +14,8 @@
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -311,6 +313,12 @@ pub mod mem {
         me: String,
     }
 
+    impl std::fmt::Debug for MemTransport {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "MemTransport({})", self.me)
+        }
+    }
+
     /// A listener of a [`MemTransport`] (closed when dropped).
     pub struct MemListener {
         addr: String,
@@ -401,6 +409,143 @@ pub mod mem {
                     "listener closed",
                 )),
             }
+        }
+    }
+}
+
+/// The transport a process is configured with: TCP, or a host of an in-process
+/// [`mem::MemNet`] (tests that run monitors, daemons and clients in one process with
+/// partitions between them). One match per poll; the TCP arms are the plain halves.
+#[derive(Clone, Debug, Default)]
+pub enum Net {
+    #[default]
+    Tcp,
+    Mem(mem::MemTransport),
+}
+
+/// The read half of a [`Net`] connection.
+pub enum NetRead {
+    Tcp(tokio::net::tcp::OwnedReadHalf),
+    Mem(tokio::io::DuplexStream),
+}
+
+/// The write half of a [`Net`] connection.
+pub enum NetWrite {
+    Tcp(tokio::net::tcp::OwnedWriteHalf),
+    Mem(tokio::io::DuplexStream),
+}
+
+/// A listener of a [`Net`].
+pub enum NetListener {
+    Tcp(tokio::net::TcpListener),
+    Mem(mem::MemListener),
+}
+
+impl Net {
+    /// Listens on `addr`; returns the listener and the address peers are to use (a TCP
+    /// port 0 becomes the port picked).
+    pub async fn bind(&self, addr: &str) -> io::Result<(NetListener, String)> {
+        match self {
+            Net::Tcp => {
+                let l = tokio::net::TcpListener::bind(addr).await?;
+                let bound = l.local_addr()?.to_string();
+                Ok((NetListener::Tcp(l), bound))
+            }
+            Net::Mem(t) => Ok((NetListener::Mem(t.bind(addr)?), addr.to_string())),
+        }
+    }
+}
+
+impl Transport for Net {
+    type Read = NetRead;
+    type Write = NetWrite;
+    type Listener = NetListener;
+
+    async fn connect(&self, addr: &str) -> io::Result<(NetRead, NetWrite)> {
+        match self {
+            Net::Tcp => {
+                let (r, w) = Tcp.connect(addr).await?;
+                Ok((NetRead::Tcp(r), NetWrite::Tcp(w)))
+            }
+            Net::Mem(t) => {
+                let (r, w) = t.connect(addr).await?;
+                Ok((NetRead::Mem(r), NetWrite::Mem(w)))
+            }
+        }
+    }
+
+    async fn accept(&self, listener: &NetListener) -> io::Result<(NetRead, NetWrite, String)> {
+        match (self, listener) {
+            (_, NetListener::Tcp(l)) => {
+                let (r, w, peer) = Tcp.accept(l).await?;
+                Ok((NetRead::Tcp(r), NetWrite::Tcp(w), peer))
+            }
+            (Net::Mem(t), NetListener::Mem(l)) => {
+                let (r, w, peer) = t.accept(l).await?;
+                Ok((NetRead::Mem(r), NetWrite::Mem(w), peer))
+            }
+            (Net::Tcp, NetListener::Mem(_)) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an in-process listener on the TCP transport",
+            )),
+        }
+    }
+}
+
+impl AsyncRead for NetRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            NetRead::Tcp(r) => Pin::new(r).poll_read(cx, buf),
+            NetRead::Mem(r) => Pin::new(r).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for NetWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            NetWrite::Tcp(w) => Pin::new(w).poll_write(cx, buf),
+            NetWrite::Mem(w) => Pin::new(w).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            NetWrite::Tcp(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+            NetWrite::Mem(w) => Pin::new(w).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            NetWrite::Tcp(w) => w.is_write_vectored(),
+            NetWrite::Mem(w) => w.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            NetWrite::Tcp(w) => Pin::new(w).poll_flush(cx),
+            NetWrite::Mem(w) => Pin::new(w).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            NetWrite::Tcp(w) => Pin::new(w).poll_shutdown(cx),
+            NetWrite::Mem(w) => Pin::new(w).poll_shutdown(cx),
         }
     }
 }

@@ -470,9 +470,9 @@ impl World {
         };
         match h.reply {
             // Nothing here sends the monitor a request it must refuse.
-            Some(Msg::Error { message, .. }) => {
-                self.fail(format!("the monitor refused a request of {from:?}: {message}"))
-            }
+            Some(Msg::Error { message, .. }) => self.fail(format!(
+                "the monitor refused a request of {from:?}: {message}"
+            )),
             Some(reply) => self.send_rid(Node::Mon, from, request_id, &reply),
             None => {}
         }

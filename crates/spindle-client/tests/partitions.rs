@@ -1,0 +1,273 @@
+//! A whole cluster in one process (the real monitor, three real storage daemons with their
+//! stores on disk, the real client) over the in-process stream network
+//! (`spindle_proto::transport::mem`), so that hosts can be partitioned from each other,
+//! which separate processes on one machine's loopback cannot be. Every acknowledged write
+//! is read back exactly after the partition heals and the cluster is clean, and scrub
+//! finds every copy identical.
+
+use spindle_client::{Client, ClientConfig};
+use spindle_mon::reply::unsettled_pgs;
+use spindle_mon::{Admin, BoundMonitor, InitSpec, MonConfig, Status};
+use spindle_osd::{Osd, OsdConfig};
+use spindle_proto::transport::mem::{MemNet, MemNetConfig};
+use spindle_proto::transport::Net;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const DAEMONS: u32 = 3;
+const POOL: &str = "default";
+const MON: &str = "mon:6789";
+
+/// Removes the cluster's directory however the test ends.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct Cluster {
+    net: MemNet,
+    client: Client,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _dir: Scratch,
+}
+
+fn hosts() -> Vec<String> {
+    let mut h = vec!["mon".to_string(), "client".to_string()];
+    h.extend((0..DAEMONS).map(|i| format!("osd.{i}")));
+    h
+}
+
+impl Cluster {
+    async fn start(name: &str) -> Cluster {
+        let dir = Scratch(
+            std::env::temp_dir().join(format!("spindle-partitions-{name}-{}", std::process::id())),
+        );
+        let _ = std::fs::remove_dir_all(&dir.0);
+        let net = MemNet::new(MemNetConfig {
+            seed: 7,
+            delay_ms_min: 0,
+            delay_ms_max: 1,
+            ..MemNetConfig::default()
+        });
+        let mon_dir = dir.0.join("mon");
+        let spec = InitSpec {
+            osd_count: DAEMONS,
+            default_pool: Some((POOL.into(), 3, 2, 8)),
+        };
+        spindle_mon::init(&mon_dir, &spec).unwrap();
+        let mut config = MonConfig::new(&mon_dir);
+        config.listen = MON.into();
+        config.net = Net::Mem(net.host("mon"));
+        config.down_after_ms = 1_500;
+        config.out_after_ms = 0;
+        let mon = BoundMonitor::bind(config).await.unwrap();
+        let (mut stops, mut tasks) = (Vec::new(), Vec::new());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        stops.push(tx);
+        tasks.push(tokio::spawn(async move {
+            mon.run(async move {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        }));
+        for id in 0..DAEMONS {
+            let mut c = OsdConfig::new(id, dir.0.join(format!("osd.{id}")), MON);
+            c.listen = format!("osd.{id}:6800");
+            c.net = Net::Mem(net.host(&format!("osd.{id}")));
+            c.heartbeat_ms = 200;
+            c.replica_timeout_ms = 1_000;
+            std::fs::create_dir_all(&c.dir).unwrap();
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            stops.push(tx);
+            tasks.push(tokio::spawn(async move {
+                Osd::run(c, async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+            }));
+        }
+        let mut cc = ClientConfig::new(MON);
+        cc.net = Net::Mem(net.host("client"));
+        let client = Client::connect(cc).await.unwrap();
+        let cluster = Cluster {
+            net,
+            client,
+            stops,
+            tasks,
+            _dir: dir,
+        };
+        cluster.wait_clean(Duration::from_secs(30)).await;
+        cluster
+    }
+
+    async fn status(&self) -> Status {
+        self.client.admin(&Admin::status()).await.unwrap()
+    }
+
+    /// Waits until every daemon is up and every group is settled (active and clean).
+    async fn wait_clean(&self, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let s = self.status().await;
+            let up = s.osds.iter().filter(|o| o.up).count() as u32;
+            let clean = s.pgs.get("clean").copied().unwrap_or(0);
+            if up == DAEMONS && unsettled_pgs(&s.pgs) == 0 && clean == 8 {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "not clean after {limit:?}: {up} daemons up, groups {:?}",
+                s.pgs
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until the monitor has marked daemon `id` down.
+    async fn wait_down(&self, id: u32) {
+        let start = Instant::now();
+        while self.status().await.osds.iter().any(|o| o.id == id && o.up) {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "osd.{id} is still up"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Cuts `host` off from every other host (connections stall, connects hang).
+    fn isolate(&self, host: &str) {
+        for h in hosts().iter().filter(|h| *h != host) {
+            self.net.partition(host, h);
+        }
+    }
+
+    fn rejoin(&self, host: &str) {
+        for h in hosts().iter().filter(|h| *h != host) {
+            self.net.heal(host, h);
+        }
+    }
+
+    async fn stop(self) {
+        for s in self.stops {
+            let _ = s.send(());
+        }
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+    }
+}
+
+fn content(object: usize, generation: u32) -> Vec<u8> {
+    let len = 1_000 + object * 997 % 20_000;
+    (0..len)
+        .map(|j| (object as u32 * 131 + generation * 17 + j as u32) as u8)
+        .collect()
+}
+
+/// Writes generation `g` of objects `0..n`, all at once; returns how long it took.
+async fn write_all(
+    client: &Client,
+    n: usize,
+    g: u32,
+    acked: &mut BTreeMap<usize, Vec<u8>>,
+) -> Duration {
+    let start = Instant::now();
+    let writes = (0..n).map(|i| {
+        let client = client.clone();
+        async move {
+            let data = content(i, g);
+            client
+                .write_full(POOL, &format!("obj-{i}"), data.clone())
+                .await
+                .map(|_| (i, data))
+        }
+    });
+    for r in futures::future::join_all(writes).await {
+        let (i, data) = r.unwrap_or_else(|e| panic!("generation {g}: a write failed: {e}"));
+        acked.insert(i, data);
+    }
+    start.elapsed()
+}
+
+/// Every acknowledged write reads back exactly, and scrub finds every copy identical.
+async fn check(cluster: &Cluster, acked: &BTreeMap<usize, Vec<u8>>) {
+    for (i, want) in acked {
+        let got = cluster
+            .client
+            .read_full(POOL, &format!("obj-{i}"))
+            .await
+            .unwrap();
+        assert!(
+            got == *want,
+            "obj-{i}: the acknowledged write is not what reads return"
+        );
+    }
+    let scrub = cluster.client.scrub(POOL).await.unwrap();
+    assert_eq!(scrub.objects, acked.len() as u64, "{scrub:?}");
+    assert_eq!(scrub.inconsistent, 0, "{scrub:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cut_off_from_everyone_is_marked_down_and_writes_go_on() {
+    let cluster = Cluster::start("replica").await;
+    let mut acked = BTreeMap::new();
+    write_all(&cluster.client, 24, 0, &mut acked).await;
+    cluster.isolate("osd.2");
+    // The monitor marks it down after 1.5 s; groups re-peer without it (size 3, min 2).
+    let took = write_all(&cluster.client, 24, 1, &mut acked).await;
+    eprintln!("writes with osd.2 cut off took {took:?}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    cluster.wait_down(2).await;
+    cluster.rejoin("osd.2");
+    cluster.wait_clean(Duration::from_secs(60)).await;
+    write_all(&cluster.client, 24, 2, &mut acked).await;
+    check(&cluster, &acked).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_cut_off_from_the_monitor_only_loses_no_acknowledged_write() {
+    let cluster = Cluster::start("monitor").await;
+    let mut acked = BTreeMap::new();
+    write_all(&cluster.client, 24, 0, &mut acked).await;
+    // osd.0 still talks to the other daemons and the client, but the monitor marks it
+    // down: its groups move to new primaries while it may still act on its old map.
+    cluster.net.partition("osd.0", "mon");
+    let took = write_all(&cluster.client, 24, 1, &mut acked).await;
+    eprintln!("writes with osd.0 cut from the monitor took {took:?}");
+    cluster.wait_down(0).await;
+    let took = write_all(&cluster.client, 24, 2, &mut acked).await;
+    eprintln!("writes with osd.0 cut from the monitor and marked down took {took:?}");
+    cluster.net.heal("osd.0", "mon");
+    cluster.wait_clean(Duration::from_secs(60)).await;
+    check(&cluster, &acked).await;
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_that_cannot_talk_stall_their_groups_until_healed_and_lose_nothing() {
+    let cluster = Cluster::start("pair").await;
+    let mut acked = BTreeMap::new();
+    write_all(&cluster.client, 24, 0, &mut acked).await;
+    // Both still heartbeat to the monitor, so neither is marked down: groups holding both
+    // cannot replicate until the link heals (daemons do not report failed peers yet).
+    cluster.net.partition("osd.0", "osd.1");
+    let net = cluster.net.clone();
+    let healer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        net.heal("osd.0", "osd.1");
+    });
+    let took = write_all(&cluster.client, 24, 1, &mut acked).await;
+    eprintln!("writes with osd.0 and osd.1 unable to talk took {took:?}");
+    healer.await.unwrap();
+    cluster.wait_clean(Duration::from_secs(60)).await;
+    check(&cluster, &acked).await;
+    cluster.stop().await;
+}
