@@ -117,7 +117,8 @@ impl Cluster {
             let s = self.status().await;
             let up = s.osds.iter().filter(|o| o.up).count() as u32;
             let clean = s.pgs.get("clean").copied().unwrap_or(0);
-            if up == DAEMONS && unsettled_pgs(&s.pgs) == 0 && clean == 8 {
+            let pgs: u64 = s.pools.iter().map(|p| p.pg_count as u64).sum();
+            if up == DAEMONS && unsettled_pgs(&s.pgs) == 0 && clean == pgs {
                 return;
             }
             assert!(
@@ -178,13 +179,23 @@ async fn write_all(
     g: u32,
     acked: &mut BTreeMap<usize, Vec<u8>>,
 ) -> Duration {
+    write_pool(client, POOL, n, g, acked).await
+}
+
+async fn write_pool(
+    client: &Client,
+    pool: &str,
+    n: usize,
+    g: u32,
+    acked: &mut BTreeMap<usize, Vec<u8>>,
+) -> Duration {
     let start = Instant::now();
     let writes = (0..n).map(|i| {
         let client = client.clone();
         async move {
             let data = content(i, g);
             client
-                .write_full(POOL, &format!("obj-{i}"), data.clone())
+                .write_full(pool, &format!("obj-{i}"), data.clone())
                 .await
                 .map(|_| (i, data))
         }
@@ -198,18 +209,12 @@ async fn write_all(
 
 /// Every acknowledged write reads back exactly, and scrub finds every copy identical.
 async fn check(cluster: &Cluster, acked: &BTreeMap<usize, Vec<u8>>) {
-    for (i, want) in acked {
-        let got = cluster
-            .client
-            .read_full(POOL, &format!("obj-{i}"))
-            .await
-            .unwrap();
-        assert!(
-            got == *want,
-            "obj-{i}: the acknowledged write is not what reads return"
-        );
-    }
-    let scrub = cluster.client.scrub(POOL).await.unwrap();
+    check_pool(cluster, POOL, acked).await
+}
+
+async fn check_pool(cluster: &Cluster, pool: &str, acked: &BTreeMap<usize, Vec<u8>>) {
+    check_reads(cluster, pool, acked).await;
+    let scrub = cluster.client.scrub(pool).await.unwrap();
     assert_eq!(scrub.objects, acked.len() as u64, "{scrub:?}");
     assert_eq!(scrub.inconsistent, 0, "{scrub:?}");
 }
@@ -270,4 +275,42 @@ async fn two_daemons_that_cannot_talk_stall_their_groups_until_healed_and_lose_n
     cluster.wait_clean(Duration::from_secs(60)).await;
     check(&cluster, &acked).await;
     cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erasure_coded_pool_keeps_writing_with_a_shard_cut_off_and_heals() {
+    let cluster = Cluster::start("ec").await;
+    // k=2, m=1 on three daemons; min_size 2, so one shard may be missing.
+    cluster
+        .client
+        .admin(&Admin::pool_create_ec("ec", 2, 1, 2, 0, 4096, 8))
+        .await
+        .unwrap();
+    cluster.wait_clean(Duration::from_secs(30)).await;
+    let mut acked = BTreeMap::new();
+    write_pool(&cluster.client, "ec", 16, 0, &mut acked).await;
+    cluster.isolate("osd.1");
+    let took = write_pool(&cluster.client, "ec", 16, 1, &mut acked).await;
+    eprintln!("EC writes with osd.1 cut off took {took:?}");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    // Reads decode from the two shards left.
+    check_reads(&cluster, "ec", &acked).await;
+    cluster.rejoin("osd.1");
+    cluster.wait_clean(Duration::from_secs(60)).await;
+    check_pool(&cluster, "ec", &acked).await;
+    cluster.stop().await;
+}
+
+async fn check_reads(cluster: &Cluster, pool: &str, acked: &BTreeMap<usize, Vec<u8>>) {
+    for (i, want) in acked {
+        let got = cluster
+            .client
+            .read_full(pool, &format!("obj-{i}"))
+            .await
+            .unwrap();
+        assert!(
+            got == *want,
+            "obj-{i}: the acknowledged write is not what reads return"
+        );
+    }
 }
