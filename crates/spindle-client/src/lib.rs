@@ -15,7 +15,7 @@ use spindle_proto::net::{Incoming, NetError, Prepared, RpcConn};
 use spindle_proto::request::{reply_to, AdminRequest, CallError, MapReply, RemoteError, Request};
 use spindle_proto::{ErrorCode, Msg};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
@@ -121,9 +121,7 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use spindle_types::sync::lock;
 
 /// Result of one attempt.
 enum Attempt {

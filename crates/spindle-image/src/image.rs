@@ -471,9 +471,7 @@ impl WriteTracker {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use spindle_types::sync::lock;
 
 /// An open block image. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Image<B: ObjectBackend> {

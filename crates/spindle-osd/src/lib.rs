@@ -56,7 +56,7 @@ use spindle_store::{LogEntry, LogOp, Mutation, PgId, Store, StoreConfig, StoreEr
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
@@ -285,9 +285,7 @@ impl Service for Osd {
 /// Longest wait for a PG's in-flight store transactions before peering retries.
 const INFLIGHT_DRAIN_MS: u64 = 10_000;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use spindle_types::sync::lock;
 
 impl Osd {
     /// Opens the store, binds the listener, boots with the monitor and serves until

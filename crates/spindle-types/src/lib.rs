@@ -8,6 +8,7 @@
 //!   frame, one name limit for the protocol and the store, ...).
 //! - [`ErrorCode`]: the error codes carried on the wire.
 //! - [`crc`]: CRC32C (the `spindle-crc` kernel), block checksums and their combination.
+//! - [`sync::lock`]: the one poison-tolerant lock helper.
 //!
 //! Layering: this crate sits right above the kernels (it re-exports `spindle-crc`) and below
 //! every cluster crate (`spindle-proto`, `spindle-store`, `spindle-map`, the daemons and the
@@ -16,6 +17,7 @@
 pub mod error_code;
 pub mod ids;
 pub mod limits;
+pub mod sync;
 
 /// CRC32C: `crc32c`, `crc32c_append`, `crc32c_combine`, the 4 KiB block checksums
 /// (`crc32c_blocks`, `crc32c_of_blocks`, `CRC_BLOCK_BYTES`) and the engines.
