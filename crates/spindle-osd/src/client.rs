@@ -110,7 +110,7 @@ impl Osd {
             });
             return;
         }
-        if matches!(&op, ObjOp::Mutate(m) if is_shard_mutation(m)) {
+        if matches!(&op, ObjOp::Mutate(m) if m.is_shard()) {
             reply.send(
                 rid,
                 epoch,
@@ -310,7 +310,7 @@ impl Osd {
         // apply is refused while no copy has seen it.
         let local = match &shared {
             Some(_) => None,
-            None => Some(to_store_mutation(m).ok_or_else(not_replicated)?),
+            None => Some(Mutation::try_from(m).map_err(|_| not_replicated())?),
         };
         let mut pending = Vec::with_capacity(conns.len());
         for c in conns {

@@ -121,16 +121,6 @@ const SHARED_WRITE_BYTES_MIN: usize = spindle_store::DIRECT_WRITE_BYTES_MIN;
 /// The store's form of a replicated mutation; `None` for the erasure-coded ones (they are
 /// applied through the shard path, `ec.rs`): callers refuse those with
 /// [`not_replicated`].
-fn to_store_mutation(m: WireMutation) -> Option<Mutation> {
-    Some(match m {
-        WireMutation::WriteFull(d) => Mutation::WriteFull(d),
-        WireMutation::Write { offset, data } => Mutation::Write { offset, data },
-        WireMutation::Truncate { size_bytes } => Mutation::Truncate { size_bytes },
-        WireMutation::Delete => Mutation::Delete,
-        WireMutation::EcWrite { .. } | WireMutation::EcPatch { .. } => return None,
-    })
-}
-
 /// The refusal of an erasure-coded mutation sent to a replicated group.
 fn not_replicated() -> Msg {
     Msg::error(
@@ -139,12 +129,6 @@ fn not_replicated() -> Msg {
     )
 }
 
-fn is_shard_mutation(m: &WireMutation) -> bool {
-    matches!(
-        m,
-        WireMutation::EcWrite { .. } | WireMutation::EcPatch { .. }
-    )
-}
 fn log_to_wire(log: &[LogEntry]) -> Vec<LogEntryMsg> {
     log.iter()
         .map(|e| LogEntryMsg {

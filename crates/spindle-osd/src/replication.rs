@@ -25,7 +25,7 @@ impl Osd {
                 version: v,
                 mutation,
             } => {
-                let Some(mutation) = crate::to_store_mutation(mutation) else {
+                let Ok(mutation) = spindle_store::Mutation::try_from(mutation) else {
                     reply.send(rid, epoch, &crate::not_replicated());
                     return;
                 };

@@ -66,6 +66,46 @@ pub enum Mutation {
     },
 }
 
+impl From<spindle_types::Mutation> for Mutation {
+    /// An object mutation as the protocol carries it (same variants, same bytes).
+    fn from(m: spindle_types::Mutation) -> Mutation {
+        use spindle_types::Mutation as M;
+        match m {
+            M::WriteFull(data) => Mutation::WriteFull(data),
+            M::Write { offset, data } => Mutation::Write { offset, data },
+            M::Truncate { size_bytes } => Mutation::Truncate { size_bytes },
+            M::Delete => Mutation::Delete,
+        }
+    }
+}
+
+/// An erasure-coded shard write where an object mutation was needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardMutation;
+
+impl TryFrom<Mutation> for spindle_types::Mutation {
+    type Error = ShardMutation;
+    /// The object mutation carried, or `ShardMutation` for `EcWrite` / `EcPatch` (which
+    /// only erasure-coded groups take).
+    fn try_from(m: Mutation) -> Result<spindle_types::Mutation, ShardMutation> {
+        use spindle_types::Mutation as M;
+        Ok(match m {
+            Mutation::WriteFull(data) => M::WriteFull(data),
+            Mutation::Write { offset, data } => M::Write { offset, data },
+            Mutation::Truncate { size_bytes } => M::Truncate { size_bytes },
+            Mutation::Delete => M::Delete,
+            Mutation::EcWrite { .. } | Mutation::EcPatch { .. } => return Err(ShardMutation),
+        })
+    }
+}
+
+impl Mutation {
+    /// An erasure-coded shard write (`EcWrite`, `EcPatch`).
+    pub fn is_shard(&self) -> bool {
+        matches!(self, Mutation::EcWrite { .. } | Mutation::EcPatch { .. })
+    }
+}
+
 /// What a client asks of an object (or, for `List`, of a placement group).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ObjOp {

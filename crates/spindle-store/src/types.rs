@@ -110,18 +110,8 @@ pub struct ObjectMeta {
     pub version: Version,
 }
 
-/// A change to one object.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Mutation {
-    /// Replace the whole object (creates it).
-    WriteFull(Vec<u8>),
-    /// Write at `offset` (creates it; size becomes max(size, offset + len); gaps read as zeros).
-    Write { offset: u64, data: Vec<u8> },
-    /// Set the size (creates the object if missing; growing reads as zeros).
-    Truncate { size_bytes: u64 },
-    /// Remove the object (deleting a missing object is Ok, and still logged).
-    Delete,
-}
+/// A change to one object (defined in `spindle-types`: the protocol carries it too).
+pub use spindle_types::Mutation;
 
 /// Summary of a placement group.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 //! - [`limits`]: every limit that more than one crate relies on, each with its reason, and
 //!   compile-time assertions of how they relate (an object fits a message, a message fits a
 //!   frame, one name limit for the protocol and the store, ...).
+//! - [`Mutation`]: a change to one object (what the store applies and replication carries).
 //! - [`ErrorCode`]: the error codes carried on the wire.
 //! - [`crc`]: CRC32C (the `spindle-crc` kernel), block checksums and their combination.
 //! - [`sync::lock`]: the one poison-tolerant lock helper.
@@ -17,6 +18,7 @@
 pub mod error_code;
 pub mod ids;
 pub mod limits;
+pub mod mutation;
 pub mod sync;
 
 /// CRC32C: `crc32c`, `crc32c_append`, `crc32c_combine`, the 4 KiB block checksums
@@ -25,3 +27,4 @@ pub use spindle_crc as crc;
 
 pub use error_code::ErrorCode;
 pub use ids::{shard_pg, split_shard_pg, Epoch, OsdId, PgId, PoolId, ShardPos, Version};
+pub use mutation::Mutation;
