@@ -462,6 +462,11 @@ struct Daemon {
     /// Incoming: sender -> (connection id, next seq expected, broken).
     in_streams: BTreeMap<u32, (u64, u64, bool)>,
     next_conn: u64,
+    /// A slow-disk fault: until this time, each transaction takes `slow_ms` (a range).
+    slow_until_ms: u64,
+    slow_ms: (u64, u64),
+    /// A disk stall: no transaction completes before this time (the queue builds up).
+    stall_until_ms: u64,
 }
 
 struct InFlightOp {
@@ -506,6 +511,10 @@ pub struct DataWorld {
     objects: Vec<String>,
     models: Vec<ObjModel>,
     next_op: u64,
+    /// Per group: versions of acknowledged writes, and activations (epoch, last version,
+    /// primary) — peering must see every write acknowledged at an older epoch.
+    acked_versions: BTreeMap<u32, BTreeSet<Ver>>,
+    activations: BTreeMap<u32, Vec<(u64, Ver, u32)>>,
     faults_over: bool,
     workload_done_ms: Option<u64>,
     settle_deadline_ms: Option<u64>,
@@ -658,6 +667,9 @@ impl DataWorld {
                     out_streams: BTreeMap::new(),
                     in_streams: BTreeMap::new(),
                     next_conn: 1,
+                    slow_until_ms: 0,
+                    slow_ms: (0, 0),
+                    stall_until_ms: 0,
                 },
             );
         }
@@ -710,6 +722,8 @@ impl DataWorld {
             objects,
             models,
             next_op: 1,
+            acked_versions: BTreeMap::new(),
+            activations: BTreeMap::new(),
             faults_over: false,
             workload_done_ms: None,
             settle_deadline_ms: None,
@@ -1331,13 +1345,21 @@ impl DataWorld {
         if !d.disk_busy {
             d.disk_busy = true;
             let inc = d.inc;
-            let delay = self.disk_delay_ms();
+            let delay = self.disk_delay_ms(id);
             self.at(delay, Ev::DiskStep { osd: id, inc });
         }
     }
 
     /// Applies the daemon's next queued store transaction, synchronously.
     fn disk_step(&mut self, id: u32) {
+        // A stalled disk completes nothing until the stall ends.
+        if let Some(d) = self.daemons.get(&id) {
+            if self.now_ms < d.stall_until_ms {
+                let (wait, inc) = (d.stall_until_ms - self.now_ms, d.inc);
+                self.at(wait, Ev::DiskStep { osd: id, inc });
+                return;
+            }
+        }
         let pgid_of = |w: &DataWorld, pg| w.pgid(pg);
         let Some(txn) = self.daemons.get_mut(&id).and_then(|d| d.queue.pop_front()) else {
             if let Some(d) = self.daemons.get_mut(&id) {
@@ -1452,14 +1474,21 @@ impl DataWorld {
             d.disk_busy = false;
         } else {
             let inc = d.inc;
-            let delay = self.disk_delay_ms();
+            let delay = self.disk_delay_ms(id);
             self.at(delay, Ev::DiskStep { osd: id, inc });
         }
     }
 
-    /// How long the next store transaction takes: mostly a few ms, sometimes a slow disk.
-    fn disk_delay_ms(&mut self) -> u64 {
-        if self.rng.below(50) == 0 {
+    /// How long the next store transaction of daemon `id` takes: mostly a few ms,
+    /// sometimes a slow one; longer during a slow-disk fault (a stalled disk: `disk_step`).
+    fn disk_delay_ms(&mut self, id: u32) -> u64 {
+        let (slow_until, (lo, hi)) = self
+            .daemons
+            .get(&id)
+            .map_or((0, (0, 0)), |d| (d.slow_until_ms, d.slow_ms));
+        if self.now_ms < slow_until {
+            self.rng.range(lo, hi)
+        } else if self.rng.below(50) == 0 {
             self.rng.range(20, 300)
         } else {
             self.rng.range(0, 3)
@@ -1717,6 +1746,7 @@ impl DataWorld {
             .map(|plan| RecoveryCore::from_plan(plan, |_| None));
         let ops = p.ops.clone();
         let epoch = p.epoch;
+        self.check_activation(id, pg, epoch, act.last_version);
         self.log(|| {
             format!(
                 "osd.{id}: pg {pg} active at epoch {epoch}, last {:?}, recovery {:?}",
@@ -2125,6 +2155,9 @@ impl DataWorld {
                     self.log(|| {
                         format!("osd.{id}: pg {pg}: reply to client.{client} op {cop}: {result:?}")
                     });
+                    if let Ok(version) = &result {
+                        self.check_ack(id, pg, *version);
+                    }
                     let result = result.map(|_| None).map_err(|e| format!("{e:?}"));
                     // A write's reply carries no data: Ok(None) means "done".
                     self.send(
@@ -2287,8 +2320,22 @@ impl DataWorld {
                 }
             }
         }
-        let delay = self.rng.range(0, 20);
+        let delay = self.rng.range(0, 20) + self.client_pause_ms();
         self.at(delay, Ev::ClientIssue { client: id });
+    }
+
+    /// Clients work in bursts: now and then (one operation in five) a pause, scaled so
+    /// that the workload spans the fault window (faults hit writes in flight and queued
+    /// transactions, whatever the number of operations); a few ms with the default
+    /// workload, seconds with a short one.
+    fn client_pause_ms(&mut self) -> u64 {
+        if self.rng.below(5) != 0 {
+            return 0;
+        }
+        let per_client = (self.cfg.ops / u64::from(self.cfg.clients)).max(1);
+        let slots = u64::from(self.cfg.objects_per_client);
+        let mean = self.cfg.fault_window_ms * 5 * slots / per_client;
+        self.rng.range(0, 2 * mean.min(10_000))
     }
 
     fn client_issue(&mut self, id: u32) {
@@ -2424,7 +2471,7 @@ impl DataWorld {
         }
         self.report.faults += 1;
         let n = self.cfg.daemons;
-        match self.rng.below(10) {
+        match self.rng.below(14) {
             0..=2 => {
                 // Crash: unsynced data is lost; the process restarts later.
                 let osd = self.rng.below(n as u64) as u32;
@@ -2477,6 +2524,65 @@ impl DataWorld {
                 self.log(|| format!("FAULT: osd.{a} <-> osd.{b} cut for {len} ms"));
                 self.net.partition(Node::Osd(a), Node::Osd(b));
                 self.at(len, Ev::HealPair(Node::Osd(a), Node::Osd(b)));
+            }
+            9 => {
+                // Slow disks (degraded devices, a shared storage backend, a noisy
+                // neighbour): transactions queue up.
+                let len = self.rng.range(1_000, 6_000);
+                let lo = self.rng.range(5, 40);
+                let hi = self.rng.range(lo + 20, 250);
+                let until = self.now_ms + len;
+                // Which daemons: each one with even odds (at least one).
+                let mut who: Vec<u32> = (0..n).filter(|_| self.rng.below(2) == 0).collect();
+                if who.is_empty() {
+                    who.push(self.rng.below(n as u64) as u32);
+                }
+                self.log(|| {
+                    format!(
+                        "FAULT: slow disks on {who:?} for {len} ms ({lo}-{hi} ms a transaction)"
+                    )
+                });
+                for id in who {
+                    if let Some(d) = self.daemons.get_mut(&id) {
+                        d.slow_until_ms = until;
+                        d.slow_ms = (lo, hi);
+                    }
+                }
+            }
+            10 => {
+                // A daemon's disk stalls: nothing completes until it recovers, then the
+                // queue drains (writes acknowledged by the others wait in it).
+                let osd = self.rng.below(n as u64) as u32;
+                let len = self.rng.range(200, 1_500);
+                self.log(|| format!("FAULT: osd.{osd} disk stalls for {len} ms"));
+                let until = self.now_ms + len;
+                if let Some(d) = self.daemons.get_mut(&osd) {
+                    d.stall_until_ms = d.stall_until_ms.max(until);
+                }
+            }
+            11..=12 => {
+                // Overload: a burst of I/O makes every disk slow (transactions queue
+                // up), and one daemon, busy, misses its heartbeats: the monitor marks it
+                // down ("wrongly marked me down") while it still serves at its old map,
+                // its replicas holding its last writes in their queues.
+                let len = self.rng.range(2_500, 6_000);
+                let lo = self.rng.range(5, 40);
+                let hi = self.rng.range(lo + 20, 250);
+                let osd = self.rng.below(n as u64) as u32;
+                let cut = self.rng.range(DOWN_AFTER_MS + 300, len);
+                self.log(|| {
+                    format!(
+                        "FAULT: overload for {len} ms ({lo}-{hi} ms a transaction), \
+                         osd.{osd} misses its heartbeats for {cut} ms"
+                    )
+                });
+                let until = self.now_ms + len;
+                for d in self.daemons.values_mut() {
+                    d.slow_until_ms = until;
+                    d.slow_ms = (lo, hi);
+                }
+                self.net.partition(Node::Osd(osd), Node::Mon);
+                self.at(cut, Ev::HealPair(Node::Osd(osd), Node::Mon));
             }
             _ => {
                 let len = self.rng.range(1_000, 8_000);
@@ -2533,6 +2639,10 @@ impl DataWorld {
         self.faults_over = true;
         self.net.heal_all();
         self.net.config = self.clean_net;
+        for d in self.daemons.values_mut() {
+            d.slow_until_ms = 0;
+            d.stall_until_ms = 0;
+        }
         let dead: Vec<u32> = self
             .daemons
             .iter()
@@ -2574,6 +2684,46 @@ impl DataWorld {
                 unclean.join("; ")
             ));
             self.finished = true;
+        }
+    }
+
+    /// Peering saw every acknowledged write: an activation at epoch `epoch` starts from a
+    /// last version at least that of every write acknowledged at an older epoch (the
+    /// authoritative copy holds them). Checked at the activation, and at each later
+    /// acknowledgement (an old primary that does not know the new map yet may still
+    /// acknowledge a write whose replicas were queried before they applied it).
+    fn check_activation(&mut self, id: u32, pg: u32, epoch: u64, last: Ver) {
+        self.activations
+            .entry(pg)
+            .or_default()
+            .push((epoch, last, id));
+        let missed = self.acked_versions.get(&pg).and_then(|acked| {
+            acked
+                .range(..Ver { epoch, seq: 0 })
+                .next_back()
+                .filter(|v| **v > last)
+                .copied()
+        });
+        if let Some(v) = missed {
+            self.fail(format!(
+                "pg {pg}: osd.{id} activated at epoch {epoch} from last version {last:?}, \
+                 but write {v:?} was acknowledged (peering missed it)"
+            ));
+        }
+    }
+
+    fn check_ack(&mut self, id: u32, pg: u32, v: Ver) {
+        self.acked_versions.entry(pg).or_default().insert(v);
+        let missed = self.activations.get(&pg).and_then(|a| {
+            a.iter()
+                .find(|(epoch, last, _)| *epoch > v.epoch && *last < v)
+                .copied()
+        });
+        if let Some((epoch, last, by)) = missed {
+            self.fail(format!(
+                "pg {pg}: osd.{id} acknowledged write {v:?} after osd.{by} activated at epoch \
+                 {epoch} from last version {last:?} (peering missed it)"
+            ));
         }
     }
 
