@@ -572,28 +572,6 @@ fn from_wire(m: WireMutation) -> Option<Mutation> {
     })
 }
 
-/// The object's content after `m`.
-fn applied(old: &State, m: &Mutation) -> State {
-    match m {
-        Mutation::Delete => None,
-        Mutation::WriteFull(d) => Some(d.clone()),
-        Mutation::Write { offset, data } => {
-            let mut v = old.clone().unwrap_or_default();
-            let end = *offset as usize + data.len();
-            if v.len() < end {
-                v.resize(end, 0);
-            }
-            v[*offset as usize..end].copy_from_slice(data);
-            Some(v)
-        }
-        Mutation::Truncate { size_bytes } => {
-            let mut v = old.clone().unwrap_or_default();
-            v.resize(*size_bytes as usize, 0);
-            Some(v)
-        }
-    }
-}
-
 fn describe(s: &State) -> String {
     match s {
         None => "absent".into(),
@@ -2279,7 +2257,7 @@ impl DataWorld {
                 self.report.writes_acked += 1;
                 let model = &mut self.models[o.obj];
                 let last = model.history.last().map(|h| h.1.clone()).unwrap_or(None);
-                let new = applied(&last, m);
+                let new = m.apply_to(last.as_deref());
                 let mut h = TraceHash::default();
                 h.bytes(new.as_deref().unwrap_or(&[]));
                 self.trace.u64(h.value());
@@ -2364,7 +2342,7 @@ impl DataWorld {
             ClientOp::Write(self.random_mutation(&last))
         };
         if let ClientOp::Write(m) = &what {
-            self.models[obj].pending = Some(applied(&last, m));
+            self.models[obj].pending = Some(m.apply_to(last.as_deref()));
         }
         let op = self.next_op;
         self.next_op += 1;
