@@ -96,28 +96,6 @@ fn random_mutation(rng: &mut SimRng) -> Mutation {
     }
 }
 
-/// The object's content after `m` (None: absent).
-fn applied(old: Option<&Vec<u8>>, m: &Mutation) -> Option<Vec<u8>> {
-    match m {
-        Mutation::Delete => None,
-        Mutation::WriteFull(d) => Some(d.clone()),
-        Mutation::Write { offset, data } => {
-            let mut v = old.cloned().unwrap_or_default();
-            let end = *offset as usize + data.len();
-            if v.len() < end {
-                v.resize(end, 0);
-            }
-            v[*offset as usize..end].copy_from_slice(data);
-            Some(v)
-        }
-        Mutation::Truncate { size_bytes } => {
-            let mut v = old.cloned().unwrap_or_default();
-            v.resize(*size_bytes as usize, 0);
-            Some(v)
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
     /// Power loss after the workload: nothing failed, acknowledged data must survive.
@@ -249,7 +227,7 @@ impl Run {
                 _ => {
                     let m = random_mutation(&mut self.rng);
                     let old = self.model.get(&key).cloned();
-                    let new = applied(old.as_ref(), &m);
+                    let new = m.apply_to(old.as_deref());
                     delete = matches!(m, Mutation::Delete);
                     is_apply = true;
                     changes.push(Uncertain {
