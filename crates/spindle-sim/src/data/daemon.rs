@@ -386,7 +386,7 @@ impl DataWorld {
                 version,
                 mutation,
             } => store
-                .apply(pgid, name, *version, to_store(mutation))
+                .apply(pgid, name, *version, mutation.clone())
                 .wait()
                 .map_err(|e| e.to_string()),
             TxnKind::Recover { name, state } => store

@@ -550,34 +550,6 @@ fn at_once<F: std::future::Future>(f: F) -> Option<F::Output> {
     }
 }
 
-fn to_store(m: &Mutation) -> Mutation {
-    m.clone()
-}
-
-fn wire(m: &Mutation) -> WireMutation {
-    match m {
-        Mutation::WriteFull(d) => WireMutation::WriteFull(d.clone()),
-        Mutation::Write { offset, data } => WireMutation::Write {
-            offset: *offset,
-            data: data.clone(),
-        },
-        Mutation::Truncate { size_bytes } => WireMutation::Truncate {
-            size_bytes: *size_bytes,
-        },
-        Mutation::Delete => WireMutation::Delete,
-    }
-}
-
-fn from_wire(m: WireMutation) -> Option<Mutation> {
-    Some(match m {
-        WireMutation::WriteFull(d) => Mutation::WriteFull(d),
-        WireMutation::Write { offset, data } => Mutation::Write { offset, data },
-        WireMutation::Truncate { size_bytes } => Mutation::Truncate { size_bytes },
-        WireMutation::Delete => Mutation::Delete,
-        _ => return None,
-    })
-}
-
 fn describe(s: &State) -> String {
     match s {
         None => "absent".into(),

@@ -528,7 +528,7 @@ impl DataWorld {
                 d.next_rep_op += 1;
                 let p = d.primaries.get_mut(&pg)?;
                 p.ops.insert(rep_op, (client, op, attempt));
-                let actions = p.rep.submit(rep_op, name, wire(&m));
+                let actions = p.rep.submit(rep_op, name, WireMutation::from(m.clone()));
                 self.rep_actions(id, pg, actions);
                 None
             }
@@ -596,7 +596,7 @@ impl DataWorld {
                     name,
                     mutation,
                 } => {
-                    let Some(mutation) = from_wire(mutation) else {
+                    let Ok(mutation) = Mutation::try_from(mutation) else {
                         continue;
                     };
                     if let Some(p) = self
@@ -626,7 +626,7 @@ impl DataWorld {
                     name,
                     mutation,
                 } => {
-                    let Some(mutation) = from_wire(mutation) else {
+                    let Ok(mutation) = Mutation::try_from(mutation) else {
                         continue;
                     };
                     if let Some(p) = self
