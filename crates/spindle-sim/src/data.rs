@@ -32,6 +32,11 @@ use spindle_store::{LogOp, Mutation, PgId, SimDisk, Store, StoreConfig};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
+// Erasure-coded pools (hooks below are marked "EC hook").
+#[path = "data_ec.rs"]
+mod ec;
+pub use ec::EcShape;
+
 /// The monitor marks a daemon down after this long without a heartbeat.
 pub const DOWN_AFTER_MS: u64 = 2_000;
 const HEARTBEAT_MS: u64 = 400;
@@ -58,6 +63,9 @@ pub enum Mutant {
     AckBeforeReplicas,
     /// A copy answers a log query before its queued transactions are applied.
     UngatedLogQuery,
+    /// Erasure-coded recovery counts a shard whose pull failed (or a hole) as not holding
+    /// the slot (the old rule of issue #17 (b)).
+    EcFailedPullAsAbsent,
 }
 
 /// What one run does.
@@ -79,6 +87,9 @@ pub struct DataConfig {
     pub settle_ms: u64,
     pub mutant: Mutant,
     pub verbose: bool,
+    /// The clients' objects live in an erasure-coded pool of this shape (None: the
+    /// replicated pool).
+    pub ec: Option<EcShape>,
 }
 
 impl DataConfig {
@@ -95,6 +106,7 @@ impl DataConfig {
             settle_ms: 30_000,
             mutant: Mutant::None,
             verbose: false,
+            ec: None,
         }
     }
 
@@ -109,6 +121,10 @@ impl DataConfig {
             self.faults,
             self.fault_window_ms / 1000
         );
+        if let Some(e) = self.ec {
+            // EC hook
+            s.push_str(&format!(" --ec --ec-k {} --ec-m {} --ec-min-size {}", e.k, e.m, e.min_size()));
+        }
         if self.mutant != Mutant::None {
             s.push_str(&format!("  (mutant {:?})", self.mutant));
         }
@@ -220,6 +236,8 @@ enum DMsg {
         tag: u64,
         result: Result<PeerAns, String>,
     },
+    /// Erasure-coded shard requests and replies (EC hook).
+    Ec(ec::EcMsg),
 }
 
 #[derive(Clone, Debug)]
@@ -259,6 +277,7 @@ impl DMsg {
             DMsg::Peer { .. } => 8,
             DMsg::PeerReply { .. } => 9,
             DMsg::Stream { inner, .. } => 100 + inner.code(),
+            DMsg::Ec(m) => 200 + m.code(),
         }
     }
 
@@ -346,6 +365,7 @@ enum Ev {
     HealNet,
     EndOfFaults,
     Check,
+    Ec(ec::EcEv),
 }
 
 /// A store transaction waiting in a daemon's queue.
@@ -363,6 +383,7 @@ enum TxnKind {
     Mark {
         incomplete: bool,
     },
+    Ec(ec::EcTxn),
 }
 
 #[derive(Debug)]
@@ -375,6 +396,7 @@ enum Then {
     PeerReply { to: u32, tag: u64 },
     /// A request of this daemon's own primary role, answered locally.
     SelfReply { tag: u64 },
+    Ec(ec::EcThen),
 }
 
 #[derive(Debug)]
@@ -511,6 +533,7 @@ pub struct DataWorld {
     settle_deadline_ms: Option<u64>,
     finished: bool,
     report: DataReport,
+    ec: Option<Box<ec::EcState>>,
 }
 
 fn store_config() -> StoreConfig {
@@ -633,6 +656,7 @@ impl DataWorld {
             o.up_from = 2;
         }
         let pool = map.pools.keys().next().copied().unwrap_or(1);
+        let ec = ec::add_pool(&cfg, &mut map)?; // EC hook
         let placement = Placement::compute(&map);
         let maps = vec![Arc::new((map, placement))];
         let mut daemons = BTreeMap::new();
@@ -720,6 +744,7 @@ impl DataWorld {
             },
             rng,
             cfg,
+            ec,
         })
     }
 
@@ -943,6 +968,10 @@ impl DataWorld {
             Ev::HealNet => self.net.config = self.clean_net,
             Ev::EndOfFaults => self.end_faults(),
             Ev::Check => self.check(),
+            Ev::Ec(e) => {
+                self.trace.u64(30);
+                self.ec_event(e);
+            }
         }
     }
 
@@ -1032,6 +1061,7 @@ impl DataWorld {
 
     fn osd_receive(&mut self, id: u32, from: Node, msg: DMsg) {
         match msg {
+            DMsg::Ec(m) => self.ec_receive(id, from, m), // EC hook
             DMsg::MapEpoch(e) => self.osd_new_epoch(id, e),
             DMsg::ObjRequest {
                 op,
@@ -1370,6 +1400,7 @@ impl DataWorld {
                 .mark_pg(pgid, *incomplete)
                 .wait()
                 .map_err(|e| e.to_string()),
+            TxnKind::Ec(t) => ec::store_txn(store, t),
         };
         self.trace.u64(u64::from(result.is_ok()));
         if let TxnKind::Mark { incomplete } = &txn.kind {
@@ -1440,6 +1471,7 @@ impl DataWorld {
                 let result = result.map(|()| PeerAns::Done);
                 self.peer_answer(id, txn.pg, tag, result);
             }
+            Then::Ec(then) => self.ec_txn_done(id, then, txn.kind, result),
         }
         for w in released {
             self.answer_waiter(id, txn.pg, w);
@@ -1545,6 +1577,7 @@ impl DataWorld {
                 self.restart_peering(id, pg);
             }
         }
+        self.ec_new_epoch(id, e); // EC hook
     }
 
     /// Starts peering (again) for a group this daemon is primary of.
@@ -1944,6 +1977,10 @@ impl DataWorld {
         name: &str,
         what: ClientOp,
     ) -> Option<Result<State, String>> {
+        if self.ec.is_some() {
+            // EC hook
+            return self.ec_client_op(id, client, op, attempt, epoch, pg, name, what);
+        }
         let d = &self.daemons[&id];
         if epoch < d.epoch {
             return Some(Err(format!("stale map: epoch {epoch}, mine {}", d.epoch)));
@@ -2316,6 +2353,7 @@ impl DataWorld {
         } else {
             ClientOp::Write(self.random_mutation(&last))
         };
+        let what = self.ec_shape_op(what, &last); // EC hook
         if let ClientOp::Write(m) = &what {
             self.models[obj].pending = Some(applied(&last, m));
         }
@@ -2384,7 +2422,7 @@ impl DataWorld {
             .then(|| {
                 self.map_at(epoch)
                     .1
-                    .pg(self.pool, pg)
+                    .pg(self.client_pool(), pg) // EC hook
                     .and_then(|m| m.primary())
             })
             .flatten();
@@ -2524,6 +2562,7 @@ impl DataWorld {
         d.out_streams.clear();
         d.in_streams.clear();
         let inc = d.inc;
+        self.ec_restart(osd); // EC hook
         self.at(0, Ev::OsdTick { osd, inc });
         let at = self.rng.range(200, 2_000);
         self.at(at, Ev::Checkpoint { osd, inc });
@@ -2638,12 +2677,16 @@ impl DataWorld {
                 ));
             }
         }
+        out.extend(self.ec_unclean()); // EC hook
         out
     }
 
     /// After clean: every copy of every object is identical and equals the model (the
     /// last acknowledged state; nothing is in flight any more).
     fn final_check(&mut self) {
+        if self.ec.is_some() {
+            return self.ec_final_check(); // EC hook
+        }
         let mut problems = Vec::new();
         let cur = self.current();
         for (i, name) in self.objects.iter().enumerate() {

@@ -26,7 +26,7 @@ pub mod rng;
 pub mod trace;
 pub mod world;
 
-pub use data::{run_data, DataConfig, DataError, DataReport, DataWorld, Mutant};
+pub use data::{run_data, DataConfig, DataError, DataReport, DataWorld, EcShape, Mutant};
 pub use world::{World, WorldConfig, WorldReport};
 
 /// Runs one seed.

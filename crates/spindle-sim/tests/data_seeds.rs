@@ -2,7 +2,7 @@
 //! cores, clients, faults and checkers. A sweep of seeds must pass, one seed must replay
 //! exactly, and deliberately broken rules must be caught.
 
-use spindle_sim::{run_data, DataConfig, Mutant};
+use spindle_sim::{run_data, DataConfig, EcShape, Mutant};
 
 /// Seeds swept in CI (the issue asks for at least 200).
 const CI_SEEDS: u64 = 200;
@@ -190,4 +190,65 @@ fn a_configuration_that_cannot_run_is_a_failure_not_a_panic() {
     let mut c = cfg(1, 10);
     c.clients = 0;
     assert!(!run_data(c).failures.is_empty());
+}
+
+// ---- erasure-coded pool ----
+
+fn ec_cfg(seed: u64, ops: u64, shape: EcShape) -> DataConfig {
+    let mut c = cfg(seed, ops);
+    c.daemons = c.daemons.max(shape.k + shape.m);
+    c.ec = Some(shape);
+    c
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The shape from the environment (`EC_K`, `EC_M`, `EC_MIN_SIZE`), else k=2, m=1 with
+/// the pool default min_size.
+fn ec_shape() -> EcShape {
+    let d = EcShape::default();
+    EcShape {
+        k: env_u64("EC_K", d.k as u64) as u32,
+        m: env_u64("EC_M", d.m as u64) as u32,
+        min_size: std::env::var("EC_MIN_SIZE").ok().and_then(|s| s.parse().ok()),
+    }
+}
+
+/// Figures by hand: `EC_SEEDS=1000 EC_OPS=300 EC_MUTANT=1 cargo test -p spindle-sim
+/// --test data_seeds ec_figures -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn ec_figures() {
+    let seeds = env_u64("EC_SEEDS", 100);
+    let first_seed = env_u64("EC_FIRST", 1);
+    let ops = env_u64("EC_OPS", CI_OPS);
+    let mutant = if env_u64("EC_MUTANT", 0) == 1 {
+        Mutant::EcFailedPullAsAbsent
+    } else {
+        Mutant::None
+    };
+    let shape = ec_shape();
+    let start = std::time::Instant::now();
+    let (mut first, mut failed, mut acked, mut recovered) = (None, 0, 0, 0);
+    for seed in first_seed..first_seed + seeds {
+        let r = run_data(ec_cfg(seed, ops, shape));
+        acked += r.writes_acked;
+        recovered += r.objects_recovered;
+        if !r.failures.is_empty() {
+            failed += 1;
+            first.get_or_insert(seed);
+            eprintln!("seed {seed}: {}", r.failures.join("\n  "));
+        }
+    }
+    eprintln!(
+        "{mutant:?} {shape:?} ops {ops}: seeds {first_seed}..{}: first failing {first:?}, {failed} fail; \
+         {acked} writes acked, {recovered} shards recovered; {:.3} s per seed",
+        first_seed + seeds - 1,
+        start.elapsed().as_secs_f64() / seeds as f64
+    );
 }
