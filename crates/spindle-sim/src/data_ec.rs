@@ -191,6 +191,8 @@ struct EcOp {
     /// The client is answered once this many steps are done.
     ack_after: usize,
     done_steps: usize,
+    /// The slot and version of the step in flight.
+    step: Option<(String, Ver)>,
     replied: bool,
     result: State,
     waiting: BTreeSet<usize>,
@@ -227,6 +229,9 @@ pub(super) struct EcState {
     shape: EcShape,
     layout: EcLayout,
     daemons: BTreeMap<u32, EcDaemon>,
+    /// Per object: the slot and version of its last acknowledged write (none after an
+    /// acknowledged delete), as its primary answered the client.
+    acked: BTreeMap<String, (String, Ver)>,
 }
 
 /// Adds the erasure-coded pool to the first map (before placement is computed).
@@ -275,6 +280,7 @@ pub(super) fn add_pool(
         shape,
         layout,
         daemons: BTreeMap::new(),
+        acked: BTreeMap::new(),
     })))
 }
 
@@ -651,9 +657,11 @@ impl DataWorld {
         } else {
             PEER_TIMEOUT_MS
         };
+        let inc = self.daemons[&id].inc;
         let ed = self.ecs_mut().daemons.entry(id).or_default();
         ed.next_tag += 1;
-        let tag = ed.next_tag;
+        // Unique across restarts: a late answer to an earlier incarnation matches nothing.
+        let tag = inc << 32 | ed.next_tag;
         ed.pending.insert(
             tag,
             Pending {
@@ -664,7 +672,6 @@ impl DataWorld {
                 what,
             },
         );
-        let inc = self.daemons[&id].inc;
         self.at(timeout, Ev::Ec(EcEv::Timeout { osd: id, inc, tag }));
         if osd == id {
             self.ec_copy_request(id, id, epoch, tag, req);
@@ -877,6 +884,32 @@ impl DataWorld {
         }
         let name = job.name.clone();
         let shards = p.shards.clone();
+        // The map history (the daemon does not keep it yet): a member that was the up
+        // member of its position at the epoch of the newest version was sent that write,
+        // and its acknowledgement needed every up shard: its "absent" is an answer even
+        // if its copy has no version yet (a group whose first write reached one shard).
+        let newest = view
+            .members
+            .iter()
+            .flatten()
+            .filter_map(|(_, a)| match a {
+                ShardAnswer::Present(v) => Some(*v),
+                _ => None,
+            })
+            .max();
+        if let Some(v) = newest {
+            let pool = self.ecs().pool;
+            let then = self.map_at(v.epoch);
+            if let Some(m) = then.1.pg(pool, pg) {
+                for (pos, d) in shards.iter().enumerate() {
+                    if let Some(d) = d {
+                        if m.shards.get(pos) == Some(&Some(*d)) && !view.established.contains(d) {
+                            view.established.push(*d);
+                        }
+                    }
+                }
+            }
+        }
         let decision = if mutant {
             decide_counting_failed_pulls_as_absent(&view)
         } else {
@@ -889,6 +922,26 @@ impl DataWorld {
             SlotDecision::RollBack { .. } => 3,
             SlotDecision::Wait { .. } => 4,
         });
+        if let SlotDecision::RollBack { version } = &decision {
+            // The rule's invariant, checked where it matters: the version of an object's
+            // last acknowledged write is never rolled back while it is the newest version
+            // of the object the primary holds (an older, superseded version may be: a trim
+            // that did not reach every shard; and so may one that a newer write in the
+            // other slot replaces, settled by that slot's own recovery).
+            let (object, slot) = split_slot(&name)
+                .map(|(o, s)| (o.to_string(), s))
+                .unwrap_or_default();
+            let me = shards.iter().position(|s| *s == Some(id));
+            let newer = me
+                .and_then(|pos| self.ec_current(id, pg, pos, &object))
+                .is_some_and(|(s, v)| s != slot && v > *version);
+            if !newer && self.ecs().acked.get(&object) == Some(&(name.clone(), *version)) {
+                self.fail(format!(
+                    "osd.{id}: ec pg {pg}: recovery rolled back {name:?} {version:?}, the \
+                     acknowledged last write of {object} ({view:?})"
+                ));
+            }
+        }
         let pushes: Vec<(usize, Shard)> = match decision {
             SlotDecision::Wait { .. } => {
                 self.ec_retry_later(id, pg);
@@ -1034,6 +1087,7 @@ impl DataWorld {
             steps: VecDeque::new(),
             ack_after: 0,
             done_steps: 0,
+            step: None,
             replied: false,
             result: None,
             waiting: BTreeSet::new(),
@@ -1164,7 +1218,17 @@ impl DataWorld {
             seq: p.last.seq + 1,
         };
         p.last = v;
+        o.step = Some((step.slot.clone(), v));
         o.waiting = members.iter().map(|(pos, _)| *pos).collect();
+        let name = o.name.clone();
+        if step.data.is_none() {
+            // A client delete of the current slot is under way: from now on the object
+            // may be absent (the model's pending state).
+            let e = self.ecs_mut();
+            if e.acked.get(&name).is_some_and(|(s, _)| *s == step.slot) {
+                e.acked.remove(&name);
+            }
+        }
         for (pos, osd) in members {
             let pgid = self.ec_pgid(pg, pos);
             let req = EcReq::Write {
@@ -1206,6 +1270,16 @@ impl DataWorld {
         if o.done_steps == o.ack_after && !o.replied {
             o.replied = true;
             let (c, op, attempt, r) = (o.client, o.op, o.attempt, o.result.clone());
+            let (name, step) = (o.name.clone(), o.step.clone());
+            let e = self.ecs_mut();
+            match (&r, step) {
+                (Some(_), Some(step)) => {
+                    e.acked.insert(name, step);
+                }
+                _ => {
+                    e.acked.remove(&name);
+                }
+            }
             self.ec_send_client(id, c, op, attempt, Ok(r));
         }
         self.ec_op_step(id, pg, opid);

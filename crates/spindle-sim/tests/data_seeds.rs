@@ -198,6 +198,7 @@ fn ec_cfg(seed: u64, ops: u64, shape: EcShape) -> DataConfig {
     let mut c = cfg(seed, ops);
     c.daemons = c.daemons.max(shape.k + shape.m);
     c.ec = Some(shape);
+    c.verbose = std::env::var("EC_VERBOSE").is_ok();
     c
 }
 
@@ -236,7 +237,9 @@ fn ec_figures() {
     let start = std::time::Instant::now();
     let (mut first, mut failed, mut acked, mut recovered) = (None, 0, 0, 0);
     for seed in first_seed..first_seed + seeds {
-        let r = run_data(ec_cfg(seed, ops, shape));
+        let mut c = ec_cfg(seed, ops, shape);
+        c.mutant = mutant;
+        let r = run_data(c);
         acked += r.writes_acked;
         recovered += r.objects_recovered;
         if !r.failures.is_empty() {
