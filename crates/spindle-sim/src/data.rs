@@ -123,7 +123,11 @@ impl DataConfig {
         );
         if let Some(e) = self.ec {
             // EC hook
-            s.push_str(&format!(" --ec --ec-k {} --ec-m {} --ec-min-size {}", e.k, e.m, e.min_size()));
+            let min = e.min_size();
+            s.push_str(&format!(
+                " --ec --ec-k {} --ec-m {} --ec-min-size {min}",
+                e.k, e.m
+            ));
         }
         if self.mutant != Mutant::None {
             s.push_str(&format!("  (mutant {:?})", self.mutant));
@@ -365,6 +369,7 @@ enum Ev {
     HealNet,
     EndOfFaults,
     Check,
+    /// Erasure-coded timers (EC hook).
     Ec(ec::EcEv),
 }
 
@@ -383,6 +388,7 @@ enum TxnKind {
     Mark {
         incomplete: bool,
     },
+    /// An erasure-coded shard write, push, listing or pull (EC hook).
     Ec(ec::EcTxn),
 }
 
@@ -396,6 +402,7 @@ enum Then {
     PeerReply { to: u32, tag: u64 },
     /// A request of this daemon's own primary role, answered locally.
     SelfReply { tag: u64 },
+    /// An erasure-coded shard request: answer the primary (EC hook).
     Ec(ec::EcThen),
 }
 

@@ -123,8 +123,17 @@ impl EcMsg {
 
 #[derive(Debug)]
 pub(super) enum EcEv {
-    Timeout { osd: u32, inc: u64, tag: u64 },
-    Retry { osd: u32, inc: u64, pg: u32, gen: u64 },
+    Timeout {
+        osd: u32,
+        inc: u64,
+        tag: u64,
+    },
+    Retry {
+        osd: u32,
+        inc: u64,
+        pg: u32,
+        gen: u64,
+    },
 }
 
 /// A store transaction of a shard copy (queued like every other).
@@ -386,9 +395,7 @@ impl DataWorld {
     pub(super) fn ec_shape_op(&self, what: ClientOp, last: &State) -> ClientOp {
         match what {
             ClientOp::Write(m) if self.ec.is_some() && !matches!(m, Mutation::Delete) => {
-                ClientOp::Write(Mutation::WriteFull(
-                    applied(last, &m).unwrap_or_default(),
-                ))
+                ClientOp::Write(Mutation::WriteFull(applied(last, &m).unwrap_or_default()))
             }
             other => other,
         }
@@ -762,7 +769,8 @@ impl DataWorld {
         let todo: VecDeque<String> = all
             .into_iter()
             .filter(|(_, have)| {
-                have.len() < members || have.iter().map(|(_, v)| v).collect::<BTreeSet<_>>().len() > 1
+                have.len() < members
+                    || have.iter().map(|(_, v)| v).collect::<BTreeSet<_>>().len() > 1
             })
             .map(|(n, _)| n)
             .collect();
@@ -848,11 +856,7 @@ impl DataWorld {
     fn ec_decide_slot(&mut self, id: u32, pg: u32) {
         let (k, total, min_size) = {
             let e = self.ecs();
-            (
-                e.shape.k as usize,
-                e.layout.total(),
-                e.shape.min_size(),
-            )
+            (e.shape.k as usize, e.layout.total(), e.shape.min_size())
         };
         let mutant = self.cfg.mutant == Mutant::EcFailedPullAsAbsent;
         let Some(p) = self.ec_primary(id, pg) else {
@@ -888,6 +892,9 @@ impl DataWorld {
         // member of its position at the epoch of the newest version was sent that write,
         // and its acknowledgement needed every up shard: its "absent" is an answer even
         // if its copy has no version yet (a group whose first write reached one shard).
+        // So is the member of a position that was a hole at that epoch: no shard of that
+        // position was written (a copy built by recovery pushes has no log, so the
+        // daemon's `rules::established` does not count it).
         let newest = view
             .members
             .iter()
@@ -903,7 +910,8 @@ impl DataWorld {
             if let Some(m) = then.1.pg(pool, pg) {
                 for (pos, d) in shards.iter().enumerate() {
                     if let Some(d) = d {
-                        if m.shards.get(pos) == Some(&Some(*d)) && !view.established.contains(d) {
+                        let then = m.shards.get(pos).copied().flatten();
+                        if (then.is_none() || then == Some(*d)) && !view.established.contains(d) {
                             view.established.push(*d);
                         }
                     }
@@ -1036,7 +1044,11 @@ impl DataWorld {
         let store = self.daemons[&id].store.as_ref()?;
         let pgid = self.ec_pgid(pg, pos);
         (0..2u8)
-            .filter_map(|s| store.stat(pgid, &slot_name(name, s)).map(|m| (s, m.version)))
+            .filter_map(|s| {
+                store
+                    .stat(pgid, &slot_name(name, s))
+                    .map(|m| (s, m.version))
+            })
             .max_by_key(|(_, v)| *v)
     }
 
@@ -1099,7 +1111,10 @@ impl DataWorld {
                     return Some(Ok(None));
                 };
                 if members.len() < k {
-                    return Some(Err(format!("only {} shards up, reads need {k}", members.len())));
+                    return Some(Err(format!(
+                        "only {} shards up, reads need {k}",
+                        members.len()
+                    )));
                 }
                 o.read = Some((v, vec![None; shards.len()], members.len()));
                 let stored = slot_name(name, slot);
@@ -1341,7 +1356,9 @@ impl DataWorld {
                 Err(e) => Err(format!("decoding: {e}")),
             })
         } else if *left == 0 {
-            Some(Err(format!("only {have} shards at the version, reads need {k}")))
+            Some(Err(format!(
+                "only {have} shards at the version, reads need {k}"
+            )))
         } else {
             None
         };
@@ -1439,7 +1456,11 @@ impl DataWorld {
                 };
                 let pgid = self.ec_pgid(pg, pos);
                 let cur_slot = (0..2u8)
-                    .filter_map(|s| store.stat(pgid, &slot_name(name, s)).map(|m| (s, m.version)))
+                    .filter_map(|s| {
+                        store
+                            .stat(pgid, &slot_name(name, s))
+                            .map(|m| (s, m.version))
+                    })
                     .max_by_key(|(_, v)| *v);
                 match cur_slot {
                     None => states.push(None),
@@ -1483,7 +1504,9 @@ impl DataWorld {
                             let seg = (stripes * layout.stripe_unit_bytes) as usize;
                             for (pos, p) in parts.iter().enumerate() {
                                 let own = p.as_ref().map(|p| &p.0[..]);
-                                if own != Some(&buf[pos * seg..(pos + 1) * seg]) || p.as_ref().map(|p| p.1) != Some(size) {
+                                if own != Some(&buf[pos * seg..(pos + 1) * seg])
+                                    || p.as_ref().map(|p| p.1) != Some(size)
+                                {
                                     problems.push(format!(
                                         "{name}: shard {pos} is not the shard of the decoded object"
                                     ));

@@ -216,8 +216,74 @@ fn ec_shape() -> EcShape {
     EcShape {
         k: env_u64("EC_K", d.k as u64) as u32,
         m: env_u64("EC_M", d.m as u64) as u32,
-        min_size: std::env::var("EC_MIN_SIZE").ok().and_then(|s| s.parse().ok()),
+        min_size: std::env::var("EC_MIN_SIZE")
+            .ok()
+            .and_then(|s| s.parse().ok()),
     }
+}
+
+/// Seeds of the erasure-coded CI sweep (per shape).
+const EC_CI_SEEDS: u64 = 40;
+
+/// The erasure-coded pool (k=2, m=1) under the same faults and checkers: the pool default
+/// `min_size` (3: every shard) and `min_size` 2 (= k: writes with a shard down, so
+/// recovery decides slots with holes and missing shards).
+#[test]
+fn an_erasure_coded_sweep_with_faults_passes() {
+    let seeds = env_u64("EC_CI_SEEDS", EC_CI_SEEDS);
+    let mut failed = Vec::new();
+    for min_size in [None, Some(2)] {
+        let shape = EcShape {
+            min_size,
+            ..EcShape::default()
+        };
+        let (mut acked, mut recovered, mut reads) = (0, 0, 0);
+        for seed in 1..=seeds {
+            let r = run_data(ec_cfg(seed, CI_OPS, shape));
+            acked += r.writes_acked;
+            recovered += r.objects_recovered;
+            reads += r.reads_checked;
+            if !r.failures.is_empty() {
+                failed.push(format!("seed {seed}:\n  {}", r.failures.join("\n  ")));
+            }
+        }
+        assert!(
+            acked >= seeds * CI_OPS / 2,
+            "{shape:?}: {acked} writes acknowledged"
+        );
+        assert!(
+            reads >= seeds * CI_OPS / 5,
+            "{shape:?}: {reads} reads checked"
+        );
+        assert!(recovered > 0, "{shape:?}: no shard was ever rebuilt");
+    }
+    assert!(
+        failed.is_empty(),
+        "{} seeds failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+/// Issue #17 (b), re-introduced in the whole-cluster simulator: erasure-coded recovery
+/// that counts a shard it could not pull (or a hole) as not holding the slot rolls back
+/// acknowledged writes. With min_size 2 the first seed to catch it is 4 (66 of seeds
+/// 1..=200 fail); CI allows 40.
+#[test]
+fn the_old_ec_rule_is_caught_by_the_data_simulator() {
+    let shape = EcShape {
+        min_size: Some(2),
+        ..EcShape::default()
+    };
+    let first = (1..=40u64).find(|&seed| {
+        let mut c = ec_cfg(seed, CI_OPS, shape);
+        c.mutant = Mutant::EcFailedPullAsAbsent;
+        !run_data(c).failures.is_empty()
+    });
+    assert!(
+        first.is_some(),
+        "no seed of 1..=40 caught EC recovery counting failed pulls as absent"
+    );
 }
 
 /// Figures by hand: `EC_SEEDS=1000 EC_OPS=300 EC_MUTANT=1 cargo test -p spindle-sim
