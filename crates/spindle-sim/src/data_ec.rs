@@ -190,6 +190,10 @@ struct Step {
     data: Option<Vec<Vec<u8>>>,
 }
 
+/// A read: the version read, the shard segments at that version per position, and how
+/// many answers are still awaited.
+type ReadState = (Ver, Vec<Option<Vec<u8>>>, usize);
+
 struct EcOp {
     client: u32,
     op: u64,
@@ -206,7 +210,7 @@ struct EcOp {
     result: State,
     waiting: BTreeSet<usize>,
     /// Reads: the version read and the shards at that version.
-    read: Option<(Ver, Vec<Option<Vec<u8>>>, usize)>,
+    read: Option<ReadState>,
 }
 
 struct EcPrimary {
@@ -874,12 +878,12 @@ impl DataWorld {
             established: p.established.clone(),
         };
         let mut at: Vec<Option<(Vec<u8>, Ver)>> = vec![None; total];
-        for pos in 0..total {
+        for (pos, slot) in at.iter_mut().enumerate() {
             let Some(d) = p.shards[pos] else { continue };
             let a = match &job.answers[pos] {
                 Some(Ok(None)) => ShardAnswer::Absent,
                 Some(Ok(Some((data, v)))) if split_trailer(data).is_some() => {
-                    at[pos] = Some((data.clone(), *v));
+                    *slot = Some((data.clone(), *v));
                     ShardAnswer::Present(*v)
                 }
                 _ => ShardAnswer::Unknown,
