@@ -959,7 +959,26 @@ impl DataWorld {
                 self.ec_retry_later(id, pg);
                 return;
             }
-            SlotDecision::Deleted | SlotDecision::RollBack { .. } => (0..total)
+            // Nobody holds it: the copies peering found missing it agree (as the daemon:
+            // its targets are the copies in the missing set).
+            SlotDecision::Deleted => {
+                let lists = self
+                    .ec_primary(id, pg)
+                    .map(|p| p.lists.clone())
+                    .unwrap_or_default();
+                let listed = |pos: usize| {
+                    lists
+                        .get(&pos)
+                        .and_then(|l| l.iter().find(|(n, _)| *n == name).map(|(_, v)| *v))
+                };
+                let newest = (0..total).filter_map(listed).max();
+                (0..total)
+                    .filter(|&pos| shards[pos].is_some() && listed(pos) != newest)
+                    .map(|pos| (pos, None))
+                    .collect()
+            }
+            // Never acknowledged: deleted on every member.
+            SlotDecision::RollBack { .. } => (0..total)
                 .filter(|&pos| shards[pos].is_some())
                 .map(|pos| (pos, None))
                 .collect(),
