@@ -959,24 +959,14 @@ impl DataWorld {
                 self.ec_retry_later(id, pg);
                 return;
             }
-            // Nobody holds it: the copies peering found missing it agree (as the daemon:
-            // its targets are the copies in the missing set).
-            SlotDecision::Deleted => {
-                let lists = self
-                    .ec_primary(id, pg)
-                    .map(|p| p.lists.clone())
-                    .unwrap_or_default();
-                let listed = |pos: usize| {
-                    lists
-                        .get(&pos)
-                        .and_then(|l| l.iter().find(|(n, _)| *n == name).map(|(_, v)| *v))
-                };
-                let newest = (0..total).filter_map(listed).max();
-                (0..total)
-                    .filter(|&pos| shards[pos].is_some() && listed(pos) != newest)
-                    .map(|pos| (pos, None))
-                    .collect()
-            }
+            // Nobody that answered holds it and the silent positions cannot hold an
+            // acknowledged version: deleted on every member, like a roll-back (the daemon
+            // pushes "absent" to the copies of its missing set only, so a silent copy that
+            // listed the slot keeps it until a later peering looks at it again).
+            SlotDecision::Deleted => (0..total)
+                .filter(|&pos| shards[pos].is_some())
+                .map(|pos| (pos, None))
+                .collect(),
             // Never acknowledged: deleted on every member.
             SlotDecision::RollBack { .. } => (0..total)
                 .filter(|&pos| shards[pos].is_some())
