@@ -631,6 +631,12 @@ impl DataWorld {
                 self.ec_send_client(id, o.client, o.op, o.attempt, Err("re-peering".into()));
             }
         }
+        // Fewer than k shards up: the group neither peers nor serves (the daemon's
+        // `rules::serve_floor`) until its membership changes.
+        if members.len() < self.ecs().shape.k as usize {
+            self.log(|| format!("osd.{id}: ec pg {pg}: fewer than k shards up, inactive"));
+            return;
+        }
         for (pos, osd) in members {
             let pgid = self.ec_pgid(pg, pos);
             self.ec_request(id, pg, pos, osd, Pend::List, EcReq::List { pg: pgid.pg });
