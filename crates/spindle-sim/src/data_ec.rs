@@ -234,6 +234,9 @@ struct EcDaemon {
     primaries: BTreeMap<u32, EcPrimary>,
     pending: BTreeMap<u64, Pending>,
     next_tag: u64,
+    /// Round numbers, unique across this daemon's primaries (a late answer to a round of
+    /// a previous interval's primary matches nothing).
+    next_gen: u64,
 }
 
 /// The erasure-coded part of a world.
@@ -609,10 +612,11 @@ impl DataWorld {
     /// Starts (or restarts) peering: list every member's shard copy.
     fn ec_peer(&mut self, id: u32, pg: u32) {
         self.report.peerings += 1;
+        let gen = self.ec_next_gen(id);
         let Some(p) = self.ec_primary(id, pg) else {
             return;
         };
-        p.gen += 1;
+        p.gen = gen;
         p.phase = Phase::Peering;
         p.lists.clear();
         p.todo.clear();
@@ -721,12 +725,18 @@ impl DataWorld {
         }
     }
 
+    fn ec_next_gen(&mut self, id: u32) -> u64 {
+        let ed = self.ecs_mut().daemons.entry(id).or_default();
+        ed.next_gen += 1;
+        ed.next_gen
+    }
+
     fn ec_retry_later(&mut self, id: u32, pg: u32) {
+        let gen = self.ec_next_gen(id);
         let Some(p) = self.ec_primary(id, pg) else {
             return;
         };
-        p.gen += 1;
-        let gen = p.gen;
+        p.gen = gen;
         let inc = self.daemons[&id].inc;
         self.at(
             PEER_RETRY_MS,
