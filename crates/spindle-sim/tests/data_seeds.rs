@@ -267,7 +267,7 @@ fn an_erasure_coded_sweep_with_faults_passes() {
 
 /// Issue #17 (b), re-introduced in the whole-cluster simulator: erasure-coded recovery
 /// that counts a shard it could not pull (or a hole) as not holding the slot rolls back
-/// acknowledged writes. With min_size 2 the first seed to catch it is 4 (66 of seeds
+/// acknowledged writes. With min_size 2 the first seed to catch it is 4 (60 of seeds
 /// 1..=200 fail); CI allows 40.
 #[test]
 fn the_old_ec_rule_is_caught_by_the_data_simulator() {
