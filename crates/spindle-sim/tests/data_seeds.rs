@@ -263,6 +263,14 @@ fn an_erasure_coded_sweep_with_faults_passes() {
         failed.len(),
         failed.join("\n")
     );
+    // Same seed, same run.
+    let shape = EcShape::default();
+    let (a, b) = (
+        run_data(ec_cfg(3, 400, shape)),
+        run_data(ec_cfg(3, 400, shape)),
+    );
+    assert_eq!(a.trace_hash, b.trace_hash);
+    assert_eq!(a.store_txns, b.store_txns);
 }
 
 /// Issue #17 (b), re-introduced in the whole-cluster simulator: erasure-coded recovery
