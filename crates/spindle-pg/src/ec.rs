@@ -69,7 +69,11 @@ pub struct SlotView {
 /// What to do with one slot object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SlotDecision {
-    /// No shard holds it: it is deleted; make the targets agree (push "absent").
+    /// No shard holds it: it is deleted; make the targets agree (push "absent"). Only
+    /// when the positions nobody can speak for stay below `min_size` (else [`Wait`],
+    /// with the default version: an acknowledged version may be on them).
+    ///
+    /// [`Wait`]: SlotDecision::Wait
     Deleted,
     /// Roll forward: decode from the k positions `sources` (all at `version`) and push
     /// the result to the member positions `targets` (those not holding `version`).
@@ -106,6 +110,15 @@ pub fn decide_slot(view: &SlotView) -> SlotDecision {
         })
         .max();
     let Some(version) = newest else {
+        // Nobody that answered holds it; the silent positions may (an acknowledged write
+        // with the answering shards' copies lagging or down): deleting it on their word
+        // would make the previous slot current again.
+        if unknown_positions(view) as u64 >= u64::from(view.min_size) {
+            return SlotDecision::Wait {
+                version: Ver::default(),
+                holding: 0,
+            };
+        }
         return SlotDecision::Deleted;
     };
     let member_has =
@@ -129,7 +142,20 @@ pub fn decide_slot(view: &SlotView) -> SlotDecision {
             targets,
         };
     }
-    let unknown = (0..view.total)
+    let unknown = unknown_positions(view);
+    if (holding.len() + unknown) as u64 >= u64::from(view.min_size) {
+        return SlotDecision::Wait {
+            version,
+            holding: holding.len(),
+        };
+    }
+    SlotDecision::RollBack { version }
+}
+
+/// Positions nobody can speak for: a hole, a member that did not answer (or whose stray
+/// copy did not), a new member with no stray copy of its position.
+fn unknown_positions(view: &SlotView) -> usize {
+    (0..view.total)
         .filter(|&p| match view.members[p] {
             None => true,
             Some((_, ShardAnswer::Unknown)) => true,
@@ -141,14 +167,7 @@ pub fn decide_slot(view: &SlotView) -> SlotDecision {
                         && !view.strays.iter().any(|(sp, _)| *sp == p))
             }
         })
-        .count();
-    if (holding.len() + unknown) as u64 >= u64::from(view.min_size) {
-        return SlotDecision::Wait {
-            version,
-            holding: holding.len(),
-        };
-    }
-    SlotDecision::RollBack { version }
+        .count()
 }
 
 #[cfg(test)]
@@ -186,6 +205,27 @@ mod tests {
     #[test]
     fn nobody_holding_the_slot_means_deleted() {
         let d = decide_slot(&view([Some(ShardAnswer::Absent); 3]));
+        assert_eq!(d, SlotDecision::Deleted);
+    }
+
+    /// Found by the data simulator (`spindle sim --data --ec --ec-min-size 2 --seed 212`):
+    /// a version acknowledged on two of three shards (the third down), the daemon holding
+    /// it down, the other holder's pull lost: nobody that answered holds it, but the two
+    /// silent positions may (they did). Deleting it would bring the previous slot back.
+    #[test]
+    fn nobody_answering_with_it_is_not_deleted_while_silent_positions_may_hold_it() {
+        use ShardAnswer::*;
+        let mut w = view([None, Some(Absent), Some(Unknown)]);
+        w.min_size = 2;
+        assert_eq!(
+            decide_slot(&w),
+            SlotDecision::Wait {
+                version: Ver::default(),
+                holding: 0
+            }
+        );
+        // With min_size 3 the two silent positions cannot have acknowledged it alone.
+        let d = decide_slot(&view([None, Some(Absent), Some(Unknown)]));
         assert_eq!(d, SlotDecision::Deleted);
     }
 

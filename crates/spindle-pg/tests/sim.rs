@@ -570,6 +570,9 @@ fn ec_case(seed: u64, decide: fn(&SlotView) -> SlotDecision) -> Result<(), Strin
         if acked && d == (SlotDecision::RollBack { version: ack }) {
             return fail("rolled back an acknowledged write".into());
         }
+        if acked && d == SlotDecision::Deleted {
+            return fail("deleted an acknowledged write".into());
+        }
         if let SlotDecision::Rebuild {
             version: rv,
             sources,
@@ -586,7 +589,10 @@ fn ec_case(seed: u64, decide: fn(&SlotView) -> SlotDecision) -> Result<(), Strin
                 return fail("pushing to a hole".into());
             }
         }
-        if holders == 0 && d != SlotDecision::Deleted {
+        // No holder: deleted, unless the positions nobody can speak for could have held
+        // an acknowledged version (then the rule waits, not knowing).
+        let waits_for_silent = matches!(d, SlotDecision::Wait { holding: 0, .. });
+        if holders == 0 && d != SlotDecision::Deleted && !waits_for_silent {
             return fail("no holder but not deleted".into());
         }
     }

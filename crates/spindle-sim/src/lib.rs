@@ -15,9 +15,10 @@
 //!
 //! [`data`]: the data simulator: daemons running the real store over simulated disks and
 //! the real placement-group cores (peering, the transaction gate, recovery, the primary's
-//! replication rules), clients writing and reading a replicated pool, faults, and
-//! checkers (acknowledged writes read back, no stale reads, clean after faults, identical
-//! copies).
+//! replication rules), clients writing and reading a replicated pool or (with
+//! [`DataConfig::ec`]) an erasure-coded one (real shards, real Reed-Solomon, the real
+//! `spindle_pg::ec::decide_slot`), faults, and checkers (acknowledged writes read back, no
+//! stale reads, clean after faults, identical copies or decodable shards).
 
 pub mod data;
 pub mod net;
@@ -26,7 +27,7 @@ pub mod rng;
 pub mod trace;
 pub mod world;
 
-pub use data::{run_data, DataConfig, DataError, DataReport, DataWorld, Mutant};
+pub use data::{run_data, DataConfig, DataError, DataReport, DataWorld, EcShape, Mutant};
 pub use world::{World, WorldConfig, WorldReport};
 
 /// Runs one seed.

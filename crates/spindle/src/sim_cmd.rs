@@ -40,6 +40,19 @@ pub struct SimArgs {
     /// (--data) Client operations per seed.
     #[arg(long, default_value_t = 10_000)]
     ops: u64,
+    /// (--data) The workload runs on an erasure-coded pool (k=2, m=1 unless --ec-k/--ec-m)
+    /// instead of the replicated one.
+    #[arg(long)]
+    ec: bool,
+    /// (--data --ec) Data shards.
+    #[arg(long, default_value_t = 2)]
+    ec_k: u32,
+    /// (--data --ec) Parity shards.
+    #[arg(long, default_value_t = 1)]
+    ec_m: u32,
+    /// (--data --ec) Shards up for a write (default: the pool default, k + 1 at most k + m).
+    #[arg(long)]
+    ec_min_size: Option<u32>,
 }
 
 pub fn run(args: SimArgs) -> Result<()> {
@@ -96,6 +109,13 @@ fn run_data(args: &SimArgs, seeds: std::ops::RangeInclusive<u64>) -> Result<()> 
         }
         if let Some(s) = args.fault_seconds {
             cfg.fault_window_ms = s * 1000;
+        }
+        if args.ec {
+            cfg.ec = Some(spindle_sim::EcShape {
+                k: args.ec_k,
+                m: args.ec_m,
+                min_size: args.ec_min_size,
+            });
         }
         let replay = cfg.replay();
         (spindle_sim::run_data(cfg), replay)

@@ -136,12 +136,16 @@ impl DataWorld {
                 ));
             }
         }
+        out.extend(self.ec_unclean()); // EC hook
         out
     }
 
     /// After clean: every copy of every object is identical and equals the model (the
     /// last acknowledged state; nothing is in flight any more).
     pub(super) fn final_check(&mut self) {
+        if self.ec.is_some() {
+            return self.ec_final_check(); // EC hook
+        }
         let mut problems = Vec::new();
         let cur = self.current();
         for (i, name) in self.objects.iter().enumerate() {

@@ -146,6 +146,7 @@ impl DataWorld {
         } else {
             ClientOp::Write(self.random_mutation(&last))
         };
+        let what = self.ec_shape_op(what, &last); // EC hook
         if let ClientOp::Write(m) = &what {
             self.models[obj].pending = Some(m.apply_to(last.as_deref()));
         }
@@ -214,7 +215,7 @@ impl DataWorld {
             .then(|| {
                 self.map_at(epoch)
                     .1
-                    .pg(self.pool, pg)
+                    .pg(self.client_pool(), pg) // EC hook
                     .and_then(|m| m.primary())
             })
             .flatten();

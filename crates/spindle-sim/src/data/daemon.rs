@@ -51,6 +51,7 @@ impl DataWorld {
 
     pub(super) fn osd_receive(&mut self, id: u32, from: Node, msg: DMsg) {
         match msg {
+            DMsg::Ec(m) => self.ec_receive(id, from, m), // EC hook
             DMsg::MapEpoch(e) => self.osd_new_epoch(id, e),
             DMsg::ObjRequest {
                 op,
@@ -397,6 +398,7 @@ impl DataWorld {
                 .mark_pg(pgid, *incomplete)
                 .wait()
                 .map_err(|e| e.to_string()),
+            TxnKind::Ec(t) => ec::store_txn(store, t),
         };
         self.trace.u64(u64::from(result.is_ok()));
         if let TxnKind::Mark { incomplete } = &txn.kind {
@@ -467,6 +469,7 @@ impl DataWorld {
                 let result = result.map(|()| PeerAns::Done);
                 self.peer_answer(id, txn.pg, tag, result);
             }
+            Then::Ec(then) => self.ec_txn_done(id, then, txn.kind, result),
         }
         for w in released {
             self.answer_waiter(id, txn.pg, w);

@@ -170,6 +170,7 @@ impl DataWorld {
         d.out_streams.clear();
         d.in_streams.clear();
         let inc = d.inc;
+        self.ec_restart(osd); // EC hook
         self.at(0, Ev::OsdTick { osd, inc });
         let at = self.rng.range(200, 2_000);
         self.at(at, Ev::Checkpoint { osd, inc });

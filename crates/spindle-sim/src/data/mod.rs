@@ -35,8 +35,12 @@ use std::sync::Arc;
 mod check;
 mod client;
 mod daemon;
+// Erasure-coded pools (the hooks in the other modules are marked "EC hook").
+mod ec;
 mod faults;
 mod pg;
+
+pub use ec::EcShape;
 
 /// The monitor marks a daemon down after this long without a heartbeat.
 pub const DOWN_AFTER_MS: u64 = 2_000;
@@ -64,6 +68,9 @@ pub enum Mutant {
     AckBeforeReplicas,
     /// A copy answers a log query before its queued transactions are applied.
     UngatedLogQuery,
+    /// Erasure-coded recovery counts a shard whose pull failed (or a hole) as not holding
+    /// the slot (the old rule of issue #17 (b)).
+    EcFailedPullAsAbsent,
 }
 
 /// What one run does.
@@ -85,6 +92,9 @@ pub struct DataConfig {
     pub settle_ms: u64,
     pub mutant: Mutant,
     pub verbose: bool,
+    /// The clients' objects live in an erasure-coded pool of this shape (None: the
+    /// replicated pool).
+    pub ec: Option<EcShape>,
 }
 
 impl DataConfig {
@@ -101,6 +111,7 @@ impl DataConfig {
             settle_ms: 30_000,
             mutant: Mutant::None,
             verbose: false,
+            ec: None,
         }
     }
 
@@ -115,6 +126,14 @@ impl DataConfig {
             self.faults,
             self.fault_window_ms / 1000
         );
+        if let Some(e) = self.ec {
+            // EC hook
+            let min = e.min_size();
+            s.push_str(&format!(
+                " --ec --ec-k {} --ec-m {} --ec-min-size {min}",
+                e.k, e.m
+            ));
+        }
         if self.mutant != Mutant::None {
             s.push_str(&format!("  (mutant {:?})", self.mutant));
         }
@@ -226,6 +245,8 @@ enum DMsg {
         tag: u64,
         result: Result<PeerAns, String>,
     },
+    /// Erasure-coded shard requests and replies (EC hook).
+    Ec(ec::EcMsg),
 }
 
 #[derive(Clone, Debug)]
@@ -265,6 +286,7 @@ impl DMsg {
             DMsg::Peer { .. } => 8,
             DMsg::PeerReply { .. } => 9,
             DMsg::Stream { inner, .. } => 100 + inner.code(),
+            DMsg::Ec(m) => 200 + m.code(),
         }
     }
 
@@ -352,6 +374,8 @@ enum Ev {
     HealNet,
     EndOfFaults,
     Check,
+    /// Erasure-coded timers (EC hook).
+    Ec(ec::EcEv),
 }
 
 /// A store transaction waiting in a daemon's queue.
@@ -369,6 +393,8 @@ enum TxnKind {
     Mark {
         incomplete: bool,
     },
+    /// An erasure-coded shard write, push, listing or pull (EC hook).
+    Ec(ec::EcTxn),
 }
 
 #[derive(Debug)]
@@ -381,6 +407,8 @@ enum Then {
     PeerReply { to: u32, tag: u64 },
     /// A request of this daemon's own primary role, answered locally.
     SelfReply { tag: u64 },
+    /// An erasure-coded shard request: answer the primary (EC hook).
+    Ec(ec::EcThen),
 }
 
 #[derive(Debug)]
@@ -526,6 +554,7 @@ pub struct DataWorld {
     settle_deadline_ms: Option<u64>,
     finished: bool,
     report: DataReport,
+    ec: Option<Box<ec::EcState>>,
 }
 
 fn store_config() -> StoreConfig {
@@ -598,6 +627,7 @@ impl DataWorld {
             o.up_from = 2;
         }
         let pool = map.pools.keys().next().copied().unwrap_or(1);
+        let ec = ec::add_pool(&cfg, &mut map)?; // EC hook
         let placement = Placement::compute(&map);
         let maps = vec![Arc::new((map, placement))];
         let mut daemons = BTreeMap::new();
@@ -690,6 +720,7 @@ impl DataWorld {
             },
             rng,
             cfg,
+            ec,
         })
     }
 
@@ -913,6 +944,10 @@ impl DataWorld {
             Ev::HealNet => self.net.config = self.clean_net,
             Ev::EndOfFaults => self.end_faults(),
             Ev::Check => self.check(),
+            Ev::Ec(e) => {
+                self.trace.u64(30);
+                self.ec_event(e);
+            }
         }
     }
 

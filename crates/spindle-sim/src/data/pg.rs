@@ -80,6 +80,7 @@ impl DataWorld {
                 self.restart_peering(id, pg);
             }
         }
+        self.ec_new_epoch(id, e); // EC hook
     }
 
     /// Starts peering (again) for a group this daemon is primary of.
@@ -491,6 +492,10 @@ impl DataWorld {
         name: &str,
         what: ClientOp,
     ) -> Option<Result<State, String>> {
+        if self.ec.is_some() {
+            // EC hook
+            return self.ec_client_op(id, client, op, attempt, epoch, pg, name, what);
+        }
         let d = &self.daemons[&id];
         if epoch < d.epoch {
             return Some(Err(format!("stale map: epoch {epoch}, mine {}", d.epoch)));
