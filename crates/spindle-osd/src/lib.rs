@@ -41,7 +41,7 @@ pub use spindle_pg::{plan, LogInfo, SyncPlan};
 use spindle_map::session::{DaemonSession, SessionAction, SessionState, SessionTiming};
 use spindle_map::{ClusterMap, PgMapping};
 use spindle_pg::rules::IntervalChange;
-use spindle_pg::TxnGate;
+use spindle_pg::{CopyId, MemberHistory, TxnGate};
 use spindle_proto::msg::typed;
 use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, PgReport, PgStateCode, Ver,
@@ -239,6 +239,11 @@ struct Inner {
     /// is only reported once they drained: peering must see every write that may still
     /// be acknowledged.
     inflight: Mutex<TxnGate<PgId, tokio::sync::oneshot::Sender<()>>>,
+    /// Since when each copy of every group has been an acting member without a break,
+    /// from the maps this daemon installed (`spindle_pg::MemberHistory`): peering passes it
+    /// to `PgCore::set_members`. In memory: a restarted daemon vouches only for the epochs
+    /// since it booted.
+    members: Mutex<MemberHistory<(u32, u32)>>,
     /// Coding of erasure-coded pools (by pool id).
     ec_layouts: Mutex<HashMap<u32, spindle_map::ec::EcLayout>>,
     /// Per stored erasure-coded group: the queue applying its shard writes in order.
@@ -320,6 +325,7 @@ impl Osd {
                 counters: OsdCounters::default(),
                 over_full_ratio: Default::default(),
                 inflight: Mutex::new(TxnGate::new()),
+                members: Mutex::new(MemberHistory::new()),
                 ec_layouts: Mutex::new(HashMap::new()),
                 shard_queues: Mutex::new(HashMap::new()),
                 ec_locks: Mutex::new(HashMap::new()),
@@ -517,7 +523,12 @@ impl Osd {
         {
             let mut guard = self.inner.map.write().unwrap_or_else(|p| p.into_inner());
             match MapState::accept(guard.as_deref(), bytes).map_err(|e| e.to_string())? {
-                Some(view) => *guard = Some(Arc::new(view)),
+                Some(view) => {
+                    // In install order (under the map's lock): the history sees every
+                    // epoch this daemon installs, and only those.
+                    self.record_members(&view);
+                    *guard = Some(Arc::new(view));
+                }
                 None => return Ok(()),
             }
         }
@@ -525,6 +536,34 @@ impl Osd {
         self.inner.map_tx.send_replace(epoch);
         self.on_new_epoch();
         Ok(())
+    }
+
+    /// Adds the acting sets of a newly installed map to the membership history (every
+    /// group, not only those this daemon is primary of: it may become their primary).
+    fn record_members(&self, view: &MapState) {
+        let groups = view.placement.iter().map(|(&group, mapping)| {
+            let copies: Vec<CopyId> = if mapping.shards.is_empty() {
+                mapping
+                    .up
+                    .iter()
+                    .map(|&osd| CopyId::replicated(osd))
+                    .collect()
+            } else {
+                mapping
+                    .shards
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, d)| {
+                        d.map(|osd| CopyId {
+                            osd,
+                            shard: Some(i as u8),
+                        })
+                    })
+                    .collect()
+            };
+            (group, copies)
+        });
+        lock(&self.inner.members).record(view.map.epoch, groups);
     }
 
     /// Recomputes the state of every placement group this daemon is primary of.

@@ -11,6 +11,9 @@
 //!   that miss something incomplete, activate.
 //! - [`gate`]: [`TxnGate`], the copy side of peering: a log query for a group is answered
 //!   only after that group's already-queued store transactions are applied.
+//! - [`members`]: [`MemberHistory`], a daemon's record of since when each copy has been an
+//!   acting member without a break (from consecutive maps it installed): the membership
+//!   [`rules::authoritative_with`] needs, claimed conservatively.
 //! - [`sync`]: [`plan`], log catch-up vs backfill, divergent entries.
 //! - [`rules`]: the authoritative copy, backfill listing diff, serve / write floors
 //!   (min_size, k), interval changes, recovery order, EC "established" copies.
@@ -41,6 +44,7 @@
 
 pub mod ec;
 pub mod gate;
+pub mod members;
 pub mod peering;
 pub mod recovery;
 pub mod replication;
@@ -49,6 +53,7 @@ pub mod scrub;
 pub mod sync;
 
 pub use gate::TxnGate;
+pub use members::{CopyId, MemberHistory};
 pub use peering::{
     Action, Activation, Event, Interval, MissingObject, PgCore, RecoveryPlan, Round,
 };
