@@ -41,7 +41,7 @@ pub use spindle_pg::{plan, LogInfo, SyncPlan};
 use spindle_map::session::{DaemonSession, SessionAction, SessionState, SessionTiming};
 use spindle_map::{ClusterMap, PgMapping};
 use spindle_pg::rules::IntervalChange;
-use spindle_pg::{CopyId, MemberHistory, TxnGate};
+use spindle_pg::{CopyId, MemberHistory, RepInterval, ReplicationCore, TxnGate};
 use spindle_proto::msg::typed;
 use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, PgReport, PgStateCode, Ver,
@@ -201,10 +201,16 @@ struct PgState {
     /// Identity of the interval: up set and each member's `up_from`.
     interval: Vec<(u32, u64)>,
     phase: Phase,
-    /// Last version handed out (valid while Active).
+    /// Erasure-coded groups: last version handed out (valid while Active). Replicated
+    /// groups' versions are `rep`'s.
     last: Ver,
+    /// Replicated groups: the write rules (`spindle_pg::ReplicationCore`: versions,
+    /// `min_size`, acknowledge only when every acting copy has a write, re-peer on a
+    /// failure, drop writes in flight at an interval change); `client.rs` is its shell.
+    rep: ReplicationCore,
     acting: Vec<u32>,
     size: u32,
+    min_size: u32,
     /// Objects some copies still miss (while Active); None = all copies complete.
     recovery: Option<recovery::Recovery>,
     /// Stored names of objects the last whole-group scrub found with no intact copy (fewer
@@ -244,6 +250,8 @@ struct Inner {
     /// to `PgCore::set_members`. In memory: a restarted daemon vouches only for the epochs
     /// since it booted.
     members: Mutex<MemberHistory<(u32, u32)>>,
+    /// Identifies each replicated write to its group's `ReplicationCore` (`OpId`).
+    next_write_op: std::sync::atomic::AtomicU64,
     /// Coding of erasure-coded pools (by pool id).
     ec_layouts: Mutex<HashMap<u32, spindle_map::ec::EcLayout>>,
     /// Per stored erasure-coded group: the queue applying its shard writes in order.
@@ -326,6 +334,7 @@ impl Osd {
                 over_full_ratio: Default::default(),
                 inflight: Mutex::new(TxnGate::new()),
                 members: Mutex::new(MemberHistory::new()),
+                next_write_op: Default::default(),
                 ec_layouts: Mutex::new(HashMap::new()),
                 shard_queues: Mutex::new(HashMap::new()),
                 ec_locks: Mutex::new(HashMap::new()),
@@ -595,8 +604,10 @@ impl Osd {
                     interval: Vec::new(),
                     phase: Phase::Peering,
                     last: Ver::default(),
+                    rep: ReplicationCore::new(),
                     acting: Vec::new(),
                     size: pool.size(),
+                    min_size: pool.min_size(),
                     recovery: None,
                     damaged: BTreeSet::new(),
                 });
@@ -610,6 +621,19 @@ impl Osd {
                 entry.epoch = ms.map.epoch;
                 entry.acting = mapping.up.clone();
                 entry.size = pool.size();
+                entry.min_size = pool.min_size();
+                // Writes in flight: kept within the interval; dropped at a change (each
+                // write's task answers its own client, so the core's replies are not used).
+                if change == IntervalChange::Keep {
+                    entry.rep.new_epoch(ms.map.epoch);
+                } else {
+                    entry.rep.interval_changed(Some(RepInterval {
+                        epoch: ms.map.epoch,
+                        me,
+                        acting: mapping.up.clone(),
+                        min_size: pool.min_size(),
+                    }));
+                }
                 match change {
                     IntervalChange::Keep => {}
                     IntervalChange::Inactive => {

@@ -306,6 +306,15 @@ impl Osd {
             }
             st.phase = Phase::Active;
             st.last = activation.last_version;
+            // Replicated writes resume after every version any copy holds (writes of
+            // this interval still in flight go on: the interval is the same).
+            let interval = spindle_pg::RepInterval {
+                epoch,
+                me,
+                acting: st.acting.clone(),
+                min_size: st.min_size,
+            };
+            st.rep.activate(interval, activation.last_version);
             since = st.since;
             let start = recovery.is_some();
             st.recovery = recovery;

@@ -39,7 +39,10 @@
 //!   of completion marks, pulling/pushing objects, and EC shard reads, decoding and
 //!   pushes around [`ec::decide_slot`];
 //! - scrub's gathering of scrub maps, the recheck of unsettled objects and repairs;
-//! - stray removal, client operations, the map-driven interval check (it uses
+//! - the replicated write path's I/O around [`ReplicationCore`] (`client.rs`: encoding
+//!   and sending the body, the local store transaction, waiting for the answers, which
+//!   are fed back under the group's lock in one go, and error codes from the failures);
+//! - stray removal, other client operations, the map-driven interval check (it uses
 //!   [`rules::interval_change`] and [`rules::serve_floor`]).
 
 pub mod ec;
@@ -58,5 +61,7 @@ pub use peering::{
     Action, Activation, Event, Interval, MissingObject, PgCore, RecoveryPlan, Round,
 };
 pub use recovery::RecoveryCore;
-pub use replication::{RepAction, RepError, RepEvent, RepInterval, ReplicationCore};
+pub use replication::{
+    Begun, Decision, RepAction, RepError, RepEvent, RepInterval, ReplicationCore,
+};
 pub use sync::{plan, LogInfo, SyncPlan};
