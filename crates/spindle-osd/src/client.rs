@@ -1,10 +1,13 @@
 //! The client protocol on a group's primary: `ObjRequest` (writes, partial writes,
-//! truncates, deletes, reads, stats, listings). A replicated write gets the group's next
-//! version, is applied locally and sent to every other acting copy in version order
-//! (`start_write`), and is acknowledged once every copy has it durable (`finish_write`,
-//! over `fanout`). Erasure-coded pools' operations continue in `ec.rs`.
+//! truncates, deletes, reads, stats, listings). A replicated write is the shell of the
+//! group's `spindle_pg::ReplicationCore` (`PgState::rep`): the core gives the next
+//! version, the write is applied locally and sent to every other acting copy in version
+//! order (`start_write`), and the answers go back to the core, which acknowledges once
+//! every copy has it durable (`finish_write`, over `fanout`), or refuses it and asks for a
+//! new peering round. Erasure-coded pools' operations continue in `ec.rs`.
 
 use super::*;
+use spindle_pg::{RepError, RepEvent};
 
 /// One client request (`ObjRequest`) as the handlers take it.
 pub(crate) struct ClientOp {
@@ -72,9 +75,28 @@ impl Osd {
             );
             return;
         }
-        let phase = lock(&self.inner.pgs)
-            .get(&(pool, pg))
-            .map_or(Phase::Peering, |s| s.phase);
+        // One look at the group: its phase, and whether the object is missing on some copy
+        // (operations on it wait for its recovery; reads and stats only when this daemon
+        // itself misses it).
+        let (phase, missing) = {
+            let pgs = lock(&self.inner.pgs);
+            match pgs.get(&(pool, pg)) {
+                None => (Phase::Peering, false),
+                Some(st) => {
+                    let me_only = match &op {
+                        ObjOp::Mutate(_) => Some(false),
+                        ObjOp::Read { .. } | ObjOp::Stat => Some(true),
+                        ObjOp::List => None,
+                    };
+                    let missing = me_only.is_some_and(|me_only| {
+                        st.recovery.as_ref().is_some_and(|r| {
+                            r.core.is_missing(&name, me_only.then_some(self.inner.id))
+                        })
+                    });
+                    (st.phase, missing)
+                }
+            }
+        };
         if phase != Phase::Active {
             reply.send(
                 rid,
@@ -121,14 +143,7 @@ impl Osd {
             );
             return;
         }
-        // Operations on an object some copy still misses wait for its recovery (reads and
-        // stats only when this daemon itself misses it).
-        let wait_for = match &op {
-            ObjOp::Mutate(_) => self.object_missing(pgid, &name, false),
-            ObjOp::Read { .. } | ObjOp::Stat => self.object_missing(pgid, &name, true),
-            ObjOp::List => false,
-        };
-        if wait_for {
+        if missing {
             let ms = ms.clone();
             let since = self.interval_of(pgid).unwrap_or(0);
             tokio::spawn(async move {
@@ -166,7 +181,8 @@ impl Osd {
                 };
                 match conns {
                     Some(conns) => {
-                        let started = self.start_write(epoch, pgid, &name, m, block_crcs, &conns);
+                        let started =
+                            self.start_write(epoch, pgid, &name, m, block_crcs, &replicas, &conns);
                         tokio::spawn(async move {
                             let msg = osd.finish_write(started).await;
                             reply.send(rid, epoch, &msg);
@@ -175,7 +191,7 @@ impl Osd {
                     None => {
                         tokio::spawn(async move {
                             let mut conns = Vec::new();
-                            for o in replicas {
+                            for &o in &replicas {
                                 match osd.peer_conn(o).await {
                                     Ok(c) => conns.push(c),
                                     Err(e) => {
@@ -184,8 +200,8 @@ impl Osd {
                                     }
                                 }
                             }
-                            let started =
-                                osd.start_write(epoch, pgid, &name, m, block_crcs, &conns);
+                            let started = osd
+                                .start_write(epoch, pgid, &name, m, block_crcs, &replicas, &conns);
                             let msg = osd.finish_write(started).await;
                             reply.send(rid, epoch, &msg);
                         });
@@ -237,9 +253,12 @@ impl Osd {
         }
     }
 
-    /// Assigns the version, applies locally and queues replication, atomically per PG.
+    /// Starts a replicated write, atomically per PG (one lock): the group's
+    /// `ReplicationCore` assigns the version and puts the write in flight; the body is
+    /// queued to every other acting copy (`replicas`, whose connections are `conns`), in
+    /// version order, and the local store transaction is queued.
     /// (The error is the reply to send; replies are built once, not boxed.)
-    #[allow(clippy::result_large_err)]
+    #[allow(clippy::result_large_err, clippy::too_many_arguments)]
     fn start_write(
         &self,
         epoch: u64,
@@ -247,6 +266,7 @@ impl Osd {
         name: &str,
         m: WireMutation,
         block_crcs: Vec<u32>,
+        replicas: &[u32],
         conns: &[Arc<RpcConn>],
     ) -> Result<StartedWrite, Msg> {
         if matches!(m, WireMutation::Delete) && self.inner.store.stat(pgid, name).is_none() {
@@ -255,12 +275,26 @@ impl Osd {
                 format!("{name}: no such object"),
             ));
         }
+        // Refused before a version exists (client_op already sends these elsewhere).
+        if m.is_shard() {
+            return Err(not_replicated());
+        }
         let replaces = matches!(m, WireMutation::WriteFull(_) | WireMutation::Delete);
+        let op = self.inner.next_write_op.fetch_add(1, Ordering::Relaxed);
         let mut pgs = lock(&self.inner.pgs);
+        let changed = || Msg::error(ErrorCode::Again, "placement group changed");
         let st = pgs
             .get_mut(&(pgid.pool, pgid.pg))
             .filter(|s| s.phase == Phase::Active && s.epoch == epoch)
-            .ok_or_else(|| Msg::error(ErrorCode::Again, "placement group changed"))?;
+            .ok_or_else(changed)?;
+        // The core's interval is the one the connections were chosen for.
+        if !st
+            .rep
+            .interval()
+            .is_some_and(|iv| iv.epoch == epoch && iv.acting.get(1..) == Some(replicas))
+        {
+            return Err(changed());
+        }
         if st
             .recovery
             .as_ref()
@@ -269,9 +303,10 @@ impl Osd {
             // Never reached through client_op (it recovers first); kept as a guard.
             return Err(Msg::error(ErrorCode::Again, "object is being recovered"));
         }
-        let v = Ver {
-            epoch,
-            seq: st.last.seq + 1,
+        let v = match st.rep.begin(op) {
+            Ok(begun) => begun.version,
+            Err(RepError::Inactive) => return Err(changed()),
+            Err(e) => return Err(Msg::error(ErrorCode::Again, format!("pg {pgid}: {e:?}"))),
         };
         // A large whole-object write: the replicas' body and the local write share one
         // buffer (no copy), and the body's checksum is combined from the block checksums
@@ -297,29 +332,53 @@ impl Osd {
             }
             None => Prepared::new(&rep),
         };
-        let m = match rep {
-            Msg::RepWrite { mutation, .. } => mutation,
-            _ => {
-                return Err(Msg::error(
-                    ErrorCode::Internal,
-                    "replication message mismatch",
-                ))
-            }
-        };
-        // The local store's form, before anything is sent: a mutation the store cannot
-        // apply is refused while no copy has seen it.
-        let local = match &shared {
-            Some(_) => None,
-            None => Some(Mutation::try_from(m).map_err(|_| not_replicated())?),
+        let Msg::RepWrite { mutation: m, .. } = rep else {
+            unreachable!("built as a RepWrite above")
         };
         let mut pending = Vec::with_capacity(conns.len());
-        for c in conns {
+        let mut refused = None;
+        for (&copy, c) in replicas.iter().zip(conns) {
             match c.start_prepared(epoch, &prepared) {
-                Ok(p) => pending.push(p),
-                Err(e) => return Err(Msg::error(ErrorCode::Again, e.to_string())),
+                Ok(p) => pending.push((copy, p)),
+                Err(e) => {
+                    refused = Some(RepEvent::ReplicaFailed {
+                        version: v,
+                        from: copy,
+                        reason: e.to_string(),
+                    });
+                    break;
+                }
             }
         }
-        st.last = v;
+        // The store's form; `None` only for shard mutations, refused above.
+        let local = match (&shared, refused) {
+            (_, Some(failed)) => Err(failed),
+            (Some(_), None) => Ok(None),
+            (None, None) => match Mutation::try_from(m) {
+                Ok(mutation) => Ok(Some(mutation)),
+                Err(_) => Err(RepEvent::LocalCommitted {
+                    version: v,
+                    result: Err("not a replicated mutation".into()),
+                }),
+            },
+        };
+        let local = match local {
+            Ok(local) => local,
+            Err(failed) => {
+                // Not applied here; a copy may have it: the core refuses the write and
+                // asks for a new peering round.
+                let decision = st.rep.step(failed);
+                let peer_at = decision.repeer.then(|| Self::repeer_locked(st)).flatten();
+                drop(pgs);
+                if let Some(epoch) = peer_at {
+                    self.spawn_peering(pgid, epoch);
+                }
+                return Err(Msg::error(
+                    ErrorCode::Again,
+                    format!("write {v:?} not sent to every copy"),
+                ));
+            }
+        };
         let inflight = self.inflight_begin(pgid);
         let commit = match (shared, local) {
             (Some(data), _) => self
@@ -330,15 +389,11 @@ impl Osd {
                 .inner
                 .store
                 .apply_with_block_crcs(pgid, name, v, mutation, block_crcs),
-            (None, None) => {
-                return Err(Msg::error(
-                    ErrorCode::Internal,
-                    "a write with neither a shared buffer nor a store mutation",
-                ))
-            }
+            (None, None) => unreachable!("a mutation or a shared buffer"),
         };
         drop(pgs);
         Ok(StartedWrite {
+            op,
             version: v,
             commit,
             inflight,
@@ -349,6 +404,28 @@ impl Osd {
         })
     }
 
+    /// The group must peer again (its `ReplicationCore` said copies may differ): with the
+    /// PG's lock held, stops serving and returns the epoch to peer at (`None` if it is not
+    /// active: a round is already due, and its activation re-activates the core).
+    fn repeer_locked(st: &mut PgState) -> Option<u64> {
+        if st.phase != Phase::Active {
+            return None;
+        }
+        st.phase = Phase::Peering;
+        st.recovery = None;
+        // A new interval id: recovery tasks of the old one stop.
+        st.since = st.since.max(st.epoch) + 1_000_000_000;
+        Some(st.epoch)
+    }
+
+    fn spawn_peering(&self, pgid: PgId, epoch: u64) {
+        let osd = self.clone();
+        tokio::spawn(async move { osd.peer_until_done(pgid.pool, pgid.pg, epoch).await });
+    }
+
+    /// Waits for the local commit and every replica's answer, then feeds them to the
+    /// group's `ReplicationCore` (one lock), which decides: acknowledged (every acting
+    /// copy has it), refused (and re-peer), or dropped (the interval changed).
     async fn finish_write(&self, started: Result<StartedWrite, Msg>) -> Msg {
         let w = match started {
             Ok(w) => w,
@@ -357,28 +434,90 @@ impl Osd {
         let timeout = self.inner.config.replica_timeout_ms;
         let local = w.commit.await;
         drop(w.inflight);
-        let answers =
-            fanout::wait_all(w.pending.into_iter().map(|p| ((), p)).collect(), timeout).await;
+        let answers = fanout::wait_all(w.pending, timeout).await;
         let mut failure = None;
         let mut no_space = None;
-        let mut replica_error = false;
-        for ((), f) in answers.failures {
-            replica_error |= f.copy_refused();
+        for (_, f) in &answers.failures {
             match f {
                 fanout::CopyFailure::NoSpace(message) => {
                     no_space = Some(format!("replica: {message}"));
                 }
                 fanout::CopyFailure::NewerMap(map) => {
-                    let _ = self.install_map(&map);
+                    let _ = self.install_map(map);
                     failure = Some("a replica has a newer map".to_string());
                 }
                 other => failure = Some(format!("replica: {other}")),
             }
         }
+        let (decided, peer_at) = {
+            let mut pgs = lock(&self.inner.pgs);
+            match pgs.get_mut(&(w.pgid.pool, w.pgid.pg)) {
+                // No longer primary: the write was dropped with the group's state.
+                None => (None, None),
+                Some(st) => {
+                    let mut decided = None;
+                    let mut repeer = false;
+                    let mut feed = |rep: &mut ReplicationCore, ev| {
+                        let d = rep.step(ev);
+                        repeer |= d.repeer;
+                        if let Some((op, result)) = d.reply {
+                            if op == w.op {
+                                decided = Some(result.is_ok());
+                            }
+                        }
+                    };
+                    let result = local.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                    feed(
+                        &mut st.rep,
+                        RepEvent::LocalCommitted {
+                            version: w.version,
+                            result,
+                        },
+                    );
+                    for i in 0..st.rep.replicas().len() {
+                        let copy = st.rep.replicas()[i];
+                        let ev = match answers.failures.iter().find(|(c, _)| *c == copy) {
+                            Some((_, f)) => RepEvent::ReplicaFailed {
+                                version: w.version,
+                                from: copy,
+                                reason: f.to_string(),
+                            },
+                            None => RepEvent::ReplicaAcked {
+                                version: w.version,
+                                from: copy,
+                            },
+                        };
+                        feed(&mut st.rep, ev);
+                    }
+                    if decided == Some(true) && w.replaces && st.damaged.remove(&w.name) {
+                        tracing::info!(
+                            "osd.{}: pg {}: damaged object {:?} replaced by a client write",
+                            self.inner.id,
+                            w.pgid,
+                            w.name
+                        );
+                    }
+                    (decided, repeer.then(|| Self::repeer_locked(st)).flatten())
+                }
+            }
+        };
         // Some copies may have applied the write and others not: peering again compares
         // the logs and recovers the object on the copies that miss it (or lack the space).
-        if replica_error || local.is_err() {
-            self.repeer(w.pgid, w.version.epoch);
+        if let Some(epoch) = peer_at {
+            self.spawn_peering(w.pgid, epoch);
+        }
+        if decided == Some(true) {
+            let size_bytes = self
+                .inner
+                .store
+                .stat(w.pgid, &w.name)
+                .map_or(0, |m| m.size_bytes);
+            return Msg::ObjReply {
+                version: w.version,
+                size_bytes,
+                data: Vec::new(),
+                listing: Vec::new(),
+            };
         }
         if let Err(e) = local {
             if matches!(e, StoreError::NoSpace(_)) {
@@ -398,29 +537,14 @@ impl Osd {
             );
             return Msg::error(ErrorCode::NoSpace, f);
         }
-        if let Some(f) = failure {
-            tracing::info!(
-                "osd.{}: write {} in pg {} not acknowledged: {f}",
-                self.inner.id,
-                w.name,
-                w.pgid
-            );
-            return Msg::error(ErrorCode::Again, f);
-        }
-        if w.replaces {
-            self.clear_damaged(w.pgid, &w.name);
-        }
-        let size_bytes = self
-            .inner
-            .store
-            .stat(w.pgid, &w.name)
-            .map_or(0, |m| m.size_bytes);
-        Msg::ObjReply {
-            version: w.version,
-            size_bytes,
-            data: Vec::new(),
-            listing: Vec::new(),
-        }
+        let f = failure.unwrap_or_else(|| "placement group changed".to_string());
+        tracing::info!(
+            "osd.{}: write {} in pg {} not acknowledged: {f}",
+            self.inner.id,
+            w.name,
+            w.pgid
+        );
+        Msg::error(ErrorCode::Again, f)
     }
 
     /// Reads locally; on a checksum failure reads the object from another copy, repairs
@@ -482,11 +606,14 @@ impl Osd {
 }
 
 struct StartedWrite {
+    /// The write's identity in the group's `ReplicationCore`.
+    op: u64,
     version: Ver,
     commit: spindle_store::Commit,
     /// Held until the local commit resolved (peering waits for it).
     inflight: InflightGuard,
-    pending: Vec<PendingReply>,
+    /// Each replica's pending answer, in acting order.
+    pending: Vec<(u32, PendingReply)>,
     pgid: PgId,
     name: String,
     /// A whole-object write or a delete: once acknowledged, the object is no longer

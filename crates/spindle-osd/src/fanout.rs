@@ -24,14 +24,6 @@ pub(crate) enum CopyFailure {
     Transport(String),
 }
 
-impl CopyFailure {
-    /// The copy answered with an error: it may have applied nothing while others applied
-    /// the write, so the group must peer again to converge.
-    pub(crate) fn copy_refused(&self) -> bool {
-        matches!(self, CopyFailure::NoSpace(_) | CopyFailure::Refused { .. })
-    }
-}
-
 impl std::fmt::Display for CopyFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

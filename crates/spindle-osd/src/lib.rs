@@ -41,7 +41,7 @@ pub use spindle_pg::{plan, LogInfo, SyncPlan};
 use spindle_map::session::{DaemonSession, SessionAction, SessionState, SessionTiming};
 use spindle_map::{ClusterMap, PgMapping};
 use spindle_pg::rules::IntervalChange;
-use spindle_pg::TxnGate;
+use spindle_pg::{CopyId, MemberHistory, RepInterval, ReplicationCore, TxnGate};
 use spindle_proto::msg::typed;
 use spindle_proto::msg::{
     LogEntryMsg, Mutation as WireMutation, ObjOp, PgReport, PgStateCode, Ver,
@@ -188,10 +188,16 @@ struct PgState {
     /// Identity of the interval: up set and each member's `up_from`.
     interval: Vec<(u32, u64)>,
     phase: Phase,
-    /// Last version handed out (valid while Active).
+    /// Erasure-coded groups: last version handed out (valid while Active). Replicated
+    /// groups' versions are `rep`'s.
     last: Ver,
+    /// Replicated groups: the write rules (`spindle_pg::ReplicationCore`: versions,
+    /// `min_size`, acknowledge only when every acting copy has a write, re-peer on a
+    /// failure, drop writes in flight at an interval change); `client.rs` is its shell.
+    rep: ReplicationCore,
     acting: Vec<u32>,
     size: u32,
+    min_size: u32,
     /// Objects some copies still miss (while Active); None = all copies complete.
     recovery: Option<recovery::Recovery>,
     /// Stored names of objects the last whole-group scrub found with no intact copy (fewer
@@ -226,6 +232,13 @@ struct Inner {
     /// is only reported once they drained: peering must see every write that may still
     /// be acknowledged.
     inflight: Mutex<TxnGate<PgId, tokio::sync::oneshot::Sender<()>>>,
+    /// Since when each copy of every group has been an acting member without a break,
+    /// from the maps this daemon installed (`spindle_pg::MemberHistory`): peering passes it
+    /// to `PgCore::set_members`. In memory: a restarted daemon vouches only for the epochs
+    /// since it booted.
+    members: Mutex<MemberHistory<(u32, u32)>>,
+    /// Identifies each replicated write to its group's `ReplicationCore` (`OpId`).
+    next_write_op: std::sync::atomic::AtomicU64,
     /// Coding of erasure-coded pools (by pool id).
     ec_layouts: Mutex<HashMap<u32, spindle_map::ec::EcLayout>>,
     /// Per stored erasure-coded group: the queue applying its shard writes in order.
@@ -305,6 +318,8 @@ impl Osd {
                 counters: OsdCounters::default(),
                 over_full_ratio: Default::default(),
                 inflight: Mutex::new(TxnGate::new()),
+                members: Mutex::new(MemberHistory::new()),
+                next_write_op: Default::default(),
                 ec_layouts: Mutex::new(HashMap::new()),
                 shard_queues: Mutex::new(HashMap::new()),
                 ec_locks: Mutex::new(HashMap::new()),
@@ -506,7 +521,12 @@ impl Osd {
         {
             let mut guard = self.inner.map.write().unwrap_or_else(|p| p.into_inner());
             match MapState::accept(guard.as_deref(), bytes).map_err(|e| e.to_string())? {
-                Some(view) => *guard = Some(Arc::new(view)),
+                Some(view) => {
+                    // In install order (under the map's lock): the history sees every
+                    // epoch this daemon installs, and only those.
+                    self.record_members(&view);
+                    *guard = Some(Arc::new(view));
+                }
                 None => return Ok(()),
             }
         }
@@ -514,6 +534,34 @@ impl Osd {
         self.inner.map_tx.send_replace(epoch);
         self.on_new_epoch();
         Ok(())
+    }
+
+    /// Adds the acting sets of a newly installed map to the membership history (every
+    /// group, not only those this daemon is primary of: it may become their primary).
+    fn record_members(&self, view: &MapState) {
+        let groups = view.placement.iter().map(|(&group, mapping)| {
+            let copies: Vec<CopyId> = if mapping.shards.is_empty() {
+                mapping
+                    .up
+                    .iter()
+                    .map(|&osd| CopyId::replicated(osd))
+                    .collect()
+            } else {
+                mapping
+                    .shards
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, d)| {
+                        d.map(|osd| CopyId {
+                            osd,
+                            shard: Some(i as u8),
+                        })
+                    })
+                    .collect()
+            };
+            (group, copies)
+        });
+        lock(&self.inner.members).record(view.map.epoch, groups);
     }
 
     /// Recomputes the state of every placement group this daemon is primary of.
@@ -545,8 +593,10 @@ impl Osd {
                     interval: Vec::new(),
                     phase: Phase::Peering,
                     last: Ver::default(),
+                    rep: ReplicationCore::new(),
                     acting: Vec::new(),
                     size: pool.size(),
+                    min_size: pool.min_size(),
                     recovery: None,
                     damaged: BTreeSet::new(),
                 });
@@ -560,6 +610,19 @@ impl Osd {
                 entry.epoch = ms.map.epoch;
                 entry.acting = mapping.up.clone();
                 entry.size = pool.size();
+                entry.min_size = pool.min_size();
+                // Writes in flight: kept within the interval; dropped at a change (each
+                // write's task answers its own client, so the core's replies are not used).
+                if change == IntervalChange::Keep {
+                    entry.rep.new_epoch(ms.map.epoch);
+                } else {
+                    entry.rep.interval_changed(Some(RepInterval {
+                        epoch: ms.map.epoch,
+                        me,
+                        acting: mapping.up.clone(),
+                        min_size: pool.min_size(),
+                    }));
+                }
                 match change {
                     IntervalChange::Keep => {}
                     IntervalChange::Inactive => {

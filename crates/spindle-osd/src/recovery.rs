@@ -36,7 +36,7 @@ use tokio::sync::Notify;
 use spindle_pg::peering::{Action as PgAction, Activation, Event as PgEvent, Interval};
 use spindle_pg::recovery::{Begin, Next, RecoveryEvent};
 use spindle_pg::rules::{ListedObject, Listing};
-use spindle_pg::{LogInfo, PgCore, RecoveryCore};
+use spindle_pg::{CopyId, LogInfo, PgCore, RecoveryCore};
 
 /// Objects some copies of a placement group still miss (on its primary): the
 /// bookkeeping is `spindle_pg::RecoveryCore`; here only what the I/O needs.
@@ -133,6 +133,28 @@ impl Osd {
             return Err("not the primary of this placement group".into());
         }
         let mut core = PgCore::new();
+        // When each copy was an acting member (conservative: only unbroken runs of epochs
+        // this daemon installed), so that a complete copy that was a member throughout can
+        // be the authority over an incomplete copy holding never-acknowledged writes.
+        let members = {
+            let shard_of = self.map_state().and_then(|ms| {
+                ms.placement
+                    .pg(pool, pg)
+                    .filter(|m| !m.shards.is_empty())
+                    .map(|m| m.shards.clone())
+            });
+            let copies = acting.iter().map(|&osd| CopyId {
+                osd,
+                shard: shard_of.as_ref().map(|shards| {
+                    shards
+                        .iter()
+                        .position(|&d| d == Some(osd))
+                        .map_or(u8::MAX, |p| p as u8)
+                }),
+            });
+            crate::lock(&self.inner.members).member_epochs(&(pool, pg), copies)
+        };
+        core.set_members(members);
         // The floor was checked when the phase was set (on_new_epoch): not Inactive.
         let mut actions: VecDeque<PgAction> = core
             .on_event(PgEvent::IntervalChanged(Interval {
@@ -284,6 +306,15 @@ impl Osd {
             }
             st.phase = Phase::Active;
             st.last = activation.last_version;
+            // Replicated writes resume after every version any copy holds (writes of
+            // this interval still in flight go on: the interval is the same).
+            let interval = spindle_pg::RepInterval {
+                epoch,
+                me,
+                acting: st.acting.clone(),
+                min_size: st.min_size,
+            };
+            st.rep.activate(interval, activation.last_version);
             since = st.since;
             let start = recovery.is_some();
             st.recovery = recovery;

@@ -11,6 +11,9 @@
 //!   that miss something incomplete, activate.
 //! - [`gate`]: [`TxnGate`], the copy side of peering: a log query for a group is answered
 //!   only after that group's already-queued store transactions are applied.
+//! - [`members`]: [`MemberHistory`], a daemon's record of since when each copy has been an
+//!   acting member without a break (from consecutive maps it installed): the membership
+//!   [`rules::authoritative_with`] needs, claimed conservatively.
 //! - [`sync`]: [`plan`], log catch-up vs backfill, divergent entries.
 //! - [`rules`]: the authoritative copy, backfill listing diff, serve / write floors
 //!   (min_size, k), interval changes, recovery order, EC "established" copies.
@@ -36,11 +39,15 @@
 //!   of completion marks, pulling/pushing objects, and EC shard reads, decoding and
 //!   pushes around [`ec::decide_slot`];
 //! - scrub's gathering of scrub maps, the recheck of unsettled objects and repairs;
-//! - stray removal, client operations, the map-driven interval check (it uses
+//! - the replicated write path's I/O around [`ReplicationCore`] (`client.rs`: encoding
+//!   and sending the body, the local store transaction, waiting for the answers, which
+//!   are fed back under the group's lock in one go, and error codes from the failures);
+//! - stray removal, other client operations, the map-driven interval check (it uses
 //!   [`rules::interval_change`] and [`rules::serve_floor`]).
 
 pub mod ec;
 pub mod gate;
+pub mod members;
 pub mod peering;
 pub mod recovery;
 pub mod replication;
@@ -49,9 +56,12 @@ pub mod scrub;
 pub mod sync;
 
 pub use gate::TxnGate;
+pub use members::{CopyId, MemberHistory};
 pub use peering::{
     Action, Activation, Event, Interval, MissingObject, PgCore, RecoveryPlan, Round,
 };
 pub use recovery::RecoveryCore;
-pub use replication::{RepAction, RepError, RepEvent, RepInterval, ReplicationCore};
+pub use replication::{
+    Begun, Decision, RepAction, RepError, RepEvent, RepInterval, ReplicationCore,
+};
 pub use sync::{plan, LogInfo, SyncPlan};

@@ -1,10 +1,13 @@
 //! The primary's side of a client mutation on a replicated placement group
 //! ([`ReplicationCore`]), without I/O.
 //!
-//! The rules (those of `spindle-osd`'s write path):
+//! The rules (`spindle-osd`'s replicated write path is the shell of this core:
+//! `client.rs` `start_write` / `finish_write`; the data simulator runs it too):
 //! - a group takes writes only while it is active (peering finished in the current
 //!   interval) and at least `min_size` copies are up ([`crate::rules::may_write_with`]);
-//! - every mutation gets the next version: `(interval epoch, last.seq + 1)`, where `last`
+//! - every mutation gets the next version: `(epoch, last.seq + 1)`, where `epoch` is the
+//!   interval's, moved on by maps that leave the interval unchanged
+//!   ([`ReplicationCore::new_epoch`]: the daemon stamps writes with its current map), `last`
 //!   starts at the activation's `last_version` (so new writes sort after everything any
 //!   copy holds) and grows with every assigned version;
 //! - the primary applies it locally and sends it to every other acting copy, in version
@@ -16,11 +19,14 @@
 //! - an interval change (new epoch with another acting set) drops every write in flight:
 //!   its client is told to retry ([`RepError::IntervalChanged`]), never acknowledged.
 //!
-//! The caller executes [`RepAction`]s and feeds back [`RepEvent`]s.
+//! The caller executes [`RepAction`]s and feeds back [`RepEvent`]s. On the hot path the
+//! same rules come without allocation: [`ReplicationCore::begin`] (the version; the caller
+//! applies and sends the mutation it holds to [`ReplicationCore::replicas`]) and
+//! [`ReplicationCore::step`] (one answer in, a [`Decision`] out).
 
 use crate::rules::may_write_with;
 use spindle_proto::msg::{Mutation, Ver};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::VecDeque;
 
 /// The caller's handle of one client request (echoed in the reply).
 pub type OpId = u64;
@@ -28,14 +34,20 @@ pub type OpId = u64;
 /// The group's current interval, as far as writes are concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RepInterval {
+    /// The map epoch writes are stamped with: the interval's first epoch, moved on by
+    /// [`ReplicationCore::new_epoch`] when a later map leaves the interval unchanged.
     pub epoch: u64,
     /// This daemon: the primary, first of `acting`.
     pub me: u32,
-    /// Acting copies, primary first.
+    /// Acting copies, primary first (at most [`ACTING_MAX`]).
     pub acting: Vec<u32>,
     /// The pool's `min_size`.
     pub min_size: u32,
 }
+
+/// Most acting copies a group can have here (one bit each in a write's waiting set;
+/// `spindle_types::limits::POOL_SIZE_MAX` is 16).
+pub const ACTING_MAX: usize = 64;
 
 /// Why a write was not acknowledged. Every one of them means "retry" to a client.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,20 +110,46 @@ pub enum RepAction {
     Repeer { reason: String },
 }
 
-#[derive(Clone, Debug)]
+/// A write [`ReplicationCore::begin`] accepted: the caller applies it locally at
+/// `version` and sends it, stamped with `epoch`, to every copy of
+/// [`ReplicationCore::replicas`], in that order, then feeds the answers back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Begun {
+    pub version: Ver,
+    pub epoch: u64,
+}
+
+/// What one event decided ([`ReplicationCore::step`], the allocation-free form of
+/// [`ReplicationCore::on_event`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Answer this client (its write is no longer in flight).
+    pub reply: Option<(OpId, Result<Ver, RepError>)>,
+    /// Copies may differ: peer again (the group takes no write until activated).
+    pub repeer: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
 struct InFlight {
+    version: Ver,
     op: OpId,
-    /// Copies (the primary included) whose durable answer is still awaited.
-    waiting: BTreeSet<u32>,
+    /// Positions in the acting set (bit i = `acting[i]`, the primary included) whose
+    /// durable answer is still awaited.
+    waiting: u64,
 }
 
 /// One replicated group's writes on its primary.
+///
+/// Memory: the writes in flight, in version order in a ring that keeps its capacity, so a
+/// steady stream of writes allocates nothing here ([`ReplicationCore::begin`] and
+/// [`ReplicationCore::step`]; [`ReplicationCore::submit`] and
+/// [`ReplicationCore::on_event`] build action lists for callers that want them).
 #[derive(Debug, Default)]
 pub struct ReplicationCore {
     interval: Option<RepInterval>,
     active: bool,
     last: Ver,
-    inflight: BTreeMap<Ver, InFlight>,
+    inflight: VecDeque<InFlight>,
     /// Test-only mutation switch (a deliberately broken rule, to check the checkers):
     /// acknowledge once the local copy is durable, without waiting for the replicas.
     ack_before_replicas: bool,
@@ -141,6 +179,16 @@ impl ReplicationCore {
         self.inflight.len()
     }
 
+    /// The interval writes are taken in (`None` before the first).
+    pub fn interval(&self) -> Option<&RepInterval> {
+        self.interval.as_ref()
+    }
+
+    /// The copies a write goes to besides the primary, in acting order.
+    pub fn replicas(&self) -> &[u32] {
+        self.interval.as_ref().map_or(&[], |iv| &iv.acting[1..])
+    }
+
     /// Peering finished for `interval`; `last_version`: the activation's (at least every
     /// copy's). Writes of an earlier interval still in flight are dropped.
     pub fn activate(&mut self, interval: RepInterval, last_version: Ver) -> Vec<RepAction> {
@@ -149,6 +197,7 @@ impl ReplicationCore {
             Some(&interval.me),
             "writes are taken by the primary, the first of the acting set"
         );
+        assert!(interval.acting.len() <= ACTING_MAX, "acting set too large");
         let mut out = Vec::new();
         if self.interval.as_ref() != Some(&interval) {
             out = self.drop_inflight();
@@ -171,9 +220,17 @@ impl ReplicationCore {
         self.drop_inflight()
     }
 
+    /// A newer map left the interval as it was (same acting set): writes in flight go on,
+    /// and later writes carry `epoch`.
+    pub fn new_epoch(&mut self, epoch: u64) {
+        if let Some(iv) = self.interval.as_mut() {
+            iv.epoch = iv.epoch.max(epoch);
+        }
+    }
+
     fn drop_inflight(&mut self) -> Vec<RepAction> {
-        std::mem::take(&mut self.inflight)
-            .into_values()
+        self.inflight
+            .drain(..)
             .map(|w| RepAction::Reply {
                 op: w.op,
                 result: Err(RepError::IntervalChanged),
@@ -181,22 +238,15 @@ impl ReplicationCore {
             .collect()
     }
 
-    /// A client's mutation of `name`.
-    pub fn submit(&mut self, op: OpId, name: &str, mutation: Mutation) -> Vec<RepAction> {
-        let refuse = |e| vec![RepAction::Reply { op, result: Err(e) }];
-        if matches!(
-            mutation,
-            Mutation::EcWrite { .. } | Mutation::EcPatch { .. }
-        ) {
-            return refuse(RepError::Invalid(
-                "erasure-coded write to a replicated pool".into(),
-            ));
-        }
+    /// A client's mutation (the caller holds it): refused, or given the next version and
+    /// put in flight. The caller then applies it locally and sends it to
+    /// [`ReplicationCore::replicas`] (what [`ReplicationCore::submit`]'s actions say).
+    pub fn begin(&mut self, op: OpId) -> Result<Begun, RepError> {
         let Some(iv) = self.interval.as_ref().filter(|_| self.active) else {
-            return refuse(RepError::Inactive);
+            return Err(RepError::Inactive);
         };
         if !may_write_with(iv.min_size, iv.acting.len()) {
-            return refuse(RepError::BelowMinSize {
+            return Err(RepError::BelowMinSize {
                 up: iv.acting.len(),
                 min_size: iv.min_size,
             });
@@ -207,33 +257,90 @@ impl ReplicationCore {
         };
         assert!(version > self.last, "versions strictly increase");
         self.last = version;
+        let waiting = if iv.acting.len() == ACTING_MAX {
+            u64::MAX
+        } else {
+            (1u64 << iv.acting.len()) - 1
+        };
+        self.inflight.push_back(InFlight {
+            version,
+            op,
+            waiting,
+        });
+        Ok(Begun {
+            version,
+            epoch: iv.epoch,
+        })
+    }
+
+    /// A client's mutation of `name`, as actions ([`ReplicationCore::begin`] plus the
+    /// local apply and one replication per other acting copy, each with its own copy of
+    /// the mutation).
+    pub fn submit(&mut self, op: OpId, name: &str, mutation: Mutation) -> Vec<RepAction> {
+        if matches!(
+            mutation,
+            Mutation::EcWrite { .. } | Mutation::EcPatch { .. }
+        ) {
+            let e = RepError::Invalid("erasure-coded write to a replicated pool".into());
+            return vec![RepAction::Reply { op, result: Err(e) }];
+        }
+        let Begun { version, epoch } = match self.begin(op) {
+            Ok(b) => b,
+            Err(e) => return vec![RepAction::Reply { op, result: Err(e) }],
+        };
         let mut out = vec![RepAction::ApplyLocal {
             version,
             name: name.to_string(),
             mutation: mutation.clone(),
         }];
-        for &to in iv.acting.iter().filter(|&&c| c != iv.me) {
+        for &to in self.replicas() {
             out.push(RepAction::Replicate {
                 to,
-                epoch: iv.epoch,
+                epoch,
                 version,
                 name: name.to_string(),
                 mutation: mutation.clone(),
             });
         }
-        self.inflight.insert(
-            version,
-            InFlight {
-                op,
-                waiting: iv.acting.iter().copied().collect(),
-            },
-        );
         out
     }
 
+    /// [`ReplicationCore::step`] as actions.
     pub fn on_event(&mut self, ev: RepEvent) -> Vec<RepAction> {
+        let version = match &ev {
+            RepEvent::LocalCommitted { version, .. }
+            | RepEvent::ReplicaAcked { version, .. }
+            | RepEvent::ReplicaFailed { version, .. } => *version,
+        };
+        let d = self.step(ev);
+        let mut out = Vec::new();
+        let failure = match &d.reply {
+            Some((_, Err(e))) => Some(format!("{e:?}")),
+            _ => None,
+        };
+        if let Some((op, result)) = d.reply {
+            out.push(RepAction::Reply { op, result });
+        }
+        if d.repeer {
+            out.push(RepAction::Repeer {
+                reason: format!(
+                    "write {}.{}: {}",
+                    version.epoch,
+                    version.seq,
+                    failure.unwrap_or_default()
+                ),
+            });
+        }
+        out
+    }
+
+    /// One answer about a write in flight: whether its client can be answered now
+    /// (acknowledged once every acting copy has it durable; refused at the first failure)
+    /// and whether the group must peer again. Answers about writes no longer in flight
+    /// (answered, or dropped at an interval change) decide nothing.
+    pub fn step(&mut self, ev: RepEvent) -> Decision {
         let Some(me) = self.interval.as_ref().map(|iv| iv.me) else {
-            return Vec::new();
+            return Decision::default();
         };
         match ev {
             RepEvent::LocalCommitted {
@@ -241,17 +348,18 @@ impl ReplicationCore {
                 result: Ok(()),
             } => {
                 if self.ack_before_replicas {
-                    if let Some(w) = self.inflight.remove(&version) {
-                        return vec![RepAction::Reply {
-                            op: w.op,
-                            result: Ok(version),
-                        }];
+                    if let Some(i) = self.position(version) {
+                        let w = self.inflight.remove(i).expect("position is in range");
+                        return Decision {
+                            reply: Some((w.op, Ok(version))),
+                            repeer: false,
+                        };
                     }
                 }
                 self.answered(version, me)
             }
             RepEvent::ReplicaAcked { version, from } if from != me => self.answered(version, from),
-            RepEvent::ReplicaAcked { .. } => Vec::new(),
+            RepEvent::ReplicaAcked { .. } => Decision::default(),
             RepEvent::LocalCommitted {
                 version,
                 result: Err(reason),
@@ -264,38 +372,48 @@ impl ReplicationCore {
         }
     }
 
-    fn answered(&mut self, version: Ver, copy: u32) -> Vec<RepAction> {
-        let Some(w) = self.inflight.get_mut(&version) else {
-            return Vec::new();
-        };
-        w.waiting.remove(&copy);
-        if !w.waiting.is_empty() {
-            return Vec::new();
-        }
-        let op = w.op;
-        self.inflight.remove(&version);
-        vec![RepAction::Reply {
-            op,
-            result: Ok(version),
-        }]
+    /// Where `version` is among the writes in flight (they are in version order).
+    fn position(&self, version: Ver) -> Option<usize> {
+        self.inflight
+            .binary_search_by(|w| w.version.cmp(&version))
+            .ok()
     }
 
-    fn failed(&mut self, version: Ver, e: RepError) -> Vec<RepAction> {
-        let Some(w) = self.inflight.remove(&version) else {
-            return Vec::new();
+    fn answered(&mut self, version: Ver, copy: u32) -> Decision {
+        let Some(bit) = self
+            .interval
+            .as_ref()
+            .and_then(|iv| iv.acting.iter().position(|&c| c == copy))
+        else {
+            return Decision::default();
         };
+        let Some(i) = self.position(version) else {
+            return Decision::default();
+        };
+        let w = &mut self.inflight[i];
+        w.waiting &= !(1u64 << bit);
+        if w.waiting != 0 {
+            return Decision::default();
+        }
+        let op = w.op;
+        self.inflight.remove(i);
+        Decision {
+            reply: Some((op, Ok(version))),
+            repeer: false,
+        }
+    }
+
+    fn failed(&mut self, version: Ver, e: RepError) -> Decision {
+        let Some(i) = self.position(version) else {
+            return Decision::default();
+        };
+        let w = self.inflight.remove(i).expect("position is in range");
         let was_active = self.active;
         self.active = false;
-        let mut out = vec![RepAction::Reply {
-            op: w.op,
-            result: Err(e.clone()),
-        }];
-        if was_active {
-            out.push(RepAction::Repeer {
-                reason: format!("write {}.{}: {e:?}", version.epoch, version.seq),
-            });
+        Decision {
+            reply: Some((w.op, Err(e))),
+            repeer: was_active,
         }
-        out
     }
 }
 
@@ -495,6 +613,69 @@ mod tests {
             &c.submit(3, "a", w(1))[0],
             RepAction::ApplyLocal { version, .. } if *version == v(3, 3)
         ));
+    }
+
+    #[test]
+    fn a_newer_map_in_the_same_interval_keeps_writes_and_stamps_later_ones() {
+        let mut c = ReplicationCore::new();
+        c.activate(iv(4, &[0, 1, 2]), v(3, 7));
+        let first = c.begin(1).unwrap();
+        assert_eq!(
+            first,
+            Begun {
+                version: v(4, 8),
+                epoch: 4
+            }
+        );
+        assert_eq!(c.replicas(), &[1, 2]);
+        c.new_epoch(6);
+        let second = c.begin(2).unwrap();
+        assert_eq!(
+            second,
+            Begun {
+                version: v(6, 9),
+                epoch: 6
+            }
+        );
+        // Answers in any order; each write is acknowledged once all three copies have it.
+        for (ver, from) in [(v(6, 9), 2), (v(4, 8), 1), (v(6, 9), 1), (v(4, 8), 2)] {
+            assert_eq!(
+                c.step(RepEvent::ReplicaAcked { version: ver, from }),
+                Decision::default()
+            );
+        }
+        let d = c.step(RepEvent::LocalCommitted {
+            version: v(6, 9),
+            result: Ok(()),
+        });
+        assert_eq!(d.reply, Some((2, Ok(v(6, 9)))));
+        let d = c.step(RepEvent::LocalCommitted {
+            version: v(4, 8),
+            result: Ok(()),
+        });
+        assert_eq!(d.reply, Some((1, Ok(v(4, 8)))));
+        assert_eq!(c.inflight(), 0);
+        // An older epoch never moves the stamp back.
+        c.new_epoch(5);
+        assert_eq!(c.begin(3).unwrap().epoch, 6);
+    }
+
+    #[test]
+    fn a_copy_outside_the_acting_set_acknowledges_nothing() {
+        let mut c = ReplicationCore::new();
+        c.activate(iv(2, &[0, 1]), Ver::default());
+        let b = c.begin(9).unwrap();
+        let ev = |from| RepEvent::ReplicaAcked {
+            version: b.version,
+            from,
+        };
+        assert_eq!(c.step(ev(7)), Decision::default());
+        let ok = RepEvent::LocalCommitted {
+            version: b.version,
+            result: Ok(()),
+        };
+        assert_eq!(c.step(ok), Decision::default());
+        assert_eq!(c.step(ev(1)).reply, Some((9, Ok(b.version))));
     }
 
     #[test]

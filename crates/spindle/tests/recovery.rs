@@ -469,3 +469,132 @@ async fn daemons_killed_during_recovery_lose_nothing() {
     run_ok(spindle().arg("down").arg("--dir").arg(&c.dir));
     verify_on_replicas(&c, &[1, 2, 3, 4], 32, &objects, 3).await;
 }
+
+/// A copy holding a write that was never acknowledged (it reached that copy only) and
+/// marked incomplete, whose source then crashes: the other copies are complete but older.
+/// The daemons' membership history shows that a complete copy was an acting member at the
+/// epoch of that write throughout (so the write cannot have been acknowledged): that copy
+/// is the authority, the write is rolled back, and the group serves again at once instead
+/// of waiting for ever for the crashed source (the data simulator's seed 17 case).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incomplete_copy_with_an_unacknowledged_write_does_not_stop_the_group() {
+    use spindle_proto::msg::{typed, Mutation, Ver};
+    use spindle_proto::net::RpcConn;
+    let c = start("members", 3, &["--out-after-ms", "0"]);
+    run_ok(
+        spindle()
+            .args(["pool", "create", "one", "--size", "3", "--pg-count", "1"])
+            .arg("--dir")
+            .arg(&c.dir),
+    );
+    let pool_one = 2; // created after "default" (id 1)
+    let client = c.client().await;
+    let mut objects = BTreeMap::new();
+    for i in 0..20 {
+        let n = format!("obj-{i}");
+        client
+            .write_full("one", &n, content(&n, 1, 4096))
+            .await
+            .unwrap();
+        objects.insert(n, (1u64, 4096usize));
+    }
+    c.wait_clean();
+    let epoch = c.status()["epoch"].as_u64().expect("epoch in status");
+    assert!(client.wait_for_epoch(epoch, 10_000).await);
+    let map = client.map();
+    assert_eq!(map.epoch, epoch);
+    let up = spindle_map::Placement::compute(&map)
+        .pg(pool_one, 0)
+        .unwrap()
+        .up
+        .clone();
+    assert_eq!(up.len(), 3, "{up:?}");
+    let (primary, x) = (up[0], up[1]);
+    // Act as the primary towards copy x only: one more write at the current epoch (the
+    // third copy never gets it, so it could never have been acknowledged), then x is
+    // marked incomplete, as a copy being caught up is.
+    let conn = RpcConn::connect(&map.osds[&x].addr, 2000, None)
+        .await
+        .unwrap();
+    let info = conn
+        .request(
+            epoch,
+            typed::PgQuery {
+                pool: pool_one,
+                pg: 0,
+            },
+            5000,
+        )
+        .await
+        .unwrap();
+    let ghost = Ver {
+        epoch,
+        seq: info.last_version.seq + 1,
+    };
+    conn.request(
+        epoch,
+        typed::RepWrite {
+            pool: pool_one,
+            pg: 0,
+            name: "ghost".into(),
+            version: ghost,
+            mutation: Mutation::WriteFull(b"never acknowledged".to_vec()),
+        },
+        5000,
+    )
+    .await
+    .unwrap();
+    conn.request(
+        epoch,
+        typed::PgMark {
+            pool: pool_one,
+            pg: 0,
+            incomplete: true,
+        },
+        5000,
+    )
+    .await
+    .unwrap();
+    // The source of the catch-up (the primary) crashes.
+    c.kill_osd(primary);
+    c.wait_osd_up(primary, false);
+    // The group serves again: a write is acknowledged (without the membership history it
+    // waited, incomplete, for the crashed copy).
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        client.write_full("one", "after", content("after", 1, 100)),
+    )
+    .await
+    .expect("the group serves again with its primary down")
+    .unwrap();
+    objects.insert("after".to_string(), (1, 100));
+    assert!(
+        client.read_full("one", "ghost").await.is_err(),
+        "the unacknowledged write was rolled back"
+    );
+    c.start_osd(primary);
+    c.wait_clean();
+    for (n, (g, len)) in &objects {
+        let data = client.read_full("one", n).await.unwrap();
+        assert!(data == content(n, *g, *len), "{n} differs");
+    }
+    run_ok(spindle().arg("down").arg("--dir").arg(&c.dir));
+    for osd in 0..3 {
+        let store = spindle_store::Store::open(spindle_store::StoreConfig::new(
+            c.osd_dir(osd).join("store"),
+        ))
+        .unwrap();
+        let pgid = spindle_store::PgId {
+            pool: pool_one,
+            pg: 0,
+        };
+        assert!(
+            store.stat(pgid, "ghost").is_none(),
+            "osd.{osd} still holds the rolled-back write"
+        );
+        for n in objects.keys() {
+            assert!(store.stat(pgid, n).is_some(), "osd.{osd} lacks {n}");
+        }
+        store.shutdown().unwrap();
+    }
+}
