@@ -48,6 +48,7 @@
 pub mod ec;
 pub mod gate;
 pub mod members;
+pub mod mutants;
 pub mod peering;
 pub mod recovery;
 pub mod replication;

@@ -463,38 +463,26 @@ fn seeded_ec_recovery_never_rolls_back_an_acknowledged_write() {
     }
 }
 
-/// The EC rule before the fix: positions whose pulls failed (no answer, a hole, a daemon
-/// that took over a position) counted as not holding the version, so a map change during
-/// recovery could roll back an acknowledged write.
-fn decide_slot_counting_failed_pulls_as_absent(view: &SlotView) -> SlotDecision {
-    let mut seen = view.clone();
-    for (p, m) in seen.members.iter_mut().enumerate() {
-        match m {
-            None => *m = Some((900 + p as u32, ShardAnswer::Absent)),
-            Some((_, a @ ShardAnswer::Unknown)) => *a = ShardAnswer::Absent,
-            _ => {}
-        }
-    }
-    for (_, a) in seen.strays.iter_mut() {
-        if *a == ShardAnswer::Unknown {
-            *a = ShardAnswer::Absent;
-        }
-    }
-    seen.established = seen.members.iter().flatten().map(|(d, _)| *d).collect();
-    decide_slot(&seen)
-}
-
 /// Regression scenario (b) of issue #17: EC recovery rolling back an acknowledged write
 /// when pulls fail during a map change, re-introduced, must be caught within 1,000 seeds.
 #[test]
 fn the_old_ec_rule_is_caught_rolling_back_an_acknowledged_write() {
     let first = (0..1_000u64).find(|&seed| {
-        ec_case(seed, decide_slot_counting_failed_pulls_as_absent)
-            .err()
-            .is_some_and(|e| e.contains("rolled back an acknowledged write"))
+        ec_case(
+            seed,
+            spindle_pg::mutants::ec_decide_counting_failed_pulls_as_absent,
+        )
+        .err()
+        .is_some_and(|e| e.contains("rolled back an acknowledged write"))
     });
     let caught = (0..1_000u64)
-        .filter(|&seed| ec_case(seed, decide_slot_counting_failed_pulls_as_absent).is_err())
+        .filter(|&seed| {
+            ec_case(
+                seed,
+                spindle_pg::mutants::ec_decide_counting_failed_pulls_as_absent,
+            )
+            .is_err()
+        })
         .count();
     eprintln!("old EC rule: first caught at seed {first:?}, {caught} of 1000 seeds fail");
     assert!(

@@ -346,27 +346,6 @@ fn split_trailer(data: &[u8]) -> Option<(Vec<u8>, u64)> {
     Some((data[..cut].to_vec(), size))
 }
 
-/// The EC rule before the fix (issue #17 (b)): a position whose pull failed (no answer,
-/// a hole, a daemon new at the position) counted as not holding the version. The same
-/// rewrite of the view as `crates/spindle-pg/tests/sim.rs`.
-fn decide_counting_failed_pulls_as_absent(view: &SlotView) -> SlotDecision {
-    let mut seen = view.clone();
-    for (p, m) in seen.members.iter_mut().enumerate() {
-        match m {
-            None => *m = Some((900 + p as u32, ShardAnswer::Absent)),
-            Some((_, a @ ShardAnswer::Unknown)) => *a = ShardAnswer::Absent,
-            _ => {}
-        }
-    }
-    for (_, a) in seen.strays.iter_mut() {
-        if *a == ShardAnswer::Unknown {
-            *a = ShardAnswer::Absent;
-        }
-    }
-    seen.established = seen.members.iter().flatten().map(|(d, _)| *d).collect();
-    decide_slot(&seen)
-}
-
 impl DataWorld {
     fn ecs(&self) -> &EcState {
         self.ec.as_deref().expect("erasure-coded run")
@@ -941,7 +920,7 @@ impl DataWorld {
             }
         }
         let decision = if mutant {
-            decide_counting_failed_pulls_as_absent(&view)
+            spindle_pg::mutants::ec_decide_counting_failed_pulls_as_absent(&view)
         } else {
             decide_slot(&view)
         };
