@@ -213,6 +213,15 @@ struct EcOp {
     read: Option<ReadState>,
 }
 
+/// The positions that have a daemon: (position, daemon).
+fn members(shards: &[Option<u32>]) -> Vec<(usize, u32)> {
+    shards
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.map(|o| (i, o)))
+        .collect()
+}
+
 struct EcPrimary {
     ident: Vec<Option<(u32, u64)>>,
     epoch: u64,
@@ -603,12 +612,7 @@ impl DataWorld {
         p.todo.clear();
         p.job = None;
         p.established.clear();
-        let members: Vec<(usize, u32)> = p
-            .shards
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.map(|o| (i, o)))
-            .collect();
+        let members = members(&p.shards);
         let ops = std::mem::take(&mut p.ops);
         p.busy.clear();
         for (_, o) in ops {
@@ -812,12 +816,7 @@ impl DataWorld {
         let Some(p) = self.ec_primary(id, pg) else {
             return;
         };
-        let members: Vec<(usize, u32)> = p
-            .shards
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.map(|o| (i, o)))
-            .collect();
+        let members = members(&p.shards);
         let Some(job) = p.job.as_mut() else {
             return;
         };
@@ -1095,11 +1094,7 @@ impl DataWorld {
         let Some(me) = shards.iter().position(|s| *s == Some(id)) else {
             return Some(Err("not a member".into()));
         };
-        let members: Vec<(usize, u32)> = shards
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.map(|o| (i, o)))
-            .collect();
+        let members = members(&shards);
         let current = self.ec_current(id, pg, me, name);
         let mut o = EcOp {
             client,
@@ -1218,12 +1213,7 @@ impl DataWorld {
         let Some(p) = self.ec_primary(id, pg) else {
             return;
         };
-        let members: Vec<(usize, u32)> = p
-            .shards
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.map(|o| (i, o)))
-            .collect();
+        let members = members(&p.shards);
         let Some(o) = p.ops.get_mut(&opid) else {
             return;
         };

@@ -586,6 +586,17 @@ impl DataWorld {
         self.rep_actions_with(id, pg, actions, &ops);
     }
 
+    /// The primary `id` of `pg` waits for `copy` to answer for `version`.
+    fn await_copy(&mut self, id: u32, pg: u32, version: Ver, copy: u32) {
+        if let Some(p) = self
+            .daemons
+            .get_mut(&id)
+            .and_then(|d| d.primaries.get_mut(&pg))
+        {
+            p.awaiting.insert((version, copy));
+        }
+    }
+
     pub(super) fn rep_actions_with(
         &mut self,
         id: u32,
@@ -604,13 +615,7 @@ impl DataWorld {
                     let Ok(mutation) = Mutation::try_from(mutation) else {
                         continue;
                     };
-                    if let Some(p) = self
-                        .daemons
-                        .get_mut(&id)
-                        .and_then(|d| d.primaries.get_mut(&pg))
-                    {
-                        p.awaiting.insert((version, id));
-                    }
+                    self.await_copy(id, pg, version, id);
                     self.enqueue(
                         id,
                         Txn {
@@ -634,13 +639,7 @@ impl DataWorld {
                     let Ok(mutation) = Mutation::try_from(mutation) else {
                         continue;
                     };
-                    if let Some(p) = self
-                        .daemons
-                        .get_mut(&id)
-                        .and_then(|d| d.primaries.get_mut(&pg))
-                    {
-                        p.awaiting.insert((version, to));
-                    }
+                    self.await_copy(id, pg, version, to);
                     self.at(
                         REPLICA_TIMEOUT_MS,
                         Ev::RepTimeout {
