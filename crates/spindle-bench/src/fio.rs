@@ -173,7 +173,7 @@ pub struct Point {
 }
 
 impl Point {
-    fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!("{} {} QD{}", self.bs, self.rw, self.iodepth)
     }
 }
@@ -247,13 +247,13 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
 }
 
 /// A child process that is stopped (SIGTERM, then SIGKILL after 15 s) when dropped.
-struct ChildGuard {
-    child: Child,
-    what: String,
+pub(crate) struct ChildGuard {
+    pub(crate) child: Child,
+    pub(crate) what: String,
 }
 
 impl ChildGuard {
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
         }
@@ -274,7 +274,7 @@ impl ChildGuard {
     }
 
     /// Waits until `addr` accepts TCP connections (or the child exits / 60 s pass).
-    fn wait_listening(&mut self, addr: SocketAddr) -> anyhow::Result<()> {
+    pub(crate) fn wait_listening(&mut self, addr: SocketAddr) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
@@ -297,19 +297,19 @@ impl Drop for ChildGuard {
     }
 }
 
-fn free_port() -> anyhow::Result<SocketAddr> {
+pub(crate) fn free_port() -> anyhow::Result<SocketAddr> {
     let l = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
     Ok(l.local_addr()?)
 }
 
-fn log_file(name: &str) -> anyhow::Result<(PathBuf, std::fs::File)> {
+pub(crate) fn log_file(name: &str) -> anyhow::Result<(PathBuf, std::fs::File)> {
     let path = std::env::temp_dir().join(format!("spindle-bench-fio-{name}.log"));
     let f = std::fs::File::create(&path)
         .with_context(|| format!("cannot create {}", path.display()))?;
     Ok((path, f))
 }
 
-fn require_tool(tool: &str) -> anyhow::Result<()> {
+pub(crate) fn require_tool(tool: &str) -> anyhow::Result<()> {
     let found = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
@@ -344,7 +344,7 @@ fn fio_json(args: &[String]) -> anyhow::Result<serde_json::Value> {
     serde_json::from_str(&stdout[start..]).context("cannot parse fio's JSON output")
 }
 
-fn prefill(uri: &str) -> anyhow::Result<()> {
+pub(crate) fn prefill(uri: &str) -> anyhow::Result<()> {
     let args: Vec<String> = [
         "--name=prefill",
         "--ioengine=nbd",
@@ -364,7 +364,7 @@ fn prefill(uri: &str) -> anyhow::Result<()> {
     fio_json(&args).map(|_| ())
 }
 
-fn measure(uri: &str, p: &Point, runtime: u64, ramp: u64) -> anyhow::Result<Figures> {
+pub(crate) fn measure(uri: &str, p: &Point, runtime: u64, ramp: u64) -> anyhow::Result<Figures> {
     let args: Vec<String> = vec![
         "--name=bench".into(),
         "--ioengine=nbd".into(),

@@ -9,7 +9,7 @@
 //! - [`objects`]: object writes/reads on a cluster against `rados bench`; [`fio`]: block
 //!   images over NBD with fio against Ceph RBD and nbdkit memory; [`recovery`]: recovery
 //!   speed after a daemon loss; [`soak`]: descriptors and memory of long-running
-//!   processes;
+//!   processes; [`stages`]: where a block read's time goes, stage by stage;
 //! - [`common`]: the report every benchmark prints.
 
 pub mod common;
@@ -20,3 +20,4 @@ pub mod io;
 pub mod objects;
 pub mod recovery;
 pub mod soak;
+pub mod stages;

@@ -570,10 +570,12 @@ impl Client {
             name: name.to_string(),
             op: ObjOp::Mutate(m),
         };
+        let start = spindle_trace::now();
         let reply = self
             .request_noting(pool, name, None, request, maybe_applied)
-            .await?;
-        Ok(Self::reply::<typed::ObjRequest>(reply, name)?.version)
+            .await;
+        spindle_trace::record(spindle_trace::Stage::ClientWriteRpc, start);
+        Ok(Self::reply::<typed::ObjRequest>(reply?, name)?.version)
     }
 
     /// Replaces the whole object (creates it).
@@ -818,10 +820,10 @@ impl Client {
     ) -> Result<Vec<u8>, ClientError> {
         check_name(name)?;
         let len = len.min(OBJECT_BYTES_MAX);
-        let reply = self
-            .op(pool, name, ObjOp::Read { offset, len }, None)
-            .await?;
-        Ok(Self::reply::<typed::ObjRequest>(reply, name)?.data)
+        let start = spindle_trace::now();
+        let reply = self.op(pool, name, ObjOp::Read { offset, len }, None).await;
+        spindle_trace::record(spindle_trace::Stage::ClientReadRpc, start);
+        Ok(Self::reply::<typed::ObjRequest>(reply?, name)?.data)
     }
 
     /// Reads the whole object.

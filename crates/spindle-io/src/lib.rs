@@ -39,6 +39,8 @@ pub mod limits;
 mod local;
 mod op;
 mod queue;
+#[cfg(feature = "tokio")]
+pub mod reactor;
 mod slab;
 mod stats;
 mod threads;

@@ -42,6 +42,7 @@ pub struct LocalRingBuilder {
     capacity: u32,
     iopoll: bool,
     defer_taskrun: bool,
+    coop_taskrun: bool,
 }
 
 impl LocalRingBuilder {
@@ -64,6 +65,15 @@ impl LocalRingBuilder {
         self
     }
 
+    /// `IORING_SETUP_COOP_TASKRUN` (on by default): completions are finished when this
+    /// thread next enters the kernel, without interrupting it. Turn it off for a ring whose
+    /// thread sleeps in `epoll_wait` on the ring's descriptor (see [`LocalRing::fd`]): a
+    /// cooperative completion would not wake it.
+    pub fn coop_taskrun(mut self, on: bool) -> Self {
+        self.coop_taskrun = on;
+        self
+    }
+
     /// Creates the ring.
     pub fn build(self) -> io::Result<LocalRing> {
         let capacity = self.capacity;
@@ -77,10 +87,10 @@ impl LocalRingBuilder {
         // completions, single-issuer fast paths). Older kernels lack these flags: retry
         // without them.
         let mut builder = IoUring::builder();
-        builder
-            .setup_cqsize(2 * capacity)
-            .setup_coop_taskrun()
-            .setup_single_issuer();
+        builder.setup_cqsize(2 * capacity).setup_single_issuer();
+        if self.coop_taskrun {
+            builder.setup_coop_taskrun();
+        }
         if self.iopoll {
             builder.setup_iopoll();
         }
@@ -166,7 +176,16 @@ impl LocalRing {
             capacity,
             iopoll: false,
             defer_taskrun: false,
+            coop_taskrun: true,
         }
+    }
+
+    /// The ring's descriptor. It polls readable while completions wait in the completion
+    /// queue, so an event loop can sleep in `epoll_wait` on it and then [`LocalRing::pop`]
+    /// (a ring built without `coop_taskrun` and without `defer_taskrun`).
+    pub fn fd(&self) -> RawFd {
+        use std::os::fd::AsRawFd;
+        self.ring.as_raw_fd()
     }
 
     /// True if the ring was created with `IORING_SETUP_IOPOLL`.

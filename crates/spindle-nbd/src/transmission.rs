@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use spindle_trace::Stage;
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf,
 };
@@ -38,6 +39,8 @@ struct Reply {
     body: Body,
     /// Released when the reply has been written (backpressure).
     _permit: OwnedSemaphorePermit,
+    /// When the reply was produced, if stage clocks are on (`spindle_trace`).
+    produced: Option<std::time::Instant>,
 }
 
 /// Tracks in-flight write-type requests by arrival sequence number, so a FLUSH can wait
@@ -140,6 +143,7 @@ where
             _ = tx.closed() => break Stop::WriterGone,
             r = read_request(&mut rd, max_request_bytes, &server) => r,
         };
+        let decoded = spindle_trace::now();
         let (req, payload) = match incoming {
             Ok(Incoming::Request(req, payload)) => (req, payload),
             Ok(Incoming::Stalled(req, got)) => {
@@ -176,6 +180,7 @@ where
                     handle: req.handle,
                     body,
                     _permit: permit,
+                    produced: spindle_trace::now(),
                 });
                 break Stop::Protocol;
             }
@@ -214,6 +219,7 @@ where
                 handle: req.handle,
                 body,
                 _permit: permit,
+                produced: spindle_trace::now(),
             });
         };
 
@@ -275,6 +281,7 @@ where
                             length: req.length,
                         },
                         _permit: permit,
+                        produced: spindle_trace::now(),
                     });
                 }
             },
@@ -283,7 +290,11 @@ where
                 let server = server.clone();
                 let (offset, len) = (req.offset, req.length);
                 tokio::spawn(async move {
-                    let body = match device.read(offset, len).await {
+                    spindle_trace::record(Stage::NbdDispatch, decoded);
+                    let read_start = spindle_trace::now();
+                    let read = device.read(offset, len).await;
+                    spindle_trace::record(Stage::NbdDeviceRead, read_start);
+                    let body = match read {
                         Ok(data) if data.len() == len as usize => {
                             bump(&server.counters.bytes_read, u64::from(len));
                             Body::Data { offset, data }
@@ -299,6 +310,7 @@ where
                         handle: req.handle,
                         body,
                         _permit: permit,
+                        produced: spindle_trace::now(),
                     });
                 });
             }
@@ -317,7 +329,10 @@ where
                                 Some((data, charged)) => (data, Some(charged)),
                                 None => (Vec::new(), None),
                             };
-                            device.write(offset, data, fua).await
+                            let write_start = spindle_trace::now();
+                            let written = device.write(offset, data, fua).await;
+                            spindle_trace::record(Stage::NbdDeviceWrite, write_start);
+                            written
                         }
                         // The trait's trim has no FUA: honour it with a flush.
                         Command::Trim if fua => match device.trim(offset, len).await {
@@ -340,6 +355,7 @@ where
                         handle: req.handle,
                         body,
                         _permit: permit,
+                        produced: spindle_trace::now(),
                     });
                 });
             }
@@ -358,6 +374,7 @@ where
                         handle: req.handle,
                         body,
                         _permit: permit,
+                        produced: spindle_trace::now(),
                     });
                 });
             }
@@ -453,11 +470,17 @@ async fn writer_loop<W: AsyncWrite + Unpin>(
     structured: bool,
 ) -> io::Result<()> {
     while let Some(first) = rx.recv().await {
+        let start = spindle_trace::now();
         encode(&mut w, first, structured).await?;
+        let mut replies = 1;
         while let Ok(next) = rx.try_recv() {
             encode(&mut w, next, structured).await?;
+            replies += 1;
         }
         w.flush().await?;
+        if let Some(start) = start {
+            spindle_trace::add(Stage::NbdSend, replies, start.elapsed());
+        }
     }
     w.shutdown().await
 }
@@ -467,6 +490,7 @@ async fn encode<W: AsyncWrite + Unpin>(
     r: Reply,
     structured: bool,
 ) -> io::Result<()> {
+    spindle_trace::record(Stage::NbdReplyQueue, r.produced);
     let h = r.handle;
     if !structured {
         match r.body {

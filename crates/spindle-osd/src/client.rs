@@ -8,6 +8,7 @@
 
 use super::*;
 use spindle_pg::{RepError, RepEvent};
+use spindle_trace::Stage;
 
 /// One client request (`ObjRequest`) as the handlers take it.
 pub(crate) struct ClientOp {
@@ -19,6 +20,8 @@ pub(crate) struct ClientOp {
     /// Block checksums of the frame's bulk bytes (a whole-object write's data), verified
     /// when the frame arrived: the store keeps them instead of checksumming again.
     pub block_crcs: Vec<u32>,
+    /// When the request was decoded, if stage clocks are on (`spindle_trace`).
+    pub received: Option<std::time::Instant>,
 }
 
 impl Osd {
@@ -53,6 +56,7 @@ impl Osd {
             name,
             op,
             block_crcs,
+            received,
         } = req;
         let (pool, pg) = (pgid.pool, pgid.pg);
         OsdCounters::bump(&self.inner.counters.client_ops);
@@ -127,6 +131,7 @@ impl Osd {
                     name,
                     op,
                     block_crcs: Vec::new(),
+                    received,
                 };
                 osd.ec_client_op(epoch, &mapping, &layout, req, reply).await
             });
@@ -157,6 +162,7 @@ impl Osd {
                     name,
                     op,
                     block_crcs,
+                    received,
                 };
                 osd.client_op(&ms, req, reply);
             });
@@ -216,8 +222,10 @@ impl Osd {
                     .filter(|&o| o != self.inner.id)
                     .collect();
                 tokio::spawn(async move {
+                    spindle_trace::record(Stage::OsdDispatch, received);
                     let msg = osd.read(epoch, pgid, &name, offset, len, &peers).await;
                     reply.send_owned(rid, epoch, msg);
+                    spindle_trace::record(Stage::OsdRequest, received);
                 });
             }
             ObjOp::Stat => {
@@ -562,7 +570,10 @@ impl Osd {
         let Some(meta) = store.stat(pgid, name) else {
             return Msg::error(ErrorCode::NotFound, format!("{name}: no such object"));
         };
-        match store.read(pgid, name, offset, len).await {
+        let store_start = spindle_trace::now();
+        let read = store.read(pgid, name, offset, len).await;
+        spindle_trace::record(Stage::OsdStoreRead, store_start);
+        match read {
             Ok(data) => Msg::ObjReply {
                 version: meta.version,
                 size_bytes: meta.size_bytes,

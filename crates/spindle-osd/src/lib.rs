@@ -973,6 +973,7 @@ impl Osd {
                     name,
                     op,
                     block_crcs,
+                    received: inc.received,
                 };
                 self.client_op(&ms, req, reply)
             }

@@ -16,6 +16,7 @@ use crate::msg::Msg;
 use crate::request::{CallError, Request};
 use crate::transport::{Tcp, Transport};
 use crate::CodecError;
+use spindle_trace::Stage;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,6 +58,8 @@ pub struct Incoming {
     /// CRC32C of each 4 KiB block of the frame's bulk bytes (see
     /// [`RawFrame::bulk_block_crcs`]); empty for small bulks.
     pub bulk_block_crcs: Vec<u32>,
+    /// When the frame was decoded, if stage clocks are on (`spindle_trace`).
+    pub received: Option<std::time::Instant>,
 }
 
 /// Reads one frame and decodes its message. `Ok(None)` on a clean end of stream between
@@ -72,6 +75,7 @@ pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Incoming
                 epoch,
                 msg: f.decode()?,
                 bulk_block_crcs,
+                received: spindle_trace::now(),
             }))
         }
     }
@@ -330,6 +334,7 @@ impl Prepared {
                 self.crc,
             ),
             body: self.clone(),
+            queued: spindle_trace::now(),
         }
     }
 }
@@ -338,6 +343,8 @@ impl Prepared {
 pub struct Outgoing {
     header: [u8; HEADER_LEN],
     body: Prepared,
+    /// When it was queued, if stage clocks are on.
+    queued: Option<std::time::Instant>,
 }
 
 fn outgoing(request_id: u64, epoch: u64, msg: &Msg) -> Outgoing {
@@ -348,6 +355,7 @@ async fn write_outgoing<W: AsyncWrite + Unpin>(
     w: &mut BufWriter<W>,
     frame: &Outgoing,
 ) -> Result<(), NetError> {
+    spindle_trace::record(Stage::RpcWriterQueue, frame.queued);
     let head = &frame.body.head;
     w.write_all(&frame.header).await?;
     w.write_all(&head[..4]).await?;
@@ -364,11 +372,17 @@ pub async fn writer_loop<W: AsyncWrite + Unpin>(
 ) -> Result<(), NetError> {
     let mut w = BufWriter::with_capacity(256 << 10, w);
     while let Some(frame) = rx.recv().await {
+        let start = spindle_trace::now();
         write_outgoing(&mut w, &frame).await?;
+        let mut frames = 1;
         while let Ok(more) = rx.try_recv() {
             write_outgoing(&mut w, &more).await?;
+            frames += 1;
         }
         w.flush().await?;
+        if let Some(start) = start {
+            spindle_trace::add(Stage::RpcWrite, frames, start.elapsed());
+        }
     }
     Ok(())
 }
@@ -433,7 +447,12 @@ impl PendingReply {
                 "{}: connection dropped",
                 self.peer
             ))),
-            Ok(Ok(r)) => r,
+            Ok(Ok(r)) => {
+                if let Ok(inc) = &r {
+                    spindle_trace::record(Stage::RpcReplyWake, inc.received);
+                }
+                r
+            }
         }
     }
 }
@@ -799,17 +818,23 @@ async fn writer_loop_bounded<W: AsyncWrite + Unpin>(
     let mut w = BufWriter::with_capacity(SERVED_WRITE_BUFFER_BYTES, w);
     let stalled = || NetError::Timeout(stall.as_millis() as u64);
     while let Some(frame) = rx.recv().await {
+        let start = spindle_trace::now();
         tokio::time::timeout(stall, write_outgoing(&mut w, &frame))
             .await
             .map_err(|_| stalled())??;
+        let mut frames = 1;
         while let Ok(more) = rx.try_recv() {
             tokio::time::timeout(stall, write_outgoing(&mut w, &more))
                 .await
                 .map_err(|_| stalled())??;
+            frames += 1;
         }
         tokio::time::timeout(stall, w.flush())
             .await
             .map_err(|_| stalled())??;
+        if let Some(start) = start {
+            spindle_trace::add(Stage::RpcWrite, frames, start.elapsed());
+        }
     }
     Ok(())
 }
@@ -908,6 +933,7 @@ pub async fn serve_halves<R, W, F>(
                     }
                 }
             }
+            let frame_start = spindle_trace::now();
             let header =
                 match tokio::time::timeout(limits.frame_deadline(0), read_header(&mut r)).await {
                     Err(_) => break Ended::Error("frame header stalled".into()),
@@ -941,13 +967,16 @@ pub async fn serve_halves<R, W, F>(
                         (frame.kind, frame.request_id, frame.epoch);
                     let mut frame = frame;
                     let bulk_block_crcs = std::mem::take(&mut frame.bulk_block_crcs);
-                    match frame.decode() {
+                    let decoded = frame.decode();
+                    spindle_trace::record(Stage::RpcRead, frame_start);
+                    match decoded {
                         Ok(msg) => dispatch(
                             Incoming {
                                 request_id,
                                 epoch: frame_epoch,
                                 msg,
                                 bulk_block_crcs,
+                                received: spindle_trace::now(),
                             },
                             Replier {
                                 tx: replier.tx.clone(),

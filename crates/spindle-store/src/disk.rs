@@ -107,6 +107,8 @@ pub trait DiskFile: Send + Sync + Debug {
 /// A read started with [`Disk::read_start`]: in flight on the engine, or already done.
 pub enum DiskRead {
     Engine(spindle_io::Request),
+    /// On the calling thread's own ring (`spindle_io::reactor`): no thread hand-off.
+    Local(spindle_io::reactor::LocalRequest),
     /// `(bytes read, buffer)` or the error.
     Done(io::Result<(usize, IoBuf)>),
 }
@@ -121,6 +123,7 @@ impl DiskRead {
     pub fn wait(self) -> io::Result<(usize, IoBuf)> {
         match self {
             DiskRead::Engine(req) => Self::finish(req.wait()),
+            DiskRead::Local(req) => Self::finish(req.wait()),
             DiskRead::Done(r) => r,
         }
     }
@@ -129,6 +132,7 @@ impl DiskRead {
     pub async fn done(self) -> io::Result<(usize, IoBuf)> {
         match self {
             DiskRead::Engine(req) => Self::finish(req.await),
+            DiskRead::Local(req) => Self::finish(req.await),
             DiskRead::Done(r) => r,
         }
     }
@@ -408,14 +412,19 @@ impl Disk for RealDisk {
     }
 
     fn read_start(&self, file: &FileRef, offset: u64, buf: IoBuf) -> DiskRead {
-        let submitted = real_fd(file).and_then(|fd| {
-            self.engine
-                .submit(Op::read(fd, offset, buf))
-                .map_err(io::Error::other)
-        });
-        match submitted {
+        let fd = match real_fd(file) {
+            Ok(fd) => fd,
+            Err(e) => return DiskRead::Done(Err(e)),
+        };
+        // The calling thread's own ring when it has one (a daemon's runtime thread), else
+        // the engine's ring threads.
+        let op = match spindle_io::reactor::submit(Op::read(fd, offset, buf)) {
+            Ok(req) => return DiskRead::Local(req),
+            Err(op) => op,
+        };
+        match self.engine.submit(op) {
             Ok(req) => DiskRead::Engine(req),
-            Err(e) => DiskRead::Done(Err(e)),
+            Err(e) => DiskRead::Done(Err(io::Error::other(e))),
         }
     }
 

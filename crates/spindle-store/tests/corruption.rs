@@ -579,3 +579,48 @@ fn freed_files_are_reused_only_after_a_checkpoint() {
     store.shutdown().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A daemon's runtime thread has its own ring (`spindle_io::reactor`): reads that miss the
+/// page cache go there instead of the engine's ring threads, direct and buffered alike,
+/// and come back as checked as on the engine.
+#[test]
+fn reads_on_the_runtime_threads_own_ring_are_checked() {
+    let dir = tempdir("local-ring");
+    let rt = rt();
+    let mut cfg = StoreConfig::new(&dir);
+    cfg.inline_max_bytes = 0;
+    let store = Store::open(cfg.clone()).unwrap();
+    let size = 700_000usize;
+    let data: Vec<u8> = (0..size as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    store
+        .apply(PG, "ring", v(1), Mutation::WriteFull(data.clone()))
+        .wait()
+        .unwrap();
+    let file = dir.join("objects").join(format!("{:016x}", 1));
+    rt.block_on(async {
+        assert!(spindle_io::reactor::install().unwrap());
+        let before = (spindle_io::reactor::ops_submitted(), store.stats());
+        // A large miss (O_DIRECT) and a small one (buffered), both from disk.
+        for (offset, len) in [(5_000u64, 400_000u64), (123_456, 3_000)] {
+            evict(&file);
+            let got = store.read(PG, "ring", offset, len).await.unwrap();
+            assert_eq!(got, data[offset as usize..(offset + len) as usize]);
+        }
+        let after = (spindle_io::reactor::ops_submitted(), store.stats());
+        assert_eq!(after.0 - before.0, 2, "both misses on this thread's ring");
+        assert_eq!(after.1.file_reads_engine - before.1.file_reads_engine, 2);
+        assert_eq!(after.1.file_reads_direct - before.1.file_reads_direct, 1);
+        // Damage on disk is found on this path too.
+        flip_byte(&file, 3 * 4096 + 9);
+        evict(&file);
+        match store.read(PG, "ring", 0, 300_000).await {
+            Err(StoreError::Corrupt { block, .. }) => assert_eq!(block, 3),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        assert_eq!(spindle_io::reactor::ops_submitted() - before.0, 3);
+    });
+    store.shutdown().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

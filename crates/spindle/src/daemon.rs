@@ -118,6 +118,7 @@ pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {
 
 pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
     init_logging();
+    spindle_trace::init_from_env(&format!("osd.{}", args.id));
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     write_atomic(&args.dir.join("pid"), &std::process::id().to_string())?;
@@ -128,6 +129,11 @@ pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
         config.recovery_ops_max = args.recovery_ops_max;
         config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
         config.scrub_interval_ms = args.scrub_interval_ms;
+        // The store's disk reads from this thread go on its own ring (no hand-off to the
+        // engine's ring threads); a multi-threaded runtime keeps the engine.
+        if let Err(e) = spindle_io::reactor::install() {
+            tracing::warn!("no io_uring ring on the daemon's thread ({e}); reads use the engine");
+        }
         spindle_osd::Osd::run(config, termination()).await?;
         anyhow::Ok(())
     })

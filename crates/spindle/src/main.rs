@@ -155,6 +155,8 @@ enum BenchCommand {
     Fio(spindle_bench::fio::BenchFioArgs),
     /// Many short-lived clients: descriptors and memory of every process must stay flat.
     Soak(spindle_bench::soak::BenchSoakArgs),
+    /// Where a block read's time goes, stage by stage (own scratch cluster, stage clocks on).
+    Stages(spindle_bench::stages::BenchStagesArgs),
 }
 
 /// Keeps large buffers (object data, frames) in the heap instead of a fresh mmap per
@@ -262,6 +264,7 @@ fn main() {
             BenchCommand::Recovery(args) => spindle_bench::recovery::run(args),
             BenchCommand::Fio(args) => spindle_bench::fio::run(args),
             BenchCommand::Soak(args) => spindle_bench::soak::run(args),
+            BenchCommand::Stages(args) => spindle_bench::stages::run(args),
         },
     };
     if let Err(error) = result {

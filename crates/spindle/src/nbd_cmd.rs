@@ -101,6 +101,7 @@ fn print_usage(listening: &str, uri: &dyn Fn(&str) -> String, images: &[String])
 /// `spindle nbd`.
 pub fn run(args: NbdArgs) -> anyhow::Result<()> {
     init_logging();
+    spindle_trace::init_from_env("nbd");
     // One thread: its run queue is FIFO, so the tasks of a connection's requests reach
     // the block scheduler in arrival order and a sequential stream merges into whole-object
     // writes. The multi-threaded scheduler runs the newest task first (its LIFO slot), which
