@@ -10,7 +10,7 @@
 //!   images over NBD with fio against Ceph RBD and nbdkit memory; [`recovery`]: recovery
 //!   speed after a daemon loss; [`soak`]: descriptors and memory of long-running
 //!   processes;
-//! - [`common`]: the report every benchmark prints.
+//! - [`common`]: the report every benchmark prints; [`proc_cpu`]: CPU time of processes.
 
 pub mod common;
 pub mod crush;
@@ -18,5 +18,6 @@ pub mod ec;
 pub mod fio;
 pub mod io;
 pub mod objects;
+pub mod proc_cpu;
 pub mod recovery;
 pub mod soak;
