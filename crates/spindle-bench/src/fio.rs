@@ -826,11 +826,15 @@ fn print_table(
     ceph_same_sitting: bool,
     disk: Option<&DiskNote>,
 ) {
-    let ceph_group = if erasure {
-        "Ceph RBD EC 2+1"
-    } else {
-        "Ceph RBD rep3"
+    let ceph_group = match (erasure, ceph_same_sitting) {
+        (true, true) => "Ceph EC 2+1, this run",
+        (false, true) => "Ceph rep3, this run",
+        (true, false) => "Ceph EC 2+1, PUBLISHED (*)",
+        (false, false) => "Ceph rep3, PUBLISHED (*)",
     };
+    if !ceph_same_sitting {
+        println!("(*) {ceph_anchor}");
+    }
     println!(
         "{:<18} | {} | {} | {} | {} | {}",
         "",
@@ -1341,6 +1345,59 @@ mod tests {
         });
         assert!(ec.erasure);
         assert_eq!(ec.write_amplification, 1.5);
+    }
+
+    /// The JSON report says where the Ceph figures come from and carries the new fields.
+    #[test]
+    fn json_report_labels_the_anchor() {
+        let p = point("4k", "randread", 1);
+        let spindle = Measured {
+            figures: Figures {
+                iops: 4000.0,
+                mb_per_s: 16.4,
+                clat_mean_us: 240.0,
+                clat_p99_us: 400.0,
+            },
+            cpu: cpu_per_io(400_000, 100_000, 4000.0),
+        };
+        let ceph = published_ceph(&p, false).map(|figures| Measured { figures, cpu: None });
+        let rows = [Row::new(p, spindle, None, None, ceph)];
+        let targets = [TargetCheck {
+            name: "x".into(),
+            value: 2.0,
+            required: 3.0,
+            bound: Bound::AtMost,
+            met: true,
+        }];
+        let report = Report {
+            bench: "fio",
+            ceph_anchor: ceph_anchor_label(false, false),
+            ceph_same_sitting: false,
+            image_bytes: 1 << 30,
+            runtime_seconds: 3,
+            ramp_seconds: 1,
+            disk_file: None,
+            disk_file_bytes: None,
+            cpu_window: CPU_WINDOW,
+            spindle_server_processes: vec!["spindle nbd 12".into()],
+            ceph_server_processes: Vec::new(),
+            rows: &rows,
+            targets: &targets,
+            results: &results(&rows, &ceph_anchor_label(false, false)),
+        };
+        let v = serde_json::to_value(&report).unwrap_or_default();
+        assert_eq!(v["ceph_same_sitting"], false);
+        assert!(v["ceph_anchor"]
+            .as_str()
+            .is_some_and(|a| a.contains("published figures from another machine kind")));
+        assert_eq!(v["rows"][0]["spindle_cpu"]["server_us_per_io"], 100.0);
+        assert_eq!(v["rows"][0]["ceph_cpu"], serde_json::Value::Null);
+        assert_eq!(v["rows"][0]["ceph"]["iops"], 1157.0);
+        assert_eq!(v["rows"][0]["bs"], "4k");
+        assert_eq!(v["targets"][0]["bound"], "at_most");
+        assert!(v["results"][0]["reference"]
+            .as_str()
+            .is_some_and(|r| r.contains("not a same-sitting ratio")));
     }
 
     #[test]

@@ -133,7 +133,16 @@ impl CephCluster {
         image_size_bytes: u64,
     ) -> anyhow::Result<CephCluster> {
         check_free(dir)?;
-        let log_path = log_path();
+        Self::launch(scripts, dir, image_size_bytes, log_path())
+    }
+
+    /// [`CephCluster::start`] without the checks, logging to `log_path`.
+    fn launch(
+        scripts: &CephScripts,
+        dir: &Path,
+        image_size_bytes: u64,
+        log_path: PathBuf,
+    ) -> anyhow::Result<CephCluster> {
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("cannot create {}", log_path.display()))?;
         // From here on the guard owns the cleanup, including of a half-started cluster.
@@ -281,6 +290,83 @@ mod tests {
         };
         let dir = scripts_dir(None, Some(Path::new(&shared)));
         assert!(CephScripts::find(&dir).is_ok(), "{}", dir.display());
+    }
+
+    /// Stand-ins for up.sh and down.sh in a fresh directory: up.sh records a daemon and
+    /// IMG_SIZE, then exits with `up_status`; down.sh notes that it ran.
+    fn fake_scripts(name: &str, up_status: i32) -> (PathBuf, CephScripts) {
+        let root =
+            std::env::temp_dir().join(format!("spindle-fake-ceph-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let written = std::fs::create_dir_all(&root)
+            .and_then(|()| {
+                std::fs::write(
+                    root.join("up.sh"),
+                    format!(
+                        "mkdir -p \"$CEPH_DIR\"\necho \"mon.a 999999999\" > \"$CEPH_DIR/pids\"\n\
+                         echo \"$IMG_SIZE\" > \"$CEPH_DIR/img\"\necho starting\nexit {up_status}\n"
+                    ),
+                )
+            })
+            .and_then(|()| {
+                std::fs::write(
+                    root.join("down.sh"),
+                    "echo ran >> \"$CEPH_DIR.down\"\nrm -rf \"$CEPH_DIR\"\n",
+                )
+            });
+        assert!(written.is_ok(), "{written:?}");
+        match CephScripts::find(&root) {
+            Ok(scripts) => (root, scripts),
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+
+    /// down.sh runs exactly once: when the cluster is stopped, when it is dropped, and
+    /// when up.sh fails half-way.
+    #[test]
+    fn down_runs_once_whatever_happens() {
+        let down_count = |dir: &Path| {
+            std::fs::read_to_string(dir.with_extension("down"))
+                .map(|s| s.lines().count())
+                .unwrap_or(0)
+        };
+        let (root, scripts) = fake_scripts("ok", 0);
+        let dir = root.join("data");
+        let cluster = CephCluster::launch(&scripts, &dir, 1 << 30, root.join("log"));
+        let Ok(mut cluster) = cluster else {
+            panic!("{:?}", cluster.err());
+        };
+        assert_eq!(
+            std::fs::read_to_string(dir.join("img")).ok().as_deref(),
+            Some("1024M\n")
+        );
+        assert_eq!(
+            cluster.daemons().ok(),
+            Some(vec![("mon.a".to_string(), 999_999_999)])
+        );
+        assert!(cluster.stop().is_ok());
+        assert!(cluster.stop().is_ok());
+        drop(cluster);
+        assert_eq!(down_count(&dir), 1);
+
+        let dropped = CephCluster::launch(&scripts, &dir, 1 << 20, root.join("log"));
+        assert!(dropped.is_ok());
+        drop(dropped);
+        assert_eq!(down_count(&dir), 2);
+
+        let (root, scripts) = fake_scripts("fails", 3);
+        let dir = root.join("data");
+        let err = CephCluster::launch(&scripts, &dir, 1 << 20, root.join("log"))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("down.sh ran") && e.contains("starting")),
+            "{err:?}"
+        );
+        assert_eq!(down_count(&dir), 1);
+        assert!(!dir.exists());
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]
