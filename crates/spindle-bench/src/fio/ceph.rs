@@ -354,6 +354,8 @@ mod tests {
         drop(dropped);
         assert_eq!(down_count(&dir), 2);
 
+        let _ = std::fs::remove_dir_all(&root);
+
         let (root, scripts) = fake_scripts("fails", 3);
         let dir = root.join("data");
         let err = CephCluster::launch(&scripts, &dir, 1 << 20, root.join("log"))
