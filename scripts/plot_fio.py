@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plots `spindle bench fio --json` output: IOPS per matrix point for Spindle, Ceph 16 RBD
-(recorded baseline) and nbdkit memory (same run), log scale, one panel per iodepth.
+(same run with --ceph, else published figures from another machine kind, as the legend
+says) and nbdkit memory (same run), log scale, one panel per iodepth.
 
 Usage: spindle bench fio --json > fio.json; python3 scripts/plot_fio.py fio.json out.png
 Needs matplotlib (`pip install matplotlib`); only a documentation tool, not used by tests.
@@ -23,7 +24,9 @@ def main() -> None:
     fig, axes = plt.subplots(len(depths), 1, figsize=(13, 4.2 * len(depths)))
     if len(depths) == 1:
         axes = [axes]
-    series = [("spindle", "Spindle", "#1f77b4"), ("ceph", "Ceph 16 RBD", "#d62728"),
+    ceph = "Ceph 16 RBD (this run)" if report.get("ceph_same_sitting") else \
+        "Ceph 16 RBD (published, other machine kind)"
+    series = [("spindle", "Spindle", "#1f77b4"), ("ceph", ceph, "#d62728"),
               ("nbdkit_memory", "nbdkit memory (ceiling)", "#999999")]
     for ax, qd in zip(axes, depths):
         pts = [r for r in rows if r["iodepth"] == qd]

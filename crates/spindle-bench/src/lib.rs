@@ -7,10 +7,11 @@
 //! - [`crush`]: placement against crushtool; [`ec`]: erasure coding and CRC32C against
 //!   ISA-L; [`io`]: the I/O engine against fio;
 //! - [`objects`]: object writes/reads on a cluster against `rados bench`; [`fio`]: block
-//!   images over NBD with fio against Ceph RBD and nbdkit memory; [`recovery`]: recovery
-//!   speed after a daemon loss; [`soak`]: descriptors and memory of long-running
-//!   processes; [`stages`]: where a block read's time goes, stage by stage;
-//! - [`common`]: the report every benchmark prints.
+//!   images over NBD with fio against nbdkit memory, the disk and Ceph RBD (`--ceph`: in
+//!   the same sitting); [`recovery`]: recovery speed after a daemon loss; [`soak`]:
+//!   descriptors and memory of long-running processes; [`stages`]: where a block read's
+//!   time goes, stage by stage;
+//! - [`common`]: the report every benchmark prints; [`proc_cpu`]: CPU time of processes.
 
 pub mod common;
 pub mod crush;
@@ -18,6 +19,7 @@ pub mod ec;
 pub mod fio;
 pub mod io;
 pub mod objects;
+pub mod proc_cpu;
 pub mod recovery;
 pub mod soak;
 pub mod stages;

@@ -138,20 +138,9 @@ impl Phase {
     }
 }
 
-/// utime + stime of a process, in µs.
+/// utime + stime of a process, in µs (0 if it cannot be read).
 fn cpu_us(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    let Some(rest) = stat.rsplit(')').next() else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11).and_then(|u| u.parse::<f64>().ok()).unwrap_or(0.0)
-        + f.get(12).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks * 1e6 / hz.max(1.0)
+    crate::proc_cpu::process_cpu_us(pid).map_or(0.0, |us| us as f64)
 }
 
 async fn daemon_pids(client: &Client) -> Vec<u32> {

@@ -13,7 +13,9 @@
 //! Stage clocks cost a clock read per stage point; the fio figures printed here are for
 //! reading the breakdown, `spindle bench fio` gives the speed.
 
-use crate::fio::{free_port, log_file, measure, prefill, require_tool, ChildGuard, Figures, Point};
+use crate::fio::{
+    free_port, log_file, measure, prefill, require_tool, ChildGuard, Engine, Figures, Point, Timing,
+};
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
@@ -318,13 +320,18 @@ fn measure_points(
     nbd.wait_listening(addr)?;
     let uri = format!("nbd://{addr}/{image}");
     say(format!("prefilling {uri}"));
-    prefill(&uri).context("prefill")?;
+    let engine = Engine::nbd(&uri);
+    prefill(&engine).context("prefill")?;
     let mut out = Vec::new();
     for p in points {
         say(p.label());
         settle();
         let before = read_counters(stages_dir)?;
-        let fio = measure(&uri, p, args.runtime_seconds, args.ramp_seconds)?;
+        let timing = Timing {
+            runtime_seconds: args.runtime_seconds,
+            ramp_seconds: args.ramp_seconds,
+        };
+        let fio = measure(&engine, p, timing, None)?.figures;
         settle();
         let after = read_counters(stages_dir)?;
         // Requests the stage clocks saw: the window's NBD requests of the point's kind.
