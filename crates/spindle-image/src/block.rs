@@ -131,6 +131,8 @@ pub struct BlockConfig {
     /// occasional probes while held batches rarely attract neighbours. false = DeLiBA's
     /// plain rule (always hold min(mean latency / 2, `hold_us_max`)).
     pub adaptive_hold: bool,
+    /// Bytes fetched ahead of a sequential reader (see `readahead.rs`); 0 disables.
+    pub readahead_bytes: u64,
 }
 
 impl Default for BlockConfig {
@@ -143,6 +145,7 @@ impl Default for BlockConfig {
             hold_us_max: HOLD_US_MAX_DEFAULT,
             sequential_hold_us_max: SEQUENTIAL_HOLD_US_MAX_DEFAULT,
             adaptive_hold: true,
+            readahead_bytes: READAHEAD_BYTES_DEFAULT,
         }
     }
 }
@@ -196,9 +199,19 @@ pub struct BlockStats {
     pub sched_latency_ewma_us: u64,
     /// Hold a batch opened now would get.
     pub sched_hold_us: u64,
+    /// Reads served from readahead chunks.
+    pub readahead_hits: u64,
+    /// Bytes fetched ahead of sequential readers.
+    pub readahead_issued_bytes: u64,
+    /// Streams whose readahead a random read cancelled.
+    pub readahead_cancelled: u64,
 }
 
 use spindle_types::sync::lock;
+
+mod readahead;
+use readahead::{Covered, Fetch, Readahead};
+pub use readahead::{READAHEAD_BYTES_DEFAULT, READAHEAD_CHUNK_BYTES, READAHEAD_TRIGGER_BYTES};
 
 fn overlaps(a_start: u64, a_end: u64, b_start: u64, b_end: u64) -> bool {
     a_start < b_end && b_start < a_end
@@ -849,6 +862,36 @@ async fn collect(
     first_error.map_or(Ok(()), Err)
 }
 
+/// The bytes `[offset, offset + len)` from readahead chunks that cover them, waiting for
+/// chunks still in flight; `None` (read normally) if a chunk failed or was invalidated by a
+/// write submitted since it was issued.
+async fn serve_ahead(covered: Covered, offset: u64, len: u64) -> Option<Vec<u8>> {
+    let end = offset + len;
+    let mut out = Vec::with_capacity(len as usize);
+    for (start, mut rx, valid) in covered.chunks {
+        let data = loop {
+            let ready = rx.borrow().clone();
+            if let Some(r) = ready {
+                break r;
+            }
+            if rx.changed().await.is_err() {
+                return None;
+            }
+        };
+        let data = data.ok()?;
+        if !valid.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let from = offset.max(start);
+        let to = end.min(start + data.len() as u64);
+        if to <= from {
+            return None;
+        }
+        out.extend_from_slice(&data[(from - start) as usize..(to - start) as usize]);
+    }
+    (out.len() as u64 == len).then_some(out)
+}
+
 async fn receive(
     rx: oneshot::Receiver<Result<Vec<u8>, ImageError>>,
 ) -> Result<Vec<u8>, ImageError> {
@@ -865,6 +908,7 @@ pub struct BlockLayer<B: ObjectBackend> {
     image: Arc<Image<B>>,
     cache: Option<Arc<Cache>>,
     sched: Arc<Scheduler<B>>,
+    readahead: Mutex<Readahead>,
     config: BlockConfig,
 }
 
@@ -882,6 +926,7 @@ impl<B: ObjectBackend> BlockLayer<B> {
             }),
             image,
             cache,
+            readahead: Mutex::new(Readahead::default()),
             config,
         })
     }
@@ -929,11 +974,28 @@ impl<B: ObjectBackend> BlockLayer<B> {
         out
     }
 
-    /// Reads `len` bytes at `offset` (cache, then the scheduler for misses).
+    /// Reads `len` bytes at `offset` (readahead chunks, the cache, then the scheduler).
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, ImageError> {
         let size = self.check_range(offset, len)?;
         if len == 0 {
             return Ok(Vec::new());
+        }
+        if self.config.readahead_bytes > 0 {
+            let (covered, fetches) = lock(&self.readahead).on_read(
+                offset,
+                len,
+                self.config.readahead_bytes,
+                self.image.object_size_bytes(),
+                size,
+            );
+            for f in fetches {
+                self.fetch_ahead(f);
+            }
+            if let Some(covered) = covered {
+                if let Some(data) = serve_ahead(covered, offset, len).await {
+                    return Ok(data);
+                }
+            }
         }
         let cache = self
             .cache
@@ -1016,6 +1078,23 @@ impl<B: ObjectBackend> BlockLayer<B> {
         Ok(out)
     }
 
+    /// Issues one readahead chunk (inside one object) and publishes its result.
+    fn fetch_ahead(&self, f: Fetch) {
+        let rx = self
+            .sched
+            .submit(Dir::Read, f.start, f.len, Vec::new(), None);
+        tokio::spawn(async move {
+            let r = receive(rx).await;
+            let r = match r {
+                Ok(d) if d.len() as u64 == f.len => Ok(Arc::new(d)),
+                Ok(d) => Err(format!("{} of {} bytes", d.len(), f.len)),
+                Err(e) => Err(e.to_string()),
+            };
+            // Nobody may be waiting any more (the stream moved on): fine.
+            let _ = f.tx.send(Some(r));
+        });
+    }
+
     fn write_guard(&self, offset: u64, len: u64) -> Option<Arc<WriteGuard>> {
         let ext = self.extent_bytes();
         self.cache
@@ -1034,6 +1113,9 @@ impl<B: ObjectBackend> BlockLayer<B> {
         if len == 0 {
             return Ok(());
         }
+        // Before the change is submitted: no readahead chunk issued before it is served
+        // after it (see `readahead.rs`).
+        lock(&self.readahead).on_write(offset, len);
         let guard = self.write_guard(offset, len);
         let pieces = self.pieces(offset, len);
         // A request inside one object hands its own buffer to the scheduler.
@@ -1105,10 +1187,12 @@ impl<B: ObjectBackend> BlockLayer<B> {
         if let Some(c) = &self.cache {
             c.clear();
         }
+        lock(&self.readahead).clear();
         let r = self.image.resize(new_size_bytes).await;
         if let Some(c) = &self.cache {
             c.clear();
         }
+        lock(&self.readahead).clear();
         r
     }
 
@@ -1135,6 +1219,11 @@ impl<B: ObjectBackend> BlockLayer<B> {
         st.sched_delay_total_us = s.delay_total_us;
         st.sched_latency_ewma_us = s.latency_ewma_us;
         st.sched_hold_us = self.sched.hold_bound(&s).as_micros() as u64;
+        drop(s);
+        let ra = lock(&self.readahead);
+        st.readahead_hits = ra.hits;
+        st.readahead_issued_bytes = ra.issued_bytes;
+        st.readahead_cancelled = ra.cancelled;
         st
     }
 }

@@ -60,6 +60,10 @@ pub struct NbdArgs {
     /// Dispatch every request at once instead of holding and merging adjacent ones.
     #[arg(long)]
     pub no_coalesce: bool,
+    /// Do not fetch ahead of sequential readers (default: 8 MiB ahead once a stream has
+    /// read 256 KiB in order).
+    #[arg(long)]
+    pub no_readahead: bool,
     #[command(flatten)]
     pub target: Target,
 }
@@ -122,6 +126,11 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             .checked_mul(1 << 20)
             .context("--cache-mib is too large")?,
         coalesce_enabled: !args.no_coalesce,
+        readahead_bytes: if args.no_readahead {
+            0
+        } else {
+            spindle_image::block::READAHEAD_BYTES_DEFAULT
+        },
         ..BlockConfig::default()
     };
     let images: Vec<String> = Image::list(&*client, &args.pool)
