@@ -158,6 +158,9 @@ pub struct BenchFioArgs {
     /// Start `spindle nbd` with `--no-coalesce` (no hold/merge of adjacent requests).
     #[arg(long)]
     pub no_coalesce: bool,
+    /// Start `spindle nbd` with `--no-readahead` (no fetching ahead of sequential readers).
+    #[arg(long)]
+    pub no_readahead: bool,
     /// One JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -226,7 +229,7 @@ fn cpu_per_io(server_cpu_us: u64, client_cpu_us: u64, ios: f64) -> Option<CpuPer
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Measured {
     pub(crate) figures: Figures,
-    pub(crate) cpu: Option<CpuPerIo>,
+    cpu: Option<CpuPerIo>,
 }
 
 /// One row of the report.
@@ -383,11 +386,30 @@ fn cpu_sum_us(procs: &[Proc]) -> Option<u64> {
 
 /// A child process that is stopped (SIGTERM, then SIGKILL after 15 s) when dropped.
 pub(crate) struct ChildGuard {
-    pub(crate) child: Child,
-    pub(crate) what: String,
+    child: Child,
+    what: String,
 }
 
 impl ChildGuard {
+    /// Spawns `cmd` (stdout discarded, stderr to the log file `log_name`), named `what` in
+    /// messages.
+    pub(crate) fn start(
+        mut cmd: Command,
+        what: &str,
+        log_name: &str,
+    ) -> anyhow::Result<ChildGuard> {
+        let (log_path, log) = log_file(log_name)?;
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("cannot start {what}"))?;
+        Ok(ChildGuard {
+            child,
+            what: format!("{what} (log {})", log_path.display()),
+        })
+    }
+
     pub(crate) fn stop(&mut self) {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
@@ -409,7 +431,7 @@ impl ChildGuard {
     }
 
     /// Waits until `addr` accepts TCP connections (or the child exits / 60 s pass).
-    pub(crate) fn wait_listening(&mut self, addr: SocketAddr) -> anyhow::Result<()> {
+    fn wait_listening(&mut self, addr: SocketAddr) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
@@ -465,12 +487,12 @@ fn disk_dir(target: &Target) -> PathBuf {
     }
 }
 
-pub(crate) fn free_port() -> anyhow::Result<SocketAddr> {
+fn free_port() -> anyhow::Result<SocketAddr> {
     let l = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
     Ok(l.local_addr()?)
 }
 
-pub(crate) fn log_file(name: &str) -> anyhow::Result<(PathBuf, std::fs::File)> {
+fn log_file(name: &str) -> anyhow::Result<(PathBuf, std::fs::File)> {
     let path = std::env::temp_dir().join(format!("spindle-bench-fio-{name}.log"));
     let f = std::fs::File::create(&path)
         .with_context(|| format!("cannot create {}", path.display()))?;
@@ -955,57 +977,60 @@ fn print_table(
 
 /// Starts `spindle nbd` for the image and returns it with its URI.
 fn start_spindle_nbd(args: &BenchFioArgs) -> anyhow::Result<(ChildGuard, String)> {
+    let mut flags = Vec::new();
+    if args.no_coalesce {
+        flags.push("--no-coalesce");
+    }
+    if args.no_readahead {
+        flags.push("--no-readahead");
+    }
+    spindle_nbd_child(&args.target, &args.pool, &args.image, &flags, "nbd")
+}
+
+/// Starts a `spindle nbd` child (this executable) on a free port for the cluster of
+/// `target`, serving `pool`, with extra `flags`; waits until it listens and returns it
+/// with the URI of `image`. Its log is `log_name` in the temp directory.
+pub(crate) fn spindle_nbd_child(
+    target: &Target,
+    pool: &str,
+    image: &str,
+    flags: &[&str],
+    log_name: &str,
+) -> anyhow::Result<(ChildGuard, String)> {
     let addr = free_port()?;
     let exe = std::env::current_exe().context("cannot find the spindle binary")?;
-    let (log_path, log) = log_file("nbd")?;
     let mut cmd = Command::new(&exe);
     cmd.arg("nbd")
         .arg("--listen")
         .arg(addr.to_string())
         .arg("--pool")
-        .arg(&args.pool)
+        .arg(pool)
         .arg("--dir")
-        .arg(&args.target.dir);
-    if args.no_coalesce {
-        cmd.arg("--no-coalesce");
-    }
-    if let Some(mon) = &args.target.mon {
+        .arg(&target.dir)
+        .args(flags);
+    if let Some(mon) = &target.mon {
         cmd.arg("--mon").arg(mon);
     }
-    let mut nbd = ChildGuard {
-        child: cmd
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("cannot start spindle nbd")?,
-        what: format!("spindle nbd (log {})", log_path.display()),
-    };
+    let mut nbd = ChildGuard::start(cmd, "spindle nbd", log_name)?;
     nbd.wait_listening(addr)?;
-    Ok((nbd, format!("nbd://{addr}/{}", args.image)))
+    Ok((nbd, format!("nbd://{addr}/{image}")))
 }
 
 /// nbdkit memory, the NBD ceiling.
 fn run_nbdkit(args: &BenchFioArgs, pts: &[Point]) -> anyhow::Result<Vec<Measured>> {
     let addr = free_port()?;
-    let (log_path, log) = log_file("nbdkit")?;
-    let mut kit = ChildGuard {
-        child: Command::new("nbdkit")
-            .args([
-                "--foreground",
-                "--exit-with-parent",
-                "--ipaddr",
-                "127.0.0.1",
-            ])
-            .arg("--port")
-            .arg(addr.port().to_string())
-            .arg("memory")
-            .arg(args.size.to_string())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("cannot start nbdkit")?,
-        what: format!("nbdkit memory (log {})", log_path.display()),
-    };
+    let mut cmd = Command::new("nbdkit");
+    cmd.args([
+        "--foreground",
+        "--exit-with-parent",
+        "--ipaddr",
+        "127.0.0.1",
+    ])
+    .arg("--port")
+    .arg(addr.port().to_string())
+    .arg("memory")
+    .arg(args.size.to_string());
+    let mut kit = ChildGuard::start(cmd, "nbdkit memory", "nbdkit")?;
     kit.wait_listening(addr)?;
     let engine = Engine::nbd(&format!("nbd://{addr}"));
     if !args.no_prefill {

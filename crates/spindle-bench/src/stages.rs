@@ -14,7 +14,7 @@
 //! reading the breakdown, `spindle bench fio` gives the speed.
 
 use crate::fio::{
-    free_port, log_file, measure, prefill, require_tool, ChildGuard, Engine, Figures, Point, Timing,
+    measure, prefill, require_tool, spindle_nbd_child, Engine, Figures, Point, Timing,
 };
 use anyhow::{bail, Context};
 use clap::Args;
@@ -24,7 +24,6 @@ use spindle_image::Image;
 use spindle_trace::Stage;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 /// Arguments of `spindle bench stages`.
@@ -53,6 +52,9 @@ pub struct BenchStagesArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// A file in the scratch directory that marks it as this bench's (safe to remove).
+const SCRATCH_MARKER: &str = ".spindle-bench-stages";
 
 fn parse_point(text: &str) -> Result<Point, String> {
     let f: Vec<&str> = text.split(':').collect();
@@ -233,11 +235,23 @@ pub fn run(args: BenchStagesArgs) -> anyhow::Result<()> {
         dir: scratch.clone(),
         mon: None,
     };
+    // Only a directory this bench made (it holds the marker) is removed: `--dir` pointing
+    // at anything else that is not empty is refused.
+    let marker = scratch.join(SCRATCH_MARKER);
+    let not_empty = std::fs::read_dir(&scratch).is_ok_and(|mut d| d.next().is_some());
+    if not_empty && !marker.exists() {
+        bail!(
+            "{} is not empty and is not a scratch directory of `spindle bench stages`; \
+             give --dir a new or empty directory",
+            scratch.display()
+        );
+    }
     let _ = cluster::down_quiet(target.clone());
     let _ = std::fs::remove_dir_all(&scratch);
     let stages_dir = scratch.join("stages");
     std::fs::create_dir_all(&stages_dir)
         .with_context(|| format!("creating {}", stages_dir.display()))?;
+    std::fs::write(&marker, b"").with_context(|| format!("creating {}", marker.display()))?;
     // Every process started from here on (daemons, monitor, `spindle nbd`) inherits it.
     // Set before any thread of this command exists.
     std::env::set_var(spindle_trace::STAGES_DIR_ENV, &stages_dir);
@@ -299,26 +313,7 @@ fn measure_points(
         .await?;
         anyhow::Ok(())
     })?;
-    let addr = free_port()?;
-    let exe = std::env::current_exe().context("cannot find the spindle binary")?;
-    let (log_path, log) = log_file("stages-nbd")?;
-    let mut nbd = ChildGuard {
-        child: Command::new(&exe)
-            .arg("nbd")
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--pool")
-            .arg("default")
-            .arg("--dir")
-            .arg(&target.dir)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("cannot start spindle nbd")?,
-        what: format!("spindle nbd (log {})", log_path.display()),
-    };
-    nbd.wait_listening(addr)?;
-    let uri = format!("nbd://{addr}/{image}");
+    let (mut nbd, uri) = spindle_nbd_child(target, "default", image, &[], "stages-nbd")?;
     say(format!("prefilling {uri}"));
     let engine = Engine::nbd(&uri);
     prefill(&engine).context("prefill")?;

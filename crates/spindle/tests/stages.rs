@@ -81,3 +81,21 @@ fn stage_clocks_see_every_process_and_nest() {
         "fio clat {clat} < device {device:?}"
     );
 }
+
+/// The bench removes its scratch directory: a `--dir` that holds anything else is refused
+/// and left as it was.
+#[test]
+fn a_directory_that_is_not_its_scratch_is_refused() {
+    let dir = unique_dir("stages-refuse");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("keep"), b"data").unwrap();
+    let out = spindle()
+        .args(["bench", "stages", "--dir"])
+        .arg(&dir)
+        .output()
+        .expect("spawn spindle");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a scratch directory"));
+    assert_eq!(std::fs::read(dir.join("keep")).unwrap(), b"data");
+    let _ = std::fs::remove_dir_all(&dir);
+}
