@@ -654,110 +654,6 @@ impl Client {
         Ok(Some(layout))
     }
 
-    /// Reads `[offset, offset + len)` with the object's version and size; None if the
-    /// object does not exist.
-    async fn read_versioned(
-        &self,
-        pool: &str,
-        name: &str,
-        offset: u64,
-        len: u64,
-    ) -> Result<Option<(Ver, u64, Vec<u8>)>, ClientError> {
-        let reply = self
-            .op(pool, name, ObjOp::Read { offset, len }, None)
-            .await?;
-        match Self::reply::<typed::ObjRequest>(reply, name) {
-            Ok(r) => Ok(Some((r.version, r.size_bytes, r.data))),
-            Err(ClientError::NotFound(_)) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Read-modify-write of the stripes of an erasure-coded object touched by writing
-    /// `data` at `offset` (`truncate_to`: set the size instead). Only those stripes are
-    /// read, re-encoded and sent; the write is conditional on the version read, and
-    /// retried from the read if the object changed in between.
-    async fn ec_update(
-        &self,
-        pool: &str,
-        name: &str,
-        layout: &EcLayout,
-        offset: u64,
-        data: &[u8],
-        truncate_to: Option<u64>,
-    ) -> Result<Ver, ClientError> {
-        check_name(name)?;
-        let w = layout.stripe_width();
-        let su = layout.stripe_unit_bytes;
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            // Which stripes change, and the new size.
-            let (first, end, new_size, cut);
-            let current = match truncate_to {
-                Some(size) => {
-                    // Only the stripe holding the new end changes when shrinking into it.
-                    let s = size / w;
-                    let st = self.read_versioned(pool, name, s * w, w).await?;
-                    let old_size = st.as_ref().map_or(0, |x| x.1);
-                    new_size = size;
-                    if size < old_size && size % w != 0 {
-                        first = s;
-                        end = s + 1;
-                    } else {
-                        first = layout.stripes(size.min(old_size));
-                        end = first;
-                    }
-                    cut = true;
-                    st
-                }
-                None => {
-                    let (f, e) = layout.stripe_range(offset, data.len() as u64);
-                    let st = self.read_versioned(pool, name, f * w, (e - f) * w).await?;
-                    let old_size = st.as_ref().map_or(0, |x| x.1);
-                    new_size = old_size.max(offset + data.len() as u64);
-                    first = f;
-                    end = e;
-                    cut = false;
-                    st
-                }
-            };
-            let (expect, mut stripes_data) = match current {
-                Some((v, _, d)) => (Some(v), d),
-                None => (None, Vec::new()),
-            };
-            let span = ((end - first) * w) as usize;
-            stripes_data.resize(span, 0);
-            if cut {
-                // Bytes past the new end of the stripe become zeros.
-                let keep = (new_size.saturating_sub(first * w)).min(span as u64) as usize;
-                stripes_data[keep..].fill(0);
-            } else if !data.is_empty() {
-                let at = (offset - first * w) as usize;
-                stripes_data[at..at + data.len()].copy_from_slice(data);
-            }
-            let shards = layout
-                .encode_stripes(&stripes_data, end - first)
-                .map_err(|e| ClientError::Invalid(e.to_string()))?;
-            check_ec_payload(shards.len())?;
-            let m = Mutation::EcWrite {
-                object_size: new_size,
-                shard_offset: first * su,
-                shard_len: (end - first) * su,
-                full: false,
-                expect,
-                data: shards,
-            };
-            match self.mutate(pool, name, m).await {
-                Err(ClientError::Conflict(why)) if attempts < 50 => {
-                    tracing::debug!("{name}: {why}; retrying the read-modify-write");
-                    tokio::time::sleep(Duration::from_millis(attempts as u64)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
     /// Writes `data` at `offset` (creates the object; gaps read as zeros).
     pub async fn write(
         &self,
@@ -768,11 +664,8 @@ impl Client {
     ) -> Result<Ver, ClientError> {
         check_size(offset, data.len() as u64)?;
         self.refuse_if_full(pool)?;
-        if let Some(layout) = self.ec_layout(pool)? {
-            return self
-                .ec_update(pool, name, &layout, offset, &data, None)
-                .await;
-        }
+        // Erasure-coded pools too: the primary reads, patches and encodes the touched
+        // stripes under the object's lock (one round trip, no version race).
         self.mutate(pool, name, Mutation::Write { offset, data })
             .await
     }
@@ -784,11 +677,6 @@ impl Client {
         size_bytes: u64,
     ) -> Result<Ver, ClientError> {
         check_size(size_bytes, 0)?;
-        if let Some(layout) = self.ec_layout(pool)? {
-            return self
-                .ec_update(pool, name, &layout, 0, &[], Some(size_bytes))
-                .await;
-        }
         self.mutate(pool, name, Mutation::Truncate { size_bytes })
             .await
     }

@@ -13,6 +13,8 @@
 //! Each shard object stored by a daemon is the shard's bytes followed by a 16-byte trailer:
 //! `u64 object_size | u32 magic "SPEC" | u32 CRC32C of the first 12 bytes` (little endian).
 
+pub mod delta;
+
 use crate::{Pool, PoolKind};
 use spindle_ec::{EcError, MatrixKind, ReedSolomon};
 use std::sync::Arc;
@@ -220,6 +222,12 @@ pub fn parse_trailer(t: &[u8]) -> Option<u64> {
         return None;
     }
     Some(u64::from_le_bytes(t[..8].try_into().ok()?))
+}
+
+/// The object size recorded in the trailer of any shard slot, whole (`SPEC`) or delta
+/// (`SPED`).
+pub fn parse_any_trailer(t: &[u8]) -> Option<u64> {
+    parse_trailer(t).or_else(|| delta::parse_delta_trailer(t))
 }
 
 #[cfg(test)]

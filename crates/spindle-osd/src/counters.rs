@@ -27,6 +27,11 @@ pub(crate) struct OsdCounters {
     pub scrubbed_objects: AtomicU64,
     pub scrub_inconsistent: AtomicU64,
     pub scrub_repaired: AtomicU64,
+    /// Erasure-coded shard writes stored as a delta slot over a whole-shard base, and
+    /// those asked for as a delta that this copy wrote as a delta covering the whole shard
+    /// (its base was not at hand).
+    pub ec_delta_writes: AtomicU64,
+    pub ec_delta_fallbacks: AtomicU64,
 }
 
 impl OsdCounters {
@@ -59,6 +64,8 @@ impl OsdCounters {
             ("scrubbed_objects", g(&self.scrubbed_objects)),
             ("scrub_inconsistent", g(&self.scrub_inconsistent)),
             ("scrub_repaired", g(&self.scrub_repaired)),
+            ("ec_delta_writes", g(&self.ec_delta_writes)),
+            ("ec_delta_fallbacks", g(&self.ec_delta_fallbacks)),
         ]
     }
 }

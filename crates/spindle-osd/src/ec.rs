@@ -36,11 +36,17 @@ use spindle_proto::msg::{Mutation as WireMutation, ObjOp, ObjectListing, Ver};
 use spindle_proto::net::Replier;
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{Mutation, PgId, StoreError};
+use spindle_trace::Stage;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-pub(crate) use spindle_pg::ec::{slot_name, split_slot};
+use spindle_map::ec::delta::{DeltaSlot, DELTA_EXTENTS_MAX, DELTA_PAYLOAD_BYTES_MAX};
+use spindle_map::ec::parse_any_trailer;
+use spindle_pg::ec::SLOT_POSITIONS;
+pub(crate) use spindle_pg::ec::{
+    all_slot_names, delta_slot_name, is_delta_slot, slot_name, split_slot,
+};
 
 /// One shard write queued on a copy.
 pub(crate) struct ShardJob {
@@ -62,8 +68,32 @@ pub(crate) type ObjectLocks =
 #[derive(Clone, Copy, Debug)]
 struct Current {
     slot: u8,
+    /// A delta slot (`o\0d` + position) rather than a whole shard.
+    delta: bool,
     version: Ver,
     stored_bytes: u64,
+}
+
+impl Current {
+    /// The slot object's stored name.
+    fn stored(&self, name: &str) -> String {
+        if self.delta {
+            delta_slot_name(name, self.slot)
+        } else {
+            slot_name(name, self.slot)
+        }
+    }
+}
+
+/// The logical bytes of a slot: for a whole-shard slot its stored bytes (shard, then
+/// trailer); for a delta slot the shard's bytes (its base's with the changed ranges laid
+/// over them) followed by a whole-shard trailer, i.e. what a whole-shard slot at the same
+/// version would hold.
+struct SlotRead {
+    data: Vec<u8>,
+    /// Logical size of the slot (shard size + trailer).
+    logical_bytes: u64,
+    version: Ver,
 }
 
 fn err(code: ErrorCode, m: impl Into<String>) -> Msg {
@@ -196,7 +226,11 @@ impl Osd {
     async fn shard_queue(&self, stored: PgId, mut rx: mpsc::UnboundedReceiver<ShardJob>) {
         while let Some(job) = rx.recv().await {
             let store = self.inner.store.clone();
-            let commit = match self.compose_shard(stored, &job).await {
+            let compose_start = spindle_trace::now();
+            let composed = self.compose_shard(stored, &job).await;
+            spindle_trace::record(Stage::EcShardCompose, compose_start);
+            let commit_start = spindle_trace::now();
+            let commit = match composed {
                 Ok(m) => store.apply(stored, &job.name, job.version, m),
                 Err(msg) => {
                     let _ = job.done.send(msg);
@@ -206,7 +240,9 @@ impl Osd {
             let (guard, done) = (job.guard, job.done);
             tokio::spawn(async move {
                 // The shard's writer may have given up meanwhile: nobody to tell.
-                let _ = done.send(crate::commit_reply(commit.await, Some(guard)));
+                let committed = commit.await;
+                spindle_trace::record(Stage::EcShardCommit, commit_start);
+                let _ = done.send(crate::commit_reply(committed, Some(guard)));
             });
         }
     }
@@ -220,6 +256,7 @@ impl Osd {
                 object_size,
                 shard_size,
                 shard_offset,
+                delta_base,
                 data,
             } => {
                 if *shard_size > spindle_proto::msg::DATA_MAX as u64 {
@@ -233,35 +270,71 @@ impl Osd {
                     .filter(|&e| e <= *shard_size)
                     .ok_or_else(|| err(ErrorCode::Invalid, "shard patch beyond the shard"))?;
                 debug_assert!(end <= *shard_size);
-                let mut content = match base {
-                    None => Vec::new(),
-                    Some(bv) => {
-                        let (name, slot) = split_slot(&job.name)
-                            .ok_or_else(|| err(ErrorCode::Invalid, "not a shard slot name"))?;
-                        let other = slot_name(name, 1 - slot);
-                        let store = &self.inner.store;
-                        let meta = store.stat(stored, &other).ok_or_else(|| {
-                            err(ErrorCode::Conflict, format!("base slot of {name} missing"))
-                        })?;
-                        if meta.version != *bv {
-                            return Err(err(
-                                ErrorCode::Conflict,
-                                format!("base slot of {name} is not at the expected version"),
-                            ));
-                        }
-                        let keep = meta.size_bytes.saturating_sub(TRAILER_BYTES);
-                        store
-                            .read(stored, &other, 0, keep.min(*shard_size))
-                            .await
-                            .map_err(|e| store_error_reply(&e))?
+                let (name, _) = split_slot(&job.name)
+                    .ok_or_else(|| err(ErrorCode::Invalid, "not a shard slot name"))?;
+                if is_delta_slot(&job.name) != delta_base.is_some()
+                    || delta_base.is_some_and(|p| p >= SLOT_POSITIONS)
+                {
+                    return Err(err(
+                        ErrorCode::Invalid,
+                        "a delta slot takes a delta write and a whole-shard slot a whole shard",
+                    ));
+                }
+                // The slot holding the version the write is based on (any position).
+                let found = match base {
+                    None => None,
+                    Some(bv) => Some(self.slot_at_version(stored, name, *bv).ok_or_else(|| {
+                        err(
+                            ErrorCode::Conflict,
+                            format!("{name}: no slot at the expected version {bv}"),
+                        )
+                    })?),
+                };
+                if let (Some(p), Some(bv), Some(cur)) = (delta_base, base, found.as_ref()) {
+                    if let Some(raw) = self
+                        .compose_delta(
+                            stored,
+                            name,
+                            *p,
+                            *bv,
+                            cur,
+                            *object_size,
+                            *shard_size,
+                            *shard_offset,
+                            data,
+                        )
+                        .await?
+                    {
+                        OsdCounters::bump(&self.inner.counters.ec_delta_writes);
+                        return Ok(Mutation::WriteFull(raw));
                     }
+                }
+                // A whole shard: the base's logical bytes (if any), patched.
+                let mut content = match (base, found) {
+                    (Some(bv), Some(cur)) => {
+                        let logical = self.read_slot(stored, &cur, Some(*bv), 0, u64::MAX).await?;
+                        let mut bytes = logical.data;
+                        let keep = logical.logical_bytes.saturating_sub(TRAILER_BYTES);
+                        bytes.truncate(keep.min(*shard_size) as usize);
+                        bytes
+                    }
+                    _ => Vec::new(),
                 };
                 if base.is_none() && *shard_offset == 0 && end == *shard_size {
-                    // A whole shard: no copy.
-                    content = data.clone();
+                    // A whole shard: one copy, with room for the trailer.
+                    content = Vec::with_capacity(data.len() + TRAILER_BYTES as usize);
+                    content.extend_from_slice(data);
                 } else {
                     content.resize(*shard_size as usize, 0);
                     content[*shard_offset as usize..end as usize].copy_from_slice(data);
+                }
+                if delta_base.is_some() {
+                    // This copy cannot write a delta over the base the primary named: a
+                    // delta covering the whole shard (needs no base).
+                    OsdCounters::bump(&self.inner.counters.ec_delta_fallbacks);
+                    return Ok(Mutation::WriteFull(
+                        DeltaSlot::whole(*object_size, *shard_size).encode(&content),
+                    ));
                 }
                 content.extend_from_slice(&trailer(*object_size));
                 Ok(Mutation::WriteFull(content))
@@ -276,7 +349,190 @@ impl Osd {
         }
     }
 
-    /// `ShardRead`: a byte range of a slot at an exact version.
+    /// A delta slot over the whole-shard slot at position `p`, if this copy can write one:
+    /// the slot at `bv` (`cur`) is that whole shard, or a delta over it; the shard keeps
+    /// its size. None: write a whole shard instead.
+    #[allow(clippy::too_many_arguments)]
+    async fn compose_delta(
+        &self,
+        stored: PgId,
+        name: &str,
+        p: u8,
+        bv: Ver,
+        cur: &str,
+        object_size: u64,
+        shard_size: u64,
+        shard_offset: u64,
+        data: &[u8],
+    ) -> Result<Option<Vec<u8>>, Msg> {
+        let store = &self.inner.store;
+        let Some(meta) = store.stat(stored, cur) else {
+            return Ok(None);
+        };
+        if !is_delta_slot(cur) {
+            let same = split_slot(cur).is_some_and(|(_, pos)| pos == p)
+                && meta.size_bytes == shard_size + TRAILER_BYTES;
+            if !same {
+                return Ok(None);
+            }
+            let d = DeltaSlot::over(
+                (p, bv),
+                object_size,
+                shard_size,
+                shard_offset,
+                data.len() as u64,
+            );
+            if data.is_empty() {
+                return Ok(None);
+            }
+            return Ok(Some(d.encode(data)));
+        }
+        let raw = store
+            .read(stored, cur, 0, meta.size_bytes)
+            .await
+            .map_err(|e| store_error_reply(&e))?;
+        let Ok((d, payload)) = DeltaSlot::parse(&raw) else {
+            return Ok(None);
+        };
+        let base_ok = match d.base {
+            Some((bp, bver)) => {
+                bp == p
+                    && store.stat(stored, &slot_name(name, bp)).is_some_and(|m| {
+                        m.version == bver && m.size_bytes == shard_size + TRAILER_BYTES
+                    })
+            }
+            None => false,
+        };
+        if !base_ok || d.shard_size != shard_size || d.extents.len() >= DELTA_EXTENTS_MAX {
+            return Ok(None);
+        }
+        let (nd, np) = d.with_patch(payload, object_size, shard_offset, data);
+        Ok(Some(nd.encode(&np)))
+    }
+
+    /// The stored name of the slot of `name` at version `v` on copy `own`.
+    fn slot_at_version(&self, own: PgId, name: &str, v: Ver) -> Option<String> {
+        let store = &self.inner.store;
+        all_slot_names(name)
+            .into_iter()
+            .find(|n| store.stat(own, n).is_some_and(|m| m.version == v))
+    }
+
+    /// Logical bytes `[offset, offset + len)` (clipped to the slot) of slot `stored` on
+    /// copy `own`, which must be at version `want` if given. A delta slot whose base is
+    /// not here at the version it names answers `Conflict` (this copy cannot say).
+    async fn read_slot(
+        &self,
+        own: PgId,
+        stored: &str,
+        want: Option<Ver>,
+        offset: u64,
+        len: u64,
+    ) -> Result<SlotRead, Msg> {
+        let store = &self.inner.store;
+        let Some(meta) = store.stat(own, stored) else {
+            return Err(err(
+                ErrorCode::NotFound,
+                format!("{stored:?}: no such shard"),
+            ));
+        };
+        if want.is_some_and(|w| w != meta.version) {
+            return Err(err(ErrorCode::Conflict, "shard is at another version"));
+        }
+        if !is_delta_slot(stored) {
+            let start = offset.min(meta.size_bytes);
+            let n = len.min(meta.size_bytes - start);
+            let data = store
+                .read(own, stored, start, n)
+                .await
+                .map_err(|e| store_error_reply(&e))?;
+            return Ok(SlotRead {
+                data,
+                logical_bytes: meta.size_bytes,
+                version: meta.version,
+            });
+        }
+        let raw = store
+            .read(own, stored, 0, meta.size_bytes)
+            .await
+            .map_err(|e| store_error_reply(&e))?;
+        let (d, payload) = DeltaSlot::parse(&raw)
+            .map_err(|e| err(ErrorCode::Corrupt, format!("{stored:?}: {e}")))?;
+        let logical_bytes = d.shard_size + TRAILER_BYTES;
+        let start = offset.min(logical_bytes);
+        let n = len.min(logical_bytes - start);
+        let mut out = vec![0u8; n as usize];
+        // The shard part: the base's bytes, then the changed ranges over them.
+        let shard_end = (start + n).min(d.shard_size);
+        if let Some((bp, bver)) = d.base {
+            if start < shard_end {
+                let (name, _) = split_slot(stored)
+                    .ok_or_else(|| err(ErrorCode::Invalid, "not a shard slot name"))?;
+                let base_name = slot_name(name, bp);
+                let base = store.stat(own, &base_name).filter(|m| m.version == bver);
+                let Some(base) = base else {
+                    return Err(err(
+                        ErrorCode::Conflict,
+                        format!("{stored:?}: the base of this delta is not here"),
+                    ));
+                };
+                let base_shard = base.size_bytes.saturating_sub(TRAILER_BYTES);
+                let b_end = shard_end.min(base_shard);
+                if start < b_end {
+                    let bytes = store
+                        .read(own, &base_name, start, b_end - start)
+                        .await
+                        .map_err(|e| store_error_reply(&e))?;
+                    out[..bytes.len()].copy_from_slice(&bytes);
+                }
+            }
+        }
+        d.overlay(
+            payload,
+            start,
+            &mut out[..(shard_end.max(start) - start) as usize],
+        );
+        // The trailer part.
+        let t = trailer(d.object_size);
+        for (i, b) in out.iter_mut().enumerate() {
+            let at = start + i as u64;
+            if at >= d.shard_size {
+                *b = t[(at - d.shard_size) as usize];
+            }
+        }
+        Ok(SlotRead {
+            data: out,
+            logical_bytes,
+            version: meta.version,
+        })
+    }
+
+    /// `ObjPull` of a slot object of a shard copy: its logical bytes (a delta slot comes
+    /// back as the whole shard it stands for).
+    pub(crate) async fn pull_slot_state(&self, own: PgId, stored: &str) -> Msg {
+        match self.read_slot(own, stored, None, 0, u64::MAX).await {
+            Ok(r) => Msg::ObjState {
+                pool: own.pool,
+                pg: own.pg,
+                name: stored.to_string(),
+                version: Some(r.version),
+                data: r.data,
+            },
+            Err(Msg::Error {
+                code: ErrorCode::NotFound,
+                ..
+            }) => Msg::ObjState {
+                pool: own.pool,
+                pg: own.pg,
+                name: stored.to_string(),
+                version: None,
+                data: Vec::new(),
+            },
+            Err(m) => m,
+        }
+    }
+
+    /// `ShardRead`: a byte range of a slot at an exact version (logical bytes).
     pub(crate) async fn shard_read(
         &self,
         stored: PgId,
@@ -285,21 +541,14 @@ impl Osd {
         offset: u64,
         len: u64,
     ) -> Msg {
-        let store = &self.inner.store;
-        let Some(meta) = store.stat(stored, name) else {
-            return err(ErrorCode::NotFound, format!("{name}: no such shard"));
-        };
-        if meta.version != want {
-            return err(ErrorCode::Conflict, "shard is at another version");
-        }
-        match store.read(stored, name, offset, len).await {
-            Ok(data) => Msg::ObjReply {
+        match self.read_slot(stored, name, Some(want), offset, len).await {
+            Ok(r) => Msg::ObjReply {
                 version: want,
-                size_bytes: meta.size_bytes,
-                data,
+                size_bytes: r.logical_bytes,
+                data: r.data,
                 listing: Vec::new(),
             },
-            Err(e) => store_error_reply(&e),
+            Err(m) => m,
         }
     }
 
@@ -308,15 +557,122 @@ impl Osd {
     /// The newest slot of `name` on this daemon's copy.
     fn current_slot(&self, own: PgId, name: &str) -> Option<Current> {
         let store = &self.inner.store;
-        (0..2u8)
-            .filter_map(|slot| {
-                store.stat(own, &slot_name(name, slot)).map(|m| Current {
+        (0..SLOT_POSITIONS)
+            .flat_map(|slot| [(slot, false), (slot, true)])
+            .filter_map(|(slot, delta)| {
+                let stored = if delta {
+                    delta_slot_name(name, slot)
+                } else {
+                    slot_name(name, slot)
+                };
+                store.stat(own, &stored).map(|m| Current {
                     slot,
+                    delta,
                     version: m.version,
                     stored_bytes: m.size_bytes,
                 })
             })
             .max_by_key(|c| c.version)
+    }
+
+    /// Slot objects of `name` on this daemon's copy other than `keep`.
+    fn other_slots(&self, own: PgId, name: &str, keep: &[String]) -> Vec<String> {
+        let store = &self.inner.store;
+        all_slot_names(name)
+            .into_iter()
+            .filter(|n| !keep.contains(n) && store.stat(own, n).is_some())
+            .collect()
+    }
+
+    /// Where a write of `shard_len` bytes per shard at the current slot `c` goes:
+    /// (target stored name, `delta_base`, the slots to keep after it is acknowledged).
+    /// A small overwrite of a shard that keeps its size becomes a delta slot over the
+    /// current whole shard, or a cumulative delta over the current delta's base while the
+    /// changed bytes stay under `DELTA_PAYLOAD_BYTES_MAX`; anything else a whole shard.
+    /// The target is a position holding neither the current slot nor its base.
+    async fn plan_write(
+        &self,
+        own: PgId,
+        name: &str,
+        current: Option<Current>,
+        partial: bool,
+        shard_size: u64,
+        shard_len: u64,
+    ) -> Result<(String, Option<u8>, Vec<String>), Msg> {
+        let Some(c) = current else {
+            return Ok((slot_name(name, 0), None, vec![slot_name(name, 0)]));
+        };
+        // The current delta's base position (its header, a small read).
+        let mut cur_delta = None;
+        if c.delta {
+            let stored = c.stored(name);
+            let raw = self
+                .inner
+                .store
+                .read(own, &stored, 0, c.stored_bytes)
+                .await
+                .map_err(|e| store_error_reply(&e))?;
+            match DeltaSlot::parse(&raw) {
+                Ok((d, _)) => cur_delta = Some(d),
+                Err(e) => {
+                    // Without its base position the target could overwrite that base:
+                    // refuse, and rebuild this copy's slot from the others.
+                    let osd = self.clone();
+                    let (me, pgid) = (
+                        self.inner.id,
+                        PgId {
+                            pool: own.pool,
+                            pg: spindle_map::split_shard_pg(own.pg).0,
+                        },
+                    );
+                    tokio::spawn(async move {
+                        if let Err(e) = osd.ec_recover(pgid, &stored, &[me]).await {
+                            tracing::error!("repairing {stored:?} failed: {e}");
+                        }
+                    });
+                    return Err(err(
+                        ErrorCode::Again,
+                        format!("{name}: current delta slot unreadable ({e}); repairing"),
+                    ));
+                }
+            }
+        }
+        let base_pos = cur_delta.as_ref().and_then(|d| d.base.map(|(p, _)| p));
+        let target_pos = (0..SLOT_POSITIONS)
+            .find(|&p| p != c.slot && Some(p) != base_pos)
+            .ok_or_else(|| err(ErrorCode::Internal, "no free slot position"))?;
+        let delta_base = if !partial || shard_size <= DELTA_PAYLOAD_BYTES_MAX {
+            None
+        } else {
+            match &cur_delta {
+                None if c.stored_bytes == shard_size + TRAILER_BYTES
+                    && shard_len <= DELTA_PAYLOAD_BYTES_MAX =>
+                {
+                    Some(c.slot)
+                }
+                Some(d)
+                    if d.base.is_some()
+                        && d.shard_size == shard_size
+                        && d.extents.len() + 1 < DELTA_EXTENTS_MAX
+                        && d.payload_bytes() + shard_len <= DELTA_PAYLOAD_BYTES_MAX =>
+                {
+                    base_pos
+                }
+                _ => None,
+            }
+        };
+        Ok(match delta_base {
+            Some(p) => (
+                delta_slot_name(name, target_pos),
+                Some(p),
+                vec![delta_slot_name(name, target_pos), slot_name(name, p)],
+            ),
+            None => (
+                slot_name(name, target_pos),
+                None,
+                vec![slot_name(name, target_pos)],
+            ),
+        })
     }
 
     /// A client operation on an object of an erasure-coded group (this daemon is primary
@@ -361,24 +717,30 @@ impl Osd {
                 .clone()
         };
         {
+            let wait_start = spindle_trace::now();
             let _held = lock.lock().await;
+            spindle_trace::record(Stage::EcLockWait, wait_start);
             let (msg, trim) = self
                 .ec_locked_op(epoch, pgid, mapping, layout, name, op)
                 .await;
-            // The client has its answer; the old slot goes while the object stays locked
-            // (the next write would otherwise target it).
+            // The client has its answer; the old slots go while the object stays locked
+            // (the next write would otherwise target one of them).
             reply.send_owned(rid, epoch, msg);
-            if let Some(slot) = trim {
-                let old = slot_name(name, slot);
+            let trim_start = spindle_trace::now();
+            for old in &trim {
                 if let Err(m) = self
-                    .ec_replicate(epoch, pgid, mapping, &old, |_| WireMutation::Delete)
+                    .ec_replicate(epoch, pgid, mapping, old, |_| WireMutation::Delete)
                     .await
                 {
                     tracing::info!(
-                        "osd.{}: trimming the old slot of {name} failed: {m:?}",
+                        "osd.{}: trimming the old slot {old:?} failed: {m:?}",
                         self.inner.id
                     );
+                    break;
                 }
+            }
+            if !trim.is_empty() {
+                spindle_trace::record(Stage::EcTrim, trim_start);
             }
         }
         let mut locks = crate::lock(&self.inner.ec_locks);
@@ -395,19 +757,53 @@ impl Osd {
         layout: &EcLayout,
         name: &str,
         op: ObjOp,
-    ) -> (Msg, Option<u8>) {
-        // Both slots must be present on every copy that should have them.
+    ) -> (Msg, Vec<String>) {
+        // Every slot must be present on every copy that should have it.
         let since = self.interval_of(pgid).unwrap_or(0);
-        for slot in 0..2u8 {
-            let stored = slot_name(name, slot);
+        for stored in all_slot_names(name) {
             if self.object_missing(pgid, &stored, false) {
                 if let Err(e) = self.ensure_recovered(pgid, since, &stored).await {
-                    return (err(ErrorCode::Again, e), None);
+                    return (err(ErrorCode::Again, e), Vec::new());
                 }
             }
         }
         let own = self.copy_pgid(pgid, self.inner.id);
         let current = self.current_slot(own, name);
+        // Plain overwrites and truncates are encoded here (read-modify-write of the
+        // touched stripes under the object's lock: no version race, no client round trip).
+        let op = match op {
+            ObjOp::Mutate(WireMutation::Write { offset, data }) => {
+                let g = EcGroup {
+                    epoch,
+                    pgid,
+                    mapping,
+                    layout,
+                };
+                match self
+                    .ec_encode_update(g, name, current, Some((offset, &data)), None)
+                    .await
+                {
+                    Ok(m) => ObjOp::Mutate(m),
+                    Err(m) => return (m, Vec::new()),
+                }
+            }
+            ObjOp::Mutate(WireMutation::Truncate { size_bytes }) => {
+                let g = EcGroup {
+                    epoch,
+                    pgid,
+                    mapping,
+                    layout,
+                };
+                match self
+                    .ec_encode_update(g, name, current, None, Some(size_bytes))
+                    .await
+                {
+                    Ok(m) => ObjOp::Mutate(m),
+                    Err(m) => return (m, Vec::new()),
+                }
+            }
+            other => other,
+        };
         let msg = match op {
             ObjOp::Stat => match current {
                 None => err(ErrorCode::NotFound, format!("{name}: no such object")),
@@ -430,7 +826,7 @@ impl Osd {
                         mapping,
                         layout,
                     };
-                    self.ec_read(g, name, c, offset, len).await
+                    self.ec_read(g, name, c, None, offset, len).await
                 }
             },
             ObjOp::List => self.ec_list(pgid).await,
@@ -438,18 +834,21 @@ impl Osd {
                 let Some(c) = current else {
                     return (
                         err(ErrorCode::NotFound, format!("{name}: no such object")),
-                        None,
+                        Vec::new(),
                     );
                 };
-                // The old slot first, the current one last: a crash in between leaves
-                // the object intact.
-                for slot in [1 - c.slot, c.slot] {
-                    let stored = slot_name(name, slot);
+                // The old slots first (a current delta's base last of those), the current
+                // one last: a crash in between leaves the object intact.
+                let cur = c.stored(name);
+                let mut order = self.other_slots(own, name, std::slice::from_ref(&cur));
+                order.sort_by_key(|n| std::cmp::Reverse(is_delta_slot(n)));
+                order.push(cur);
+                for stored in order {
                     if let Err(m) = self
                         .ec_replicate(epoch, pgid, mapping, &stored, |_| WireMutation::Delete)
                         .await
                     {
-                        return (m, None);
+                        return (m, Vec::new());
                     }
                 }
                 Msg::ObjReply {
@@ -473,7 +872,7 @@ impl Osd {
                             ErrorCode::Conflict,
                             format!("{name} changed since the version the write is based on"),
                         ),
-                        None,
+                        Vec::new(),
                     );
                 }
                 let su = layout.stripe_unit_bytes;
@@ -495,16 +894,22 @@ impl Osd {
                             data.len()
                         ),
                     );
-                    return (m, None);
+                    return (m, Vec::new());
                 }
-                let target = current.map_or(0, |c| 1 - c.slot);
                 let base = if full {
                     None
                 } else {
                     current.map(|c| c.version)
                 };
-                let stored = slot_name(name, target);
+                let planned = self
+                    .plan_write(own, name, current, base.is_some(), shard_size, shard_len)
+                    .await;
+                let (stored, delta_base, keep) = match planned {
+                    Ok(p) => p,
+                    Err(m) => return (m, Vec::new()),
+                };
                 let seg = shard_len as usize;
+                let write_start = spindle_trace::now();
                 let written = self
                     .ec_replicate(epoch, pgid, mapping, &stored, |pos| {
                         let part = data[pos * seg..(pos + 1) * seg].to_vec();
@@ -513,13 +918,15 @@ impl Osd {
                             object_size,
                             shard_size,
                             shard_offset,
+                            delta_base,
                             data: part,
                         }
                     })
                     .await;
+                spindle_trace::record(Stage::EcWrite, write_start);
                 let v = match written {
                     Ok(v) => v,
-                    Err(m) => return (m, None),
+                    Err(m) => return (m, Vec::new()),
                 };
                 // Acknowledged everywhere: the previous version's slot can go.
                 let reply = Msg::ObjReply {
@@ -528,7 +935,10 @@ impl Osd {
                     data: Vec::new(),
                     listing: Vec::new(),
                 };
-                return (reply, current.map(|c| c.slot));
+                // Acknowledged everywhere: every other slot goes (deltas first).
+                let mut trim = self.other_slots(own, name, &keep);
+                trim.sort_by_key(|n| std::cmp::Reverse(is_delta_slot(n)));
+                return (reply, trim);
             }
             ObjOp::Mutate(_) => err(
                 ErrorCode::Invalid,
@@ -536,7 +946,104 @@ impl Osd {
                  (write_full / write / truncate of the spindle client library)",
             ),
         };
-        (msg, None)
+        (msg, Vec::new())
+    }
+
+    /// The encoded write (`EcWrite`, conditional on the current version) of writing
+    /// `write` = (offset, bytes) into object `name`, or of truncating it to `truncate_to`:
+    /// only the touched stripes, read back first unless the write covers them whole.
+    async fn ec_encode_update(
+        &self,
+        g: EcGroup<'_>,
+        name: &str,
+        current: Option<Current>,
+        write: Option<(u64, &[u8])>,
+        truncate_to: Option<u64>,
+    ) -> Result<WireMutation, Msg> {
+        let layout = g.layout;
+        let w = layout.stripe_width();
+        let su = layout.stripe_unit_bytes;
+        let old_size = match current {
+            Some(c) => {
+                self.ec_object_size(g.epoch, g.pgid, g.mapping, name, c)
+                    .await?
+            }
+            None => 0,
+        };
+        let (first, end, new_size) = match (write, truncate_to) {
+            (Some((offset, data)), _) => {
+                let end_byte = offset
+                    .checked_add(data.len() as u64)
+                    .filter(|&e| e <= spindle_proto::msg::DATA_MAX as u64)
+                    .ok_or_else(|| err(ErrorCode::Invalid, "write beyond the largest object"))?;
+                let (f, e) = layout.stripe_range(offset, data.len() as u64);
+                (f, e, old_size.max(end_byte))
+            }
+            (None, Some(size)) => {
+                if size > spindle_proto::msg::DATA_MAX as u64 {
+                    return Err(err(
+                        ErrorCode::Invalid,
+                        "truncate beyond the largest object",
+                    ));
+                }
+                // Only the stripe holding the new end changes when shrinking into it.
+                if size < old_size && size % w != 0 {
+                    (size / w, size / w + 1, size)
+                } else {
+                    let f = layout.stripes(size.min(old_size));
+                    (f, f, size)
+                }
+            }
+            (None, None) => return Err(err(ErrorCode::Internal, "nothing to encode")),
+        };
+        let span = ((end - first) * w) as usize;
+        // The stripes' current bytes, unless the write replaces all of them (from a stripe
+        // start to a stripe end or past the object's end).
+        let covered = match write {
+            Some((offset, data)) => {
+                let e = offset + data.len() as u64;
+                offset == first * w && (e == end * w || e >= old_size)
+            }
+            None => false,
+        };
+        let mut stripes = match current {
+            Some(c) if span > 0 && !covered && first * w < old_size => {
+                let read_start = spindle_trace::now();
+                let read = self
+                    .ec_read(g, name, c, Some(old_size), first * w, span as u64)
+                    .await;
+                spindle_trace::record(Stage::EcRmwRead, read_start);
+                match read {
+                    Msg::ObjReply { data, .. } => data,
+                    other => return Err(other),
+                }
+            }
+            _ => Vec::new(),
+        };
+        stripes.resize(span, 0);
+        match (write, truncate_to) {
+            (Some((offset, data)), _) if !data.is_empty() => {
+                let at = (offset - first * w) as usize;
+                stripes[at..at + data.len()].copy_from_slice(data);
+            }
+            (None, Some(size)) => {
+                // Bytes past the new end of the stripe become zeros.
+                let keep = size.saturating_sub(first * w).min(span as u64) as usize;
+                stripes[keep..].fill(0);
+            }
+            _ => {}
+        }
+        let shards = layout
+            .encode_stripes(&stripes, end - first)
+            .map_err(|e| err(ErrorCode::Invalid, e.to_string()))?;
+        Ok(WireMutation::EcWrite {
+            object_size: new_size,
+            shard_offset: first * su,
+            shard_len: (end - first) * su,
+            full: false,
+            expect: current.map(|c| c.version),
+            data: shards,
+        })
     }
 
     /// Writes one slot object on every up shard: assigns the version, queues the local
@@ -734,8 +1241,23 @@ impl Osd {
         name: &str,
         c: Current,
     ) -> Result<u64, Msg> {
-        let stored = slot_name(name, c.slot);
+        let stored = c.stored(name);
+        // Mine first: the current slot is on this copy, and its stored trailer (whole
+        // shard or delta) names the object size.
+        let own = self.copy_pgid(pgid, self.inner.id);
         let at = c.stored_bytes.saturating_sub(TRAILER_BYTES);
+        if let Ok(t) = self.inner.store.read(own, &stored, at, TRAILER_BYTES).await {
+            if let Some(size) = parse_any_trailer(&t) {
+                return Ok(size);
+            }
+        }
+        // Else any shard's logical trailer: at the same offset on every copy for a whole
+        // shard; a delta slot's logical size is its shard size + trailer, so read it whole.
+        let (at, len) = if c.delta {
+            (0, u64::MAX)
+        } else {
+            (at, TRAILER_BYTES)
+        };
         let mut last = String::from("no shard up");
         for (pos, d) in mapping.shards.iter().enumerate() {
             let Some(d) = *d else { continue };
@@ -749,15 +1271,17 @@ impl Osd {
                         stored: &stored,
                         version: c.version,
                         offset: at,
-                        len: TRAILER_BYTES,
+                        len,
                     },
                 )
                 .await
             {
-                Ok(t) => match parse_trailer(&t) {
-                    Some(size) => return Ok(size),
-                    None => last = format!("osd.{d}: bad shard trailer"),
-                },
+                Ok(t) => {
+                    match parse_trailer(&t[t.len().saturating_sub(TRAILER_BYTES as usize)..]) {
+                        Some(size) => return Ok(size),
+                        None => last = format!("osd.{d}: bad shard trailer"),
+                    }
+                }
                 Err((_, e)) => last = e,
             }
         }
@@ -770,17 +1294,76 @@ impl Osd {
     /// Reads `len` bytes at `offset` of object `name` (current slot `c`) of group `g`:
     /// only the data shards the range touches, decoding from parity when one is missing,
     /// stale or corrupt.
-    async fn ec_read(&self, g: EcGroup<'_>, name: &str, c: Current, offset: u64, len: u64) -> Msg {
+    async fn ec_read(
+        &self,
+        g: EcGroup<'_>,
+        name: &str,
+        c: Current,
+        known_size: Option<u64>,
+        offset: u64,
+        len: u64,
+    ) -> Msg {
+        let size = match known_size {
+            Some(s) => s,
+            None if !c.delta => {
+                // A whole shard holds at most k shard lengths of object: read up to that
+                // while the trailer is read (two disk reads at once instead of one after
+                // the other when neither is cached), then cut at the object's size.
+                let bound = c.stored_bytes.saturating_sub(TRAILER_BYTES) * g.layout.k as u64;
+                let (size, read) = futures::join!(
+                    self.ec_object_size(g.epoch, g.pgid, g.mapping, name, c),
+                    self.ec_read_sized(g, name, c, bound, offset, len)
+                );
+                let size = match size {
+                    Ok(s) => s,
+                    Err(m) => return m,
+                };
+                return match read {
+                    Msg::ObjReply {
+                        version,
+                        mut data,
+                        listing,
+                        ..
+                    } => {
+                        let keep = size.saturating_sub(offset.min(size)).min(len);
+                        data.truncate(keep as usize);
+                        Msg::ObjReply {
+                            version,
+                            size_bytes: size,
+                            data,
+                            listing,
+                        }
+                    }
+                    other => other,
+                };
+            }
+            None => match self
+                .ec_object_size(g.epoch, g.pgid, g.mapping, name, c)
+                .await
+            {
+                Ok(s) => s,
+                Err(m) => return m,
+            },
+        };
+        self.ec_read_sized(g, name, c, size, offset, len).await
+    }
+
+    /// `ec_read` of an object of `size` bytes.
+    async fn ec_read_sized(
+        &self,
+        g: EcGroup<'_>,
+        name: &str,
+        c: Current,
+        size: u64,
+        offset: u64,
+        len: u64,
+    ) -> Msg {
         let EcGroup {
             epoch,
             pgid,
             mapping,
             layout,
         } = g;
-        let size = match self.ec_object_size(epoch, pgid, mapping, name, c).await {
-            Ok(s) => s,
-            Err(m) => return m,
-        };
         let reply = |data: Vec<u8>| Msg::ObjReply {
             version: c.version,
             size_bytes: size,
@@ -805,7 +1388,7 @@ impl Osd {
             let c1 = (((start + len - 1) % w) / su) as usize;
             (c0..=c1).collect()
         };
-        let stored = slot_name(name, c.slot);
+        let stored = c.stored(name);
         let total = layout.total();
         let mut segs: Vec<Option<Vec<u8>>> = vec![None; total];
         let mut failed: Vec<(usize, u32, ErrorCode)> = Vec::new();
@@ -937,7 +1520,7 @@ impl Osd {
         for (name, (v, stored, bytes)) in newest {
             let at = bytes.saturating_sub(TRAILER_BYTES);
             let size = match store.read(own, &stored, at, TRAILER_BYTES).await {
-                Ok(t) => parse_trailer(&t).unwrap_or(0),
+                Ok(t) => parse_any_trailer(&t).unwrap_or(0),
                 Err(StoreError::NotFound) => continue,
                 Err(_) => 0,
             };
@@ -1228,16 +1811,15 @@ impl Osd {
         if osd != self.inner.id {
             return self.pull(osd, epoch, copy, stored).await;
         }
-        let Some(meta) = self.inner.store.stat(copy, stored) else {
-            return Ok(None);
-        };
-        let data = self
-            .inner
-            .store
-            .read(copy, stored, 0, meta.size_bytes)
-            .await
-            .map_err(|e| format!("reading my shard {stored:?}: {e}"))?;
-        Ok(Some((data, meta.version)))
+        // Logical bytes (a delta slot as the whole shard it stands for).
+        match self.read_slot(copy, stored, None, 0, u64::MAX).await {
+            Ok(r) => Ok(Some((r.data, r.version))),
+            Err(Msg::Error {
+                code: ErrorCode::NotFound,
+                ..
+            }) => Ok(None),
+            Err(m) => Err(format!("reading my shard {stored:?}: {m:?}")),
+        }
     }
 
     async fn push_shard(
@@ -1248,6 +1830,19 @@ impl Osd {
         stored: &str,
         state: Option<(Vec<u8>, Ver)>,
     ) -> Result<(), String> {
+        // Recovery moves logical bytes (whole shard + trailer); a delta slot is stored as
+        // a delta covering the whole shard.
+        let state = match state {
+            Some((data, v)) if is_delta_slot(stored) => {
+                let cut = data.len().saturating_sub(TRAILER_BYTES as usize);
+                let size = parse_trailer(&data[cut..])
+                    .ok_or_else(|| format!("{stored:?}: bad shard trailer"))?;
+                let shard = &data[..cut];
+                let d = DeltaSlot::whole(size, shard.len() as u64);
+                Some((d.encode(shard), v))
+            }
+            other => other,
+        };
         if osd == self.inner.id {
             let guard = self.inflight_begin(copy);
             let r = self

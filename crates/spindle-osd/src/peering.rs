@@ -80,6 +80,17 @@ impl Osd {
                     reply.send_owned(rid, epoch, msg);
                 });
             }
+            Msg::ObjPull { pool, pg, name }
+                if spindle_map::split_shard_pg(pg).1.is_some()
+                    && crate::ec::is_delta_slot(&name) =>
+            {
+                // A delta slot of a shard copy: its logical bytes (the whole shard).
+                let osd = self.clone();
+                tokio::spawn(async move {
+                    let msg = osd.pull_slot_state(PgId { pool, pg }, &name).await;
+                    reply.send_owned(rid, epoch, msg);
+                });
+            }
             Msg::ObjPull { pool, pg, name } => {
                 let store = self.inner.store.clone();
                 tokio::spawn(async move {

@@ -72,7 +72,28 @@ impl Osd {
             let Some(meta) = store.stat(pgid, &name) else {
                 continue;
             };
+            let mut size_bytes = meta.size_bytes;
             let (digest, ok) = match store.read(pgid, &name, 0, meta.size_bytes).await {
+                // A delta slot of a shard copy: compared by the size of the shard it
+                // stands for (copies may hold a delta or a whole-shard delta).
+                Ok(data)
+                    if spindle_map::split_shard_pg(pgid.pg).1.is_some()
+                        && crate::ec::is_delta_slot(&name) =>
+                {
+                    match spindle_map::ec::delta::DeltaSlot::parse(&data) {
+                        Ok((d, _)) => {
+                            size_bytes = d.shard_size + spindle_map::ec::TRAILER_BYTES;
+                            (spindle_ec::crc32c::crc32c(&data), true)
+                        }
+                        Err(e) => {
+                            tracing::error!(
+                                "osd.{}: scrub: pg {pgid}: {name:?}: {e}",
+                                self.inner.id
+                            );
+                            (0, false)
+                        }
+                    }
+                }
                 Ok(data) => (spindle_ec::crc32c::crc32c(&data), true),
                 Err(StoreError::NotFound) => continue,
                 Err(e) => {
@@ -83,7 +104,7 @@ impl Osd {
             out.push(ScrubEntry {
                 name,
                 version: meta.version,
-                size_bytes: meta.size_bytes,
+                size_bytes,
                 digest,
                 ok,
             });

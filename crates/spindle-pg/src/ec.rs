@@ -1,9 +1,12 @@
 //! Erasure-coded groups: slot names and the recovery rule for one slot object.
 //!
-//! A shard of object `o` lives in one of two slot objects, `o\0` + `0` or `o\0` + `1`; a
-//! write always fills the slot not holding the current version, so the previous version
-//! stays intact on every shard until the new one is acknowledged (a write is acknowledged
-//! only when every up shard is durable and at least `min_size` shards are up).
+//! A shard of object `o` lives in slot objects at three positions, each either a whole
+//! shard (`o\0` + digit) or a delta over a whole-shard slot (`o\0d` + digit); a write
+//! always fills a position holding neither the current version nor the base of a current
+//! delta, so the previous version stays intact on every shard until the new one is
+//! acknowledged (a write is acknowledged only when every up shard is durable and at least
+//! `min_size` shards are up). Slot objects are written once and deleted later, never
+//! changed in place.
 //!
 //! Recovering a slot ([`decide_slot`]): take the newest version any shard (member or
 //! stray copy of a position) holds; with at least k positions holding it, rebuild the
@@ -19,20 +22,57 @@
 
 use spindle_proto::msg::Ver;
 
-/// Stored name of slot `slot` of object `name`.
+/// Slot positions of an object: a write fills a position holding neither the current
+/// version nor the base a current delta slot is written over, so both stay intact until
+/// the write is acknowledged.
+pub const SLOT_POSITIONS: u8 = 3;
+
+/// Stored name of the whole-shard slot at `slot` of object `name` (`name\0` + digit).
 pub fn slot_name(name: &str, slot: u8) -> String {
-    assert!(slot < 2, "an object has two slots, not {slot}");
+    assert!(
+        slot < SLOT_POSITIONS,
+        "an object has {SLOT_POSITIONS} slot positions, not {slot}"
+    );
     format!("{name}\0{slot}")
 }
 
-/// (object name, slot) of a stored slot name.
+/// Stored name of the delta slot at `slot` of object `name` (`name\0d` + digit): a slot
+/// that stores only the changed ranges of the shard over a whole-shard base slot
+/// (`spindle_map::ec::DeltaSlot`).
+pub fn delta_slot_name(name: &str, slot: u8) -> String {
+    assert!(
+        slot < SLOT_POSITIONS,
+        "an object has {SLOT_POSITIONS} slot positions, not {slot}"
+    );
+    format!("{name}\0d{slot}")
+}
+
+/// Every stored name an object's shard may have, whole-shard slots first.
+pub fn all_slot_names(name: &str) -> Vec<String> {
+    (0..SLOT_POSITIONS)
+        .map(|s| slot_name(name, s))
+        .chain((0..SLOT_POSITIONS).map(|s| delta_slot_name(name, s)))
+        .collect()
+}
+
+/// (object name, slot position) of a stored slot name, whole-shard or delta.
 pub fn split_slot(stored: &str) -> Option<(&str, u8)> {
     let (name, slot) = stored.rsplit_once('\0')?;
-    match slot {
+    let digit = slot.strip_prefix('d').unwrap_or(slot);
+    match digit {
         "0" => Some((name, 0)),
         "1" => Some((name, 1)),
+        "2" => Some((name, 2)),
         _ => None,
     }
+}
+
+/// Whether a stored slot name is a delta slot.
+pub fn is_delta_slot(stored: &str) -> bool {
+    stored
+        .rsplit_once('\0')
+        .is_some_and(|(_, s)| s.len() == 2 && s.starts_with('d'))
+        && split_slot(stored).is_some()
 }
 
 /// What one shard copy said about a slot object.
@@ -198,8 +238,20 @@ mod tests {
     fn slot_names_round_trip() {
         assert_eq!(split_slot(&slot_name("obj", 1)), Some(("obj", 1)));
         assert_eq!(split_slot(&slot_name("a\0b", 0)), Some(("a\0b", 0)));
+        assert_eq!(split_slot(&slot_name("obj", 2)), Some(("obj", 2)));
+        assert_eq!(split_slot(&delta_slot_name("obj", 2)), Some(("obj", 2)));
+        assert!(is_delta_slot(&delta_slot_name("a\0b", 0)));
+        assert!(!is_delta_slot(&slot_name("a\0b", 0)));
+        assert!(!is_delta_slot("plain"));
         assert_eq!(split_slot("plain"), None);
-        assert_eq!(split_slot("x\x002"), None);
+        assert_eq!(split_slot("x\x003"), None);
+        assert_eq!(split_slot("x\x00d3"), None);
+        assert_eq!(split_slot("x\x00dd1"), None);
+        let all = all_slot_names("o");
+        assert_eq!(all.len(), 2 * SLOT_POSITIONS as usize);
+        assert!(all
+            .iter()
+            .all(|n| split_slot(n) == Some(("o", split_slot(n).unwrap().1))));
     }
 
     #[test]

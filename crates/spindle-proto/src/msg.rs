@@ -55,13 +55,18 @@ pub enum Mutation {
         data: Vec<u8>,
     },
     /// Primary -> one shard copy: write a new version of a shard slot object =
-    /// (the other slot's content at version `base`, or nothing) resized to `shard_size`,
-    /// with `data` at `shard_offset`, followed by the shard trailer for `object_size`.
+    /// (the shard's content at version `base`, found in whichever slot holds it, or
+    /// nothing) resized to `shard_size`, with `data` at `shard_offset`, for `object_size`.
+    /// `delta_base`: None writes a whole shard (followed by the shard trailer); Some(p)
+    /// writes a delta slot over the whole-shard slot at position p (the one holding
+    /// `base`, or the base of the delta holding it), or - when this copy cannot - a delta
+    /// covering the whole shard (`spindle_map::ec::delta`).
     EcPatch {
         base: Option<Ver>,
         object_size: u64,
         shard_size: u64,
         shard_offset: u64,
+        delta_base: Option<u8>,
         data: Vec<u8>,
     },
 }
@@ -924,11 +929,14 @@ fn put_mutation(w: &mut Writer, m: &Mutation) {
             object_size,
             shard_size,
             shard_offset,
+            delta_base,
             ..
         } => {
             w.u8(5);
             put_opt_ver(w, *base);
             w.u64(*object_size).u64(*shard_size).u64(*shard_offset);
+            // u8::MAX: a whole shard (slot positions are small numbers).
+            w.u8(delta_base.unwrap_or(u8::MAX));
         }
     }
 }
@@ -988,6 +996,10 @@ fn get_mutation(r: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<Mutation, 
                 object_size: r.u64("object size")?,
                 shard_size: r.u64("shard size")?,
                 shard_offset: r.u64("shard offset")?,
+                delta_base: match r.u8("delta base")? {
+                    u8::MAX => None,
+                    p => Some(p),
+                },
                 data: take_bulk(bulk),
             }
         }

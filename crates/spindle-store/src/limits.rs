@@ -21,7 +21,7 @@ pub const JOURNAL_ALIGN: usize = 4096;
 pub const JOURNAL_ZERO_CHUNK_BYTES: u64 = 8 << 20;
 /// WriteFull / recover payloads at least this large bypass the journal (written with
 /// O_DIRECT to a fresh file and synced before the metadata-only record is journaled).
-pub const DIRECT_WRITE_BYTES_MIN: usize = 256 << 10;
+pub const DIRECT_WRITE_BYTES_MIN: usize = 128 << 10;
 /// Largest inline object, whatever `StoreConfig::inline_max_bytes` says (inline objects are
 /// held in memory whole while they change).
 pub const INLINE_BYTES_MAX: u64 = 16 << 20;

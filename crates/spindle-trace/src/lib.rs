@@ -74,6 +74,19 @@ stages! {
     /// Daemon: a client request decoded -> its reply queued (everything in the daemon
     /// except the reply's writing).
     OsdRequest = "osd.request",
+    /// Primary of an erasure-coded group: waiting for the object's operation lock.
+    EcLockWait = "osd.ec_lock_wait",
+    /// Primary of an erasure-coded group: one slot write on every up shard, sent to durable.
+    EcWrite = "osd.ec_write",
+    /// Primary of an erasure-coded group: trimming the old slot after an acknowledged write.
+    EcTrim = "osd.ec_trim",
+    /// Primary of an erasure-coded group: reading the stripes an overwrite touches
+    /// (read-modify-write).
+    EcRmwRead = "osd.ec_rmw_read",
+    /// Shard copy: composing a shard write (reading the base slot of a partial write).
+    EcShardCompose = "osd.ec_shard_compose",
+    /// Shard copy: a shard write's store transaction, submitted to durable.
+    EcShardCommit = "osd.ec_shard_commit",
 }
 
 const STAGE_COUNT: usize = Stage::ALL.len();
@@ -81,6 +94,7 @@ const STAGE_COUNT: usize = Stage::ALL.len();
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static COUNTS: [AtomicU64; STAGE_COUNT] = [const { AtomicU64::new(0) }; STAGE_COUNT];
 static SUMS_NS: [AtomicU64; STAGE_COUNT] = [const { AtomicU64::new(0) }; STAGE_COUNT];
+static MAXES_NS: [AtomicU64; STAGE_COUNT] = [const { AtomicU64::new(0) }; STAGE_COUNT];
 
 /// The environment variable that turns stage clocks on (a directory for the counter files).
 pub const STAGES_DIR_ENV: &str = "SPINDLE_STAGES_DIR";
@@ -111,11 +125,19 @@ pub fn record(stage: Stage, start: Option<Instant>) {
 #[inline]
 pub fn add(stage: Stage, count: u64, elapsed: Duration) {
     let i = stage as usize;
+    let elapsed_ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
     COUNTS[i].fetch_add(count, Relaxed);
-    SUMS_NS[i].fetch_add(
-        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
-        Relaxed,
-    );
+    SUMS_NS[i].fetch_add(elapsed_ns, Relaxed);
+    MAXES_NS[i].fetch_max(elapsed_ns, Relaxed);
+}
+
+/// The longest single recording of each stage since the process started (ns), in
+/// [`Stage::ALL`] order: where the tail of a stage is, which a mean hides.
+pub fn maxes_ns() -> Vec<u64> {
+    Stage::ALL
+        .iter()
+        .map(|&s| MAXES_NS[s as usize].load(Relaxed))
+        .collect()
 }
 
 /// The cumulative counters: `(stage, count, sum_ns)` for every stage.
@@ -132,23 +154,28 @@ pub fn snapshot() -> Vec<(Stage, u64, u64)> {
         .collect()
 }
 
-/// The counter file's text: one `name count sum_ns` line per stage.
-pub fn render(snapshot: &[(Stage, u64, u64)]) -> String {
+/// The counter file's text: one `name count sum_ns` line per stage, followed by
+/// `max_ns` (the longest single recording, whole process) when `maxes_ns` is given.
+pub fn render(snapshot: &[(Stage, u64, u64)], maxes_ns: Option<&[u64]>) -> String {
     let mut s = String::new();
-    for (stage, count, sum_ns) in snapshot {
-        s.push_str(&format!("{} {count} {sum_ns}\n", stage.label()));
+    for (i, (stage, count, sum_ns)) in snapshot.iter().enumerate() {
+        match maxes_ns.and_then(|m| m.get(i)) {
+            Some(max_ns) => s.push_str(&format!("{} {count} {sum_ns} {max_ns}\n", stage.label())),
+            None => s.push_str(&format!("{} {count} {sum_ns}\n", stage.label())),
+        }
     }
     s
 }
 
-/// Parses a counter file: `(name, count, sum_ns)` per line; malformed lines are an error.
+/// Parses a counter file: `(name, count, sum_ns)` per line (a trailing `max_ns` field is
+/// accepted and left out); malformed lines are an error.
 pub fn parse(text: &str) -> Result<Vec<(String, u64, u64)>, String> {
     text.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             match f.as_slice() {
-                [name, count, sum] => Ok((
+                [name, count, sum] | [name, count, sum, _] => Ok((
                     (*name).to_string(),
                     count.parse().map_err(|e| format!("{l:?}: {e}"))?,
                     sum.parse().map_err(|e| format!("{l:?}: {e}"))?,
@@ -182,7 +209,7 @@ pub fn init(dir: &Path, role: &str) -> Option<PathBuf> {
         .name("stage-clocks".into())
         .spawn(move || loop {
             let tmp = file.with_extension("tmp");
-            if std::fs::write(&tmp, render(&snapshot())).is_ok() {
+            if std::fs::write(&tmp, render(&snapshot(), Some(&maxes_ns()))).is_ok() {
                 let _ = std::fs::rename(&tmp, &file);
             }
             std::thread::sleep(DUMP_INTERVAL);
@@ -208,13 +235,16 @@ mod tests {
             .enumerate()
             .map(|(i, &s)| (s, i as u64, 1000 * i as u64))
             .collect();
-        let parsed = parse(&render(&snap)).unwrap();
+        let parsed = parse(&render(&snap, None)).unwrap();
+        let maxes: Vec<u64> = (0..snap.len() as u64).collect();
+        assert_eq!(parse(&render(&snap, Some(&maxes))).unwrap(), parsed);
         assert_eq!(parsed.len(), Stage::ALL.len());
         for ((s, c, n), (name, pc, pn)) in snap.iter().zip(&parsed) {
             assert_eq!((s.label(), *c, *n), (name.as_str(), *pc, *pn));
         }
         assert!(parse("nbd.send 1").is_err());
         assert!(parse("nbd.send x 2").is_err());
+        assert!(parse("nbd.send 1 2 3 4").is_err());
     }
 
     #[test]
@@ -231,6 +261,7 @@ mod tests {
         let after = snapshot()[Stage::OsdStoreRead as usize];
         assert_eq!(after.1, before.1 + 1);
         assert!(after.2 - before.2 >= 2_000_000);
+        assert!(maxes_ns()[Stage::OsdStoreRead as usize] >= 2_000_000);
         // The writer thread publishes the counters.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

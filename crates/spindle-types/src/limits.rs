@@ -11,8 +11,9 @@ use crate::ids::PG_NUMBER_LIMIT;
 /// S3-style key, short enough that a journal record's name length fits a `u16`.
 pub const OBJECT_NAME_BYTES_MAX: usize = 1024;
 /// An erasure-coded pool stores every object as shard slot objects whose names add this
-/// many bytes to the object's name (two versions per shard: rollback needs the old one).
-pub const EC_SLOT_SUFFIX_BYTES: usize = 2;
+/// many bytes to the object's name (`\0` + `d` + position: up to three versions per shard,
+/// whole or delta; rollback needs the old one).
+pub const EC_SLOT_SUFFIX_BYTES: usize = 3;
 /// Longest object name a client may use on an erasure-coded pool.
 pub const EC_OBJECT_NAME_BYTES_MAX: usize = OBJECT_NAME_BYTES_MAX - EC_SLOT_SUFFIX_BYTES;
 /// Longest pool name (Ceph allows any length; 128 keeps maps and status lines small).
