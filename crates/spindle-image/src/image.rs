@@ -36,13 +36,16 @@ use tokio::sync::Notify;
 pub const IMAGE_FORMAT_VERSION: u32 = 1;
 /// Default size of one data object.
 pub const OBJECT_SIZE_BYTES_DEFAULT: u64 = 4 << 20;
-/// Default data object size on erasure-coded pools: a small write there rewrites its
-/// object's shard slot (object_size / k bytes per shard), so objects are kept small, but
-/// every object write is a round of shard writes and slot trims, so sequential I/O wants
-/// them large. Measured with `spindle bench fio --quick --pool EC` (k=2, m=1, against
-/// Ceph RBD EC 2+1): 4 MiB objects: 4k random writes 82 IOPS; 64 KiB: 1,165 IOPS (3.8x
-/// Ceph) but 512k writes 106 MB/s (0.58x) and reads 407 MB/s; 256 KiB: 787 IOPS (2.6x),
-/// 512k writes 195 MB/s (1.07x) and reads 769 MB/s (2.3x): every point above Ceph.
+/// Default data object size on erasure-coded pools: a small write there is stored as a
+/// delta slot, but after a few writes to one object (12 KiB of changes) its shard
+/// (object_size / k bytes) is rewritten whole, so objects are kept small; every object
+/// write is a round of shard writes and slot trims, so sequential I/O wants them large.
+/// Measured with `spindle bench fio --quick --pool EC` (k=2, m=1, against Ceph RBD EC
+/// 2+1), before delta slots: 4 MiB objects: 4k random writes 82 IOPS; 64 KiB: 1,165 IOPS
+/// (3.8x Ceph) but 512k writes 106 MB/s (0.58x) and reads 407 MB/s; 256 KiB: 787 IOPS
+/// (2.6x), 512k writes 195 MB/s (1.07x) and reads 769 MB/s (2.3x). With delta slots
+/// (2026-11-27, one run each): 1 MiB: 4k random writes 782 IOPS, 512k writes 226 MB/s;
+/// 256 KiB: 1,504 IOPS, 161 MB/s.
 pub const OBJECT_SIZE_BYTES_DEFAULT_ERASURE: u64 = 256 << 10;
 
 /// The default object size for an image on `pool` (None: no such pool).

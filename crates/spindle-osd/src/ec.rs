@@ -837,8 +837,22 @@ impl Osd {
                         Vec::new(),
                     );
                 };
-                // The old slots first (a current delta's base last of those), the current
-                // one last: a crash in between leaves the object intact.
+                // A current delta needs its base: deleting either first could leave a
+                // delta without a base, or resurrect the base's older version, if the
+                // daemon crashed in between. Rewrite the object as a whole shard first.
+                let c = if c.delta {
+                    match self
+                        .ec_materialize(epoch, pgid, mapping, layout, name, own, c)
+                        .await
+                    {
+                        Ok(c) => c,
+                        Err(m) => return (m, Vec::new()),
+                    }
+                } else {
+                    c
+                };
+                // The old slots first, the current (whole-shard) one last: a crash in
+                // between leaves the object intact.
                 let cur = c.stored(name);
                 let mut order = self.other_slots(own, name, std::slice::from_ref(&cur));
                 order.sort_by_key(|n| std::cmp::Reverse(is_delta_slot(n)));
@@ -947,6 +961,44 @@ impl Osd {
             ),
         };
         (msg, Vec::new())
+    }
+
+    /// Rewrites object `name`, whose current slot `c` is a delta, as a whole shard at a
+    /// new version (the same bytes); returns the new current slot.
+    #[allow(clippy::too_many_arguments)]
+    async fn ec_materialize(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        mapping: &PgMapping,
+        layout: &EcLayout,
+        name: &str,
+        own: PgId,
+        c: Current,
+    ) -> Result<Current, Msg> {
+        let size = self.ec_object_size(epoch, pgid, mapping, name, c).await?;
+        let shard_size = layout.shard_size(size);
+        let (stored, delta_base, _) = self
+            .plan_write(own, name, Some(c), false, shard_size, 0)
+            .await?;
+        debug_assert!(delta_base.is_none());
+        self.ec_replicate(epoch, pgid, mapping, &stored, |_| WireMutation::EcPatch {
+            base: Some(c.version),
+            object_size: size,
+            shard_size,
+            shard_offset: 0,
+            delta_base: None,
+            data: Vec::new(),
+        })
+        .await?;
+        self.current_slot(own, name)
+            .filter(|n| !n.delta)
+            .ok_or_else(|| {
+                err(
+                    ErrorCode::Again,
+                    format!("{name}: rewriting it whole failed"),
+                )
+            })
     }
 
     /// The encoded write (`EcWrite`, conditional on the current version) of writing

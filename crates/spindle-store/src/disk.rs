@@ -49,11 +49,12 @@ pub enum OpenHow {
     /// durable) and O_DIRECT where the file system allows it.
     Journal,
     /// A new file for a large direct write: write-only, created and truncated, O_DIRECT
-    /// where allowed. Not durable before `sync_data` (and `sync_dir` for its name).
-    DirectNew,
+    /// where allowed unless `cached` (then through the page cache, so reads soon after
+    /// find it there). Not durable before `sync_data` (and `sync_dir` for its name).
+    DirectNew { cached: bool },
     /// An existing file overwritten in place by a direct write: write-only, O_DIRECT
-    /// where allowed; fails with NotFound if missing.
-    DirectExisting,
+    /// where allowed unless `cached`; fails with NotFound if missing.
+    DirectExisting { cached: bool },
     /// Read-only with O_DIRECT; fails with `EINVAL` where the file system refuses it.
     DirectRead,
 }
@@ -297,13 +298,21 @@ impl Disk for RealDisk {
                     .mode(0o644);
                 open_maybe_direct(path, o, libc::O_CLOEXEC | libc::O_DSYNC)?
             }
-            OpenHow::DirectNew => {
+            OpenHow::DirectNew { cached } => {
                 o.write(true).create(true).truncate(true).mode(0o644);
-                open_maybe_direct(path, o, libc::O_CLOEXEC)?
+                if cached {
+                    o.custom_flags(libc::O_CLOEXEC).open(path)?
+                } else {
+                    open_maybe_direct(path, o, libc::O_CLOEXEC)?
+                }
             }
-            OpenHow::DirectExisting => {
+            OpenHow::DirectExisting { cached } => {
                 o.write(true);
-                open_maybe_direct(path, o, libc::O_CLOEXEC)?
+                if cached {
+                    o.custom_flags(libc::O_CLOEXEC).open(path)?
+                } else {
+                    open_maybe_direct(path, o, libc::O_CLOEXEC)?
+                }
             }
             OpenHow::DirectRead => o
                 .read(true)

@@ -21,7 +21,19 @@ pub const JOURNAL_ALIGN: usize = 4096;
 pub const JOURNAL_ZERO_CHUNK_BYTES: u64 = 8 << 20;
 /// WriteFull / recover payloads at least this large bypass the journal (written with
 /// O_DIRECT to a fresh file and synced before the metadata-only record is journaled).
+/// 128 KiB (was 256 KiB): the whole shards of an erasure-coded image (256 KiB objects,
+/// k = 2: 128 KiB + trailer) went through the journal and the page cache, and every
+/// checkpoint then synced thousands of such files while every commit waited: 512k writes
+/// on an EC 2+1 image had a p99 of 617-726 ms (13x the mean); direct, 94-118 ms (2.3x),
+/// and 160 -> 199 MB/s in the same bench run (docs/benchmarks.md, 2026-11-27). Reads of
+/// such shards then come from the disk, not the page cache, as Ceph's do.
 pub const DIRECT_WRITE_BYTES_MIN: usize = 128 << 10;
+/// Direct writes at least this large bypass the page cache too (O_DIRECT); smaller ones
+/// (128-256 KiB: an erasure-coded image's whole shards) are written through it and synced
+/// before their record, like the others, so reads of a freshly written shard find it in
+/// memory: with O_DIRECT 4k random reads at QD1 of an EC 2+1 image took 410 us (1.67x
+/// Ceph, same sitting), every read a disk read.
+pub const DIRECT_UNCACHED_BYTES_MIN: usize = 256 << 10;
 /// Largest inline object, whatever `StoreConfig::inline_max_bytes` says (inline objects are
 /// held in memory whole while they change).
 pub const INLINE_BYTES_MAX: u64 = 16 << 20;

@@ -604,8 +604,10 @@ impl Disk for SimDisk {
         let (create, truncate, dsync) = match how {
             OpenHow::Data { create } => (create, false, false),
             OpenHow::Journal => (true, false, true),
-            OpenHow::DirectNew => (true, true, false),
-            OpenHow::Read | OpenHow::DirectExisting | OpenHow::DirectRead => (false, false, false),
+            OpenHow::DirectNew { .. } => (true, true, false),
+            OpenHow::Read | OpenHow::DirectExisting { .. } | OpenHow::DirectRead => {
+                (false, false, false)
+            }
         };
         let ino = match existing {
             Some(ino) => {

@@ -462,6 +462,19 @@ async fn small_overwrites_become_deltas_that_survive_loss_recovery_and_scrub() {
     verify(&client, &model, "after recovery").await;
     small_overwrites(&client, &mut model, &mut rng, 100).await;
     verify(&client, &model, "after overwrites of recovered objects").await;
+    // Deleting objects whose current slot is a delta (rewritten whole first).
+    for name in ["img-03", "img-11", "img-17"] {
+        client.delete(EC_POOL, name).await.unwrap();
+        model.remove(name);
+        assert!(
+            matches!(
+                client.read_full(EC_POOL, name).await,
+                Err(ClientError::NotFound(_))
+            ),
+            "{name} still readable after its delete"
+        );
+    }
+    verify(&client, &model, "after deletes").await;
     let out = run_ok(
         spindle()
             .args(["scrub", EC_POOL, "--json", "--dir"])

@@ -53,7 +53,7 @@ impl Worker {
                     Ok(data) if direct_size(data.len()) => {
                         let size = data.len() as u64;
                         let (file_id, reuse) = self.direct_target(size);
-                        let (file, created) = match self.open_direct_target(file_id, reuse) {
+                        let (file, created) = match self.open_direct_target(file_id, reuse, size) {
                             Ok(f) => f,
                             Err(e) => {
                                 ov.last.insert(pg, have);
@@ -148,7 +148,7 @@ impl Worker {
                     {
                         let size = data.len() as u64;
                         let (file_id, reuse) = self.direct_target(size);
-                        let (file, created) = self.open_direct_target(file_id, reuse)?;
+                        let (file, created) = self.open_direct_target(file_id, reuse, size)?;
                         ov.objects.insert((pg, name.clone()), Some((file_id, size)));
                         self.direct.push(DirectWrite {
                             file_id,

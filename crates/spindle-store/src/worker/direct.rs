@@ -27,17 +27,21 @@ impl Worker {
         &mut self,
         file_id: u64,
         reuse: bool,
+        size: u64,
     ) -> Result<(FileRef, bool), StoreError> {
         let path = self.sh.file_path(file_id);
+        // Smaller direct writes go through the page cache (synced all the same before
+        // their record): reads soon after find them there (see DIRECT_UNCACHED_BYTES_MIN).
+        let cached = size < DIRECT_UNCACHED_BYTES_MIN as u64;
         if reuse {
-            if let Ok(f) = self.sh.disk.open(&path, OpenHow::DirectExisting) {
+            if let Ok(f) = self.sh.disk.open(&path, OpenHow::DirectExisting { cached }) {
                 return Ok((f, false));
             }
         }
         let opened = self
             .sh
             .disk
-            .open(&path, OpenHow::DirectNew)
+            .open(&path, OpenHow::DirectNew { cached })
             .map_err(StoreError::from);
         match opened {
             Ok(f) => Ok((f, true)),

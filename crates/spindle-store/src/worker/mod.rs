@@ -30,8 +30,9 @@ use crate::disk::{read_exact_at, Disk, FileRef, OpenHow};
 use crate::error::{is_no_space, StoreError};
 use crate::journal::{self, Parsed, Record};
 use crate::limits::{
-    BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_WRITE_BYTES_MIN, INLINE_BYTES_MAX,
-    JOURNAL_ALIGN, JOURNAL_ZERO_CHUNK_BYTES, SYNCS_IN_FLIGHT_MAX,
+    BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_UNCACHED_BYTES_MIN,
+    DIRECT_WRITE_BYTES_MIN, INLINE_BYTES_MAX, JOURNAL_ALIGN, JOURNAL_ZERO_CHUNK_BYTES,
+    SYNCS_IN_FLIGHT_MAX,
 };
 use crate::meta::{self, Super};
 use crate::state::{append_zeros, block_count, block_len, crcs_of, zero_crc, ObjEntry, ObjState};
