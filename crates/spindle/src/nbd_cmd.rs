@@ -191,7 +191,7 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         );
         tokio::spawn(server.clone().serve_unix(listener, stop_rx))
     } else {
-        let listener = tokio::net::TcpListener::bind(&args.listen)
+        let listener = listen_tcp(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr().context("listener address")?;
@@ -264,4 +264,28 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+/// Pending connections the listening socket queues before `accept` (the kernel caps it at
+/// `net.core.somaxconn`). tokio's default, 1024, overflowed under a burst of 2,000
+/// connects (the stress test in `tests/nbd.rs`): the kernel then dropped the clients' final
+/// ACKs and a few hundred clients waited for a greeting that never came.
+const LISTEN_BACKLOG: u32 = 8192;
+
+/// A TCP listener on `addr` (host:port, first address that binds) with `LISTEN_BACKLOG`.
+async fn listen_tcp(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for sa in tokio::net::lookup_host(addr).await? {
+        let socket = if sa.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(sa).and_then(|()| socket.listen(LISTEN_BACKLOG)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other(format!("{addr}: no address to listen on"))))
 }

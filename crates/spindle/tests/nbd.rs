@@ -292,3 +292,223 @@ fn nbd_flushed_writes_survive_sigkill_of_every_process() {
     nbd.terminate();
     eprintln!("nbd_crash: {:?}", started.elapsed());
 }
+
+/// A minimal NBD client for the stress test: fixed newstyle, `NBD_OPT_EXPORT_NAME`, simple
+/// replies (the protocol itself is tested in `spindle-nbd/tests/protocol.rs`).
+mod raw_nbd {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    const REQUEST_MAGIC: u32 = 0x2560_9513;
+    const REPLY_MAGIC: u32 = 0x6744_6698;
+    pub const CMD_READ: u16 = 0;
+    pub const CMD_WRITE: u16 = 1;
+    pub const CMD_DISC: u16 = 2;
+    pub const CMD_FLUSH: u16 = 3;
+
+    /// Connects and negotiates `export`: the stream and the export's size.
+    pub async fn connect(addr: &str, export: &str) -> std::io::Result<(TcpStream, u64)> {
+        let mut s = TcpStream::connect(addr).await?;
+        s.set_nodelay(true)?;
+        let mut hello = [0u8; 18];
+        s.read_exact(&mut hello).await?;
+        assert_eq!(&hello[..8], b"NBDMAGIC");
+        assert_eq!(&hello[8..16], b"IHAVEOPT");
+        // Fixed newstyle + no zeroes.
+        s.write_all(&3u32.to_be_bytes()).await?;
+        let mut opt = Vec::new();
+        opt.extend_from_slice(b"IHAVEOPT");
+        opt.extend_from_slice(&1u32.to_be_bytes()); // NBD_OPT_EXPORT_NAME
+        opt.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        opt.extend_from_slice(export.as_bytes());
+        s.write_all(&opt).await?;
+        let mut info = [0u8; 10];
+        s.read_exact(&mut info).await?;
+        let size = u64::from_be_bytes(info[..8].try_into().unwrap());
+        Ok((s, size))
+    }
+
+    /// Sends one request (with `data` for a write) and reads its simple reply: the error
+    /// number and, for a read, `len` bytes.
+    pub async fn request(
+        s: &mut TcpStream,
+        cmd: u16,
+        handle: u64,
+        offset: u64,
+        len: u32,
+        data: &[u8],
+    ) -> std::io::Result<(u32, Vec<u8>)> {
+        let mut req = Vec::with_capacity(28 + data.len());
+        req.extend_from_slice(&REQUEST_MAGIC.to_be_bytes());
+        req.extend_from_slice(&0u16.to_be_bytes());
+        req.extend_from_slice(&cmd.to_be_bytes());
+        req.extend_from_slice(&handle.to_be_bytes());
+        req.extend_from_slice(&offset.to_be_bytes());
+        req.extend_from_slice(&len.to_be_bytes());
+        req.extend_from_slice(data);
+        s.write_all(&req).await?;
+        if cmd == CMD_DISC {
+            return Ok((0, Vec::new()));
+        }
+        let mut head = [0u8; 16];
+        s.read_exact(&mut head).await?;
+        assert_eq!(
+            u32::from_be_bytes(head[..4].try_into().unwrap()),
+            REPLY_MAGIC
+        );
+        let errno = u32::from_be_bytes(head[4..8].try_into().unwrap());
+        assert_eq!(u64::from_be_bytes(head[8..].try_into().unwrap()), handle);
+        let mut body = Vec::new();
+        if cmd == CMD_READ && errno == 0 {
+            body.resize(len as usize, 0);
+            s.read_exact(&mut body).await?;
+        }
+        Ok((errno, body))
+    }
+}
+
+/// Number of descriptors `pid` holds.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// Thousands of NBD connections open at once, each writing and reading back its own region
+/// with a size from 512 B to 128 KiB, on a multi-threaded client: every byte reads back,
+/// and the server's descriptors return to where they were once the clients leave.
+#[test]
+fn thousands_of_connections_with_mixed_sizes() {
+    const CONNECTIONS: u64 = 2000;
+    const REGION_BYTES: u64 = 128 << 10;
+    let _serial = serial();
+    // The test process holds every client socket at once.
+    // SAFETY: plain getrlimit/setrlimit on this process's own limit.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        assert!(
+            lim.rlim_max >= 3 * CONNECTIONS,
+            "the hard descriptor limit ({}) is too low for this test",
+            lim.rlim_max
+        );
+        lim.rlim_cur = lim.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    let c = Cluster::start("nbd-stress", 3, 16);
+    create_image(&c, "stress", "256M");
+    let nbd = NbdProc::start(&c);
+    let pid = nbd.child.id();
+    let fds_before = fd_count(pid);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = nbd.addr.clone();
+    let (connected_max, bad) = rt.block_on(async move {
+        let all_in = std::sync::Arc::new(tokio::sync::Barrier::new(CONNECTIONS as usize));
+        let open = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let max_open = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let tasks: Vec<_> = (0..CONNECTIONS)
+            .map(|i| {
+                let (addr, all_in, open, max_open) =
+                    (addr.clone(), all_in.clone(), open.clone(), max_open.clone());
+                tokio::spawn(async move {
+                    use std::sync::atomic::Ordering::SeqCst;
+                    let connected = tokio::time::timeout(
+                        Duration::from_secs(120),
+                        raw_nbd::connect(&addr, "stress"),
+                    )
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::Error::other("connect timed out")));
+                    if connected.is_ok() {
+                        let now = open.fetch_add(1, SeqCst) + 1;
+                        max_open.fetch_max(now, SeqCst);
+                    }
+                    // Everybody connected (or failed to) before anybody writes: all
+                    // sessions are open at once.
+                    all_in.wait().await;
+                    let (mut s, size) = connected?;
+                    assert_eq!(size, 256 * MIB);
+                    let sizes = [512u32, 4096, 8192, 65536, 131072, 1536, 20480];
+                    let len = sizes[(i % sizes.len() as u64) as usize];
+                    let offset = i * REGION_BYTES + (i % 7) * 512;
+                    let offset = offset.min((i + 1) * REGION_BYTES - len as u64);
+                    let data: Vec<u8> = (0..len)
+                        .map(|b| (b as u64 ^ i.wrapping_mul(0x9e37)) as u8)
+                        .collect();
+                    let (e, _) =
+                        raw_nbd::request(&mut s, raw_nbd::CMD_WRITE, 1, offset, len, &data).await?;
+                    assert_eq!(e, 0, "write {i}");
+                    let (e, back) =
+                        raw_nbd::request(&mut s, raw_nbd::CMD_READ, 2, offset, len, &[]).await?;
+                    assert_eq!(e, 0, "read {i}");
+                    let (e, _) = raw_nbd::request(&mut s, raw_nbd::CMD_FLUSH, 3, 0, 0, &[]).await?;
+                    assert_eq!(e, 0, "flush {i}");
+                    raw_nbd::request(&mut s, raw_nbd::CMD_DISC, 4, 0, 0, &[]).await?;
+                    open.fetch_sub(1, SeqCst);
+                    Ok::<bool, std::io::Error>(back == data)
+                })
+            })
+            .collect();
+        let mut bad = Vec::new();
+        for (i, t) in tasks.into_iter().enumerate() {
+            match t.await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => bad.push(format!("connection {i}: wrong bytes read back")),
+                Ok(Err(e)) => bad.push(format!("connection {i}: {e}")),
+                Err(e) => bad.push(format!("connection {i}: task failed: {e}")),
+            }
+        }
+        (max_open.load(std::sync::atomic::Ordering::SeqCst), bad)
+    });
+    assert!(
+        bad.is_empty(),
+        "{} connections failed: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    assert_eq!(
+        connected_max, CONNECTIONS,
+        "not every session was open at once"
+    );
+    // Every region reads back through one more, fresh connection (after all the flushes).
+    rt.block_on(async {
+        let (mut s, _) = raw_nbd::connect(&nbd.addr, "stress").await.unwrap();
+        for i in (0..CONNECTIONS).step_by(97) {
+            let sizes = [512u32, 4096, 8192, 65536, 131072, 1536, 20480];
+            let len = sizes[(i % sizes.len() as u64) as usize];
+            let offset =
+                (i * REGION_BYTES + (i % 7) * 512).min((i + 1) * REGION_BYTES - len as u64);
+            let want: Vec<u8> = (0..len)
+                .map(|b| (b as u64 ^ i.wrapping_mul(0x9e37)) as u8)
+                .collect();
+            let (e, got) = raw_nbd::request(&mut s, raw_nbd::CMD_READ, i, offset, len, &[])
+                .await
+                .unwrap();
+            assert_eq!(e, 0);
+            assert!(got == want, "region {i} differs on a fresh connection");
+        }
+        raw_nbd::request(&mut s, raw_nbd::CMD_DISC, 0, 0, 0, &[])
+            .await
+            .unwrap();
+    });
+    // The server lets go of every socket.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = fd_count(pid);
+        if now <= fds_before + 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "spindle nbd holds {now} descriptors after the clients left ({fds_before} before)"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(nbd);
+}
