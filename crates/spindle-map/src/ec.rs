@@ -203,25 +203,35 @@ impl EcLayout {
 
 /// The trailer stored after a shard's bytes.
 pub fn trailer(object_size: u64) -> [u8; TRAILER_BYTES as usize] {
+    trailer_with_magic(object_size, TRAILER_MAGIC)
+}
+
+/// A slot trailer: `u64 object size | u32 magic | u32 CRC32C of the 12 bytes before`.
+fn trailer_with_magic(object_size: u64, magic: u32) -> [u8; TRAILER_BYTES as usize] {
     let mut t = [0u8; TRAILER_BYTES as usize];
     t[..8].copy_from_slice(&object_size.to_le_bytes());
-    t[8..12].copy_from_slice(&TRAILER_MAGIC.to_le_bytes());
+    t[8..12].copy_from_slice(&magic.to_le_bytes());
     let crc = spindle_types::crc::crc32c(&t[..12]);
     t[12..].copy_from_slice(&crc.to_le_bytes());
     t
 }
 
-/// The object size recorded in a shard trailer (None if it is not a valid trailer).
-pub fn parse_trailer(t: &[u8]) -> Option<u64> {
+/// The object size of a slot trailer with `magic` (None if `t` is not one).
+fn parse_trailer_with_magic(t: &[u8], want: u32) -> Option<u64> {
     if t.len() != TRAILER_BYTES as usize {
         return None;
     }
     let magic = u32::from_le_bytes(t[8..12].try_into().ok()?);
     let crc = u32::from_le_bytes(t[12..16].try_into().ok()?);
-    if magic != TRAILER_MAGIC || crc != spindle_types::crc::crc32c(&t[..12]) {
+    if magic != want || crc != spindle_types::crc::crc32c(&t[..12]) {
         return None;
     }
     Some(u64::from_le_bytes(t[..8].try_into().ok()?))
+}
+
+/// The object size recorded in a shard trailer (None if it is not a valid trailer).
+pub fn parse_trailer(t: &[u8]) -> Option<u64> {
+    parse_trailer_with_magic(t, TRAILER_MAGIC)
 }
 
 /// The object size recorded in the trailer of any shard slot, whole (`SPEC`) or delta

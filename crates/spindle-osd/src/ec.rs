@@ -771,14 +771,14 @@ impl Osd {
         let current = self.current_slot(own, name);
         // Plain overwrites and truncates are encoded here (read-modify-write of the
         // touched stripes under the object's lock: no version race, no client round trip).
+        let g = EcGroup {
+            epoch,
+            pgid,
+            mapping,
+            layout,
+        };
         let op = match op {
             ObjOp::Mutate(WireMutation::Write { offset, data }) => {
-                let g = EcGroup {
-                    epoch,
-                    pgid,
-                    mapping,
-                    layout,
-                };
                 match self
                     .ec_encode_update(g, name, current, Some((offset, &data)), None)
                     .await
@@ -788,12 +788,6 @@ impl Osd {
                 }
             }
             ObjOp::Mutate(WireMutation::Truncate { size_bytes }) => {
-                let g = EcGroup {
-                    epoch,
-                    pgid,
-                    mapping,
-                    layout,
-                };
                 match self
                     .ec_encode_update(g, name, current, None, Some(size_bytes))
                     .await
@@ -819,15 +813,7 @@ impl Osd {
             },
             ObjOp::Read { offset, len } => match current {
                 None => err(ErrorCode::NotFound, format!("{name}: no such object")),
-                Some(c) => {
-                    let g = EcGroup {
-                        epoch,
-                        pgid,
-                        mapping,
-                        layout,
-                    };
-                    self.ec_read(g, name, c, None, offset, len).await
-                }
+                Some(c) => self.ec_read(g, name, c, None, offset, len).await,
             },
             ObjOp::List => self.ec_list(pgid).await,
             ObjOp::Mutate(WireMutation::Delete) => {

@@ -92,23 +92,12 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 
 /// The trailer of a delta slot.
 fn delta_trailer(object_size: u64) -> [u8; TRAILER_BYTES as usize] {
-    let mut t = [0u8; TRAILER_BYTES as usize];
-    t[..8].copy_from_slice(&object_size.to_le_bytes());
-    t[8..12].copy_from_slice(&DELTA_MAGIC.to_le_bytes());
-    let crc = spindle_types::crc::crc32c(&t[..12]);
-    t[12..].copy_from_slice(&crc.to_le_bytes());
-    t
+    super::trailer_with_magic(object_size, DELTA_MAGIC)
 }
 
 /// The object size of a delta slot's trailer (None if `t` is not one).
 pub fn parse_delta_trailer(t: &[u8]) -> Option<u64> {
-    if t.len() != TRAILER_BYTES as usize {
-        return None;
-    }
-    if u32_at(t, 8) != DELTA_MAGIC || u32_at(t, 12) != spindle_types::crc::crc32c(&t[..12]) {
-        return None;
-    }
-    Some(u64_at(t, 0))
+    super::parse_trailer_with_magic(t, DELTA_MAGIC)
 }
 
 impl DeltaSlot {
