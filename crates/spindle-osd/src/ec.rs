@@ -827,10 +827,7 @@ impl Osd {
                 // delta without a base, or resurrect the base's older version, if the
                 // daemon crashed in between. Rewrite the object as a whole shard first.
                 let c = if c.delta {
-                    match self
-                        .ec_materialize(epoch, pgid, mapping, layout, name, own, c)
-                        .await
-                    {
+                    match self.ec_materialize(g, name, own, c).await {
                         Ok(c) => c,
                         Err(m) => return (m, Vec::new()),
                     }
@@ -951,17 +948,19 @@ impl Osd {
 
     /// Rewrites object `name`, whose current slot `c` is a delta, as a whole shard at a
     /// new version (the same bytes); returns the new current slot.
-    #[allow(clippy::too_many_arguments)]
     async fn ec_materialize(
         &self,
-        epoch: u64,
-        pgid: PgId,
-        mapping: &PgMapping,
-        layout: &EcLayout,
+        g: EcGroup<'_>,
         name: &str,
         own: PgId,
         c: Current,
     ) -> Result<Current, Msg> {
+        let EcGroup {
+            epoch,
+            pgid,
+            mapping,
+            layout,
+        } = g;
         let size = self.ec_object_size(epoch, pgid, mapping, name, c).await?;
         let shard_size = layout.shard_size(size);
         let (stored, delta_base, _) = self

@@ -139,6 +139,10 @@ impl DeltaSlot {
     }
 
     fn check(&self) -> Result<(), DeltaError> {
+        // A shard is never larger than a whole object (bounds what a reader allocates).
+        if self.shard_size > spindle_types::limits::OBJECT_BYTES_MAX {
+            return Err(DeltaError::Malformed("shard larger than any object"));
+        }
         let mut end = 0u64;
         for (i, e) in self.extents.iter().enumerate() {
             if e.len == 0 || (i > 0 && e.offset < end) {
