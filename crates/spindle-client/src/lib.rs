@@ -7,7 +7,6 @@
 //! `NotPrimary`, `Again` (peering) and connection failures wait for the next map and retry
 //! until the operation's timeout.
 
-use spindle_map::ec::EcLayout;
 use spindle_map::{object_pg, ClusterMap};
 use spindle_proto::msg::typed;
 use spindle_proto::msg::{Mutation, ObjOp, ObjectListing, Ver};
@@ -111,8 +110,6 @@ struct Inner {
     mon: Mutex<Option<Arc<RpcConn>>>,
     osds: Mutex<HashMap<u32, Arc<RpcConn>>>,
     push_tx: mpsc::UnboundedSender<Incoming>,
-    /// Coding of each erasure-coded pool (by pool id), built on first use.
-    ec_layouts: Mutex<HashMap<u32, EcLayout>>,
 }
 
 /// A connection to a cluster. Cheap to clone; use from any number of tasks.
@@ -180,7 +177,6 @@ impl Client {
                 mon: Mutex::new(None),
                 osds: Mutex::new(HashMap::new()),
                 push_tx,
-                ec_layouts: Mutex::new(HashMap::new()),
             }),
         };
         client.subscribe(&mon);
@@ -587,23 +583,8 @@ impl Client {
     ) -> Result<Ver, ClientError> {
         check_size(0, data.len() as u64)?;
         self.refuse_if_full(pool)?;
-        if let Some(layout) = self.ec_layout(pool)? {
-            let size = data.len() as u64;
-            let stripes = layout.stripes(size);
-            let shards = layout
-                .encode_stripes(&data, stripes)
-                .map_err(|e| ClientError::Invalid(e.to_string()))?;
-            check_ec_payload(shards.len())?;
-            let m = Mutation::EcWrite {
-                object_size: size,
-                shard_offset: 0,
-                shard_len: stripes * layout.stripe_unit_bytes,
-                full: true,
-                expect: None,
-                data: shards,
-            };
-            return self.mutate(pool, name, m).await;
-        }
+        // On an erasure-coded pool the primary encodes it (the shards it sends on are
+        // 1 + m/k times the object: encoding here would carry those bytes twice).
         self.mutate(pool, name, Mutation::WriteFull(data)).await
     }
 
@@ -630,28 +611,6 @@ impl Client {
             )));
         }
         Ok(())
-    }
-
-    /// The coding of `pool` if it is erasure-coded.
-    fn ec_layout(&self, pool: &str) -> Result<Option<EcLayout>, ClientError> {
-        let ms = self.state();
-        let def = ms
-            .map
-            .pool_by_name(pool)
-            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
-        if !def.is_erasure() {
-            return Ok(None);
-        }
-        if let Some(l) = lock(&self.inner.ec_layouts).get(&def.id) {
-            return Ok(Some(l.clone()));
-        }
-        let layout = match EcLayout::for_pool(def) {
-            Some(Ok(l)) => l,
-            Some(Err(e)) => return Err(ClientError::Invalid(format!("pool {pool}: {e}"))),
-            None => return Ok(None),
-        };
-        lock(&self.inner.ec_layouts).insert(def.id, layout.clone());
-        Ok(Some(layout))
     }
 
     /// Writes `data` at `offset` (creates the object; gaps read as zeros).
@@ -775,18 +734,6 @@ impl Client {
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)
     }
-}
-
-/// An erasure-coded write's k + m shards must fit in one message.
-fn check_ec_payload(bytes: usize) -> Result<(), ClientError> {
-    if bytes > spindle_proto::msg::DATA_MAX {
-        return Err(ClientError::Invalid(format!(
-            "the encoded shards of this write are {bytes} bytes, more than one message \
-             carries ({} bytes): write it in parts",
-            spindle_proto::msg::DATA_MAX
-        )));
-    }
-    Ok(())
 }
 
 fn check_name(name: &str) -> Result<(), ClientError> {

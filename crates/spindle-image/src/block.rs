@@ -805,6 +805,9 @@ impl<B: ObjectBackend> Scheduler<B> {
                 }
             }
             let _ = done_tx.send(true);
+            // A read batch with one waiter for all of it hands over its buffer (no copy).
+            let mut result = result;
+            let sole_reader = batch.dir == Dir::Read && batch.waiters.len() == 1;
             for w in batch.waiters {
                 let Waiter {
                     offset,
@@ -814,11 +817,15 @@ impl<B: ObjectBackend> Scheduler<B> {
                     ..
                 } = w;
                 drop(_guard);
-                let r = match &result {
+                let r = match &mut result {
                     Ok(data) if batch.dir == Dir::Read => {
                         let at = (offset - batch.start) as usize;
                         debug_assert!(at + wlen as usize <= data.len());
-                        Ok(data[at..at + wlen as usize].to_vec())
+                        if sole_reader && at == 0 && wlen as usize == data.len() {
+                            Ok(std::mem::take(data))
+                        } else {
+                            Ok(data[at..at + wlen as usize].to_vec())
+                        }
                     }
                     Ok(_) => Ok(Vec::new()),
                     Err(e) => Err(e.duplicate()),
@@ -1007,9 +1014,16 @@ impl<B: ObjectBackend> BlockLayer<B> {
                 .into_iter()
                 .map(|(o, l)| self.sched.submit(Dir::Read, o, l, Vec::new(), None))
                 .collect();
-            let mut out = Vec::with_capacity(len as usize);
+            // The first piece's buffer grows into the reply (one piece: no copy at all).
+            let mut out = Vec::new();
             for rx in rxs {
-                out.extend_from_slice(&receive(rx).await?);
+                let piece = receive(rx).await?;
+                if out.is_empty() {
+                    out = piece;
+                    out.reserve_exact((len as usize).saturating_sub(out.len()));
+                } else {
+                    out.extend_from_slice(&piece);
+                }
             }
             debug_assert_eq!(out.len() as u64, len);
             return Ok(out);
@@ -1118,9 +1132,20 @@ impl<B: ObjectBackend> BlockLayer<B> {
         lock(&self.readahead).on_write(offset, len);
         let guard = self.write_guard(offset, len);
         let pieces = self.pieces(offset, len);
-        // A request inside one object hands its own buffer to the scheduler.
+        // A request hands its own buffer to the scheduler for its first object (the
+        // only one, mostly); the pieces in later objects are copied out of it.
         let mut owned = match data {
-            Cow::Owned(v) if dir == Dir::Write && pieces.len() == 1 => Some(v),
+            Cow::Owned(mut v) if dir == Dir::Write => {
+                let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(pieces.len());
+                bufs.push(Vec::new());
+                for &(o, l) in &pieces[1..] {
+                    let at = (o - offset) as usize;
+                    bufs.push(v[at..at + l as usize].to_vec());
+                }
+                v.truncate(pieces.first().map_or(0, |&(_, l)| l as usize));
+                bufs[0] = v;
+                bufs.into_iter()
+            }
             other => {
                 let rxs: Vec<_> = pieces
                     .iter()
@@ -1141,7 +1166,7 @@ impl<B: ObjectBackend> BlockLayer<B> {
         let rxs: Vec<_> = pieces
             .iter()
             .map(|&(o, l)| {
-                let piece = owned.take().unwrap_or_default();
+                let piece = owned.next().unwrap_or_default();
                 debug_assert_eq!(piece.len() as u64, l);
                 self.sched.submit(dir, o, l, piece, guard.clone())
             })

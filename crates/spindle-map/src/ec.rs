@@ -114,27 +114,48 @@ impl EcLayout {
     /// Encodes `stripes` stripes whose object bytes are `data` (at most `stripes` stripe
     /// widths; missing bytes are zeros) into one buffer of k + m segments of
     /// `stripes * stripe_unit` bytes each (shard i's bytes for these stripes), which is the
-    /// payload sent as is.
+    /// payload of a wire `EcWrite` as is.
     pub fn encode_stripes(&self, data: &[u8], stripes: u64) -> Result<Vec<u8>, EcError> {
+        Ok(self.encode_shards(data, stripes, 0)?.concat())
+    }
+
+    /// [`EcLayout::encode_stripes`] as k + m separate shard buffers, each with
+    /// `spare_bytes` of spare capacity (for a slot trailer, appended without moving the
+    /// shard). Data shards are filled unit by unit (never zeroed first).
+    pub fn encode_shards(
+        &self,
+        data: &[u8],
+        stripes: u64,
+        spare_bytes: usize,
+    ) -> Result<Vec<Vec<u8>>, EcError> {
         let su = self.stripe_unit_bytes as usize;
         let seg = stripes as usize * su;
         let w = self.stripe_width() as usize;
         assert!(data.len() <= stripes as usize * w, "more data than stripes");
-        let mut out = vec![0u8; seg * self.total()];
-        // Scatter the data units into the k data segments.
-        for (unit_index, unit) in data.chunks(su).enumerate() {
-            let stripe = unit_index / self.k;
-            let j = unit_index % self.k;
-            let at = j * seg + stripe * su;
-            out[at..at + unit.len()].copy_from_slice(unit);
+        let mut shards: Vec<Vec<u8>> = (0..self.total())
+            .map(|_| Vec::with_capacity(seg + spare_bytes))
+            .collect();
+        // Data shard j holds unit j of every stripe, in stripe order.
+        for stripe in 0..stripes as usize {
+            for (j, shard) in shards.iter_mut().take(self.k).enumerate() {
+                let at = (stripe * self.k + j) * su;
+                let unit = data.get(at..(at + su).min(data.len())).unwrap_or(&[]);
+                shard.extend_from_slice(unit);
+                shard.resize((stripe + 1) * su, 0);
+            }
+        }
+        let (data_shards, parity) = shards.split_at_mut(self.k);
+        for p in parity.iter_mut() {
+            p.resize(seg, 0);
         }
         if seg > 0 {
-            let (data_part, parity_part) = out.split_at_mut(seg * self.k);
-            let data_segs: Vec<&[u8]> = data_part.chunks(seg).collect();
-            let mut parity_segs: Vec<&mut [u8]> = parity_part.chunks_mut(seg).collect();
+            let data_segs: Vec<&[u8]> = data_shards.iter().map(|v| v.as_slice()).collect();
+            let mut parity_segs: Vec<&mut [u8]> =
+                parity.iter_mut().map(|v| v.as_mut_slice()).collect();
             self.codec.encode(&data_segs, &mut parity_segs)?;
         }
-        Ok(out)
+        debug_assert!(shards.iter().all(|v| v.len() == seg));
+        Ok(shards)
     }
 
     /// Appends to `out` object bytes `[from, from + len)` of the stripes whose data segments

@@ -33,7 +33,10 @@ use spindle_map::ec::{parse_trailer, trailer, EcLayout, TRAILER_BYTES};
 use spindle_map::{shard_pg, ClusterMap, PgMapping};
 use spindle_pg::ec::{decide_slot, ShardAnswer, SlotDecision, SlotView};
 use spindle_proto::msg::{Mutation as WireMutation, ObjOp, ObjectListing, Ver};
-use spindle_proto::net::Replier;
+use spindle_proto::net::{Prepared, Replier, BULK_SPARE_BYTES};
+
+// A received whole shard takes its trailer without moving.
+const _: () = assert!(TRAILER_BYTES as usize <= BULK_SPARE_BYTES);
 use spindle_proto::{ErrorCode, Msg};
 use spindle_store::{Mutation, PgId, StoreError};
 use spindle_trace::Stage;
@@ -94,6 +97,45 @@ struct SlotRead {
     /// Logical size of the slot (shard size + trailer).
     logical_bytes: u64,
     version: Ver,
+}
+
+/// An erasure-coded write, encoded: each shard position's bytes for shard range
+/// `[shard_offset, shard_offset + shard_len)` in a buffer of its own (moved into the
+/// message or the local store write, never copied), with room for a slot trailer.
+struct EncodedWrite {
+    object_size: u64,
+    shard_offset: u64,
+    shard_len: u64,
+    /// Replaces the object (no base version).
+    full: bool,
+    /// The version the write is based on (a partial write).
+    expect: Option<Ver>,
+    shards: Vec<Vec<u8>>,
+}
+
+/// A whole-object write encoded into all its shards (replaces the object: no read). The
+/// error is the reply, like every helper here (the async ones are not linted for it).
+#[allow(clippy::result_large_err)]
+fn ec_encode_whole(layout: &EcLayout, data: &[u8]) -> Result<EncodedWrite, Msg> {
+    let size = data.len() as u64;
+    if size > spindle_proto::msg::DATA_MAX as u64 {
+        return Err(err(
+            ErrorCode::Invalid,
+            "object larger than the largest object",
+        ));
+    }
+    let stripes = layout.stripes(size);
+    let shards = layout
+        .encode_shards(data, stripes, TRAILER_BYTES as usize)
+        .map_err(|e| err(ErrorCode::Invalid, e.to_string()))?;
+    Ok(EncodedWrite {
+        object_size: size,
+        shard_offset: 0,
+        shard_len: stripes * layout.stripe_unit_bytes,
+        full: true,
+        expect: None,
+        shards,
+    })
 }
 
 fn err(code: ErrorCode, m: impl Into<String>) -> Msg {
@@ -224,10 +266,10 @@ impl Osd {
     }
 
     async fn shard_queue(&self, stored: PgId, mut rx: mpsc::UnboundedReceiver<ShardJob>) {
-        while let Some(job) = rx.recv().await {
+        while let Some(mut job) = rx.recv().await {
             let store = self.inner.store.clone();
             let compose_start = spindle_trace::now();
-            let composed = self.compose_shard(stored, &job).await;
+            let composed = self.compose_shard(stored, &mut job).await;
             spindle_trace::record(Stage::EcShardCompose, compose_start);
             let commit_start = spindle_trace::now();
             let commit = match composed {
@@ -248,8 +290,9 @@ impl Osd {
     }
 
     /// The store mutation for a shard write (reading the base slot of a partial write).
-    async fn compose_shard(&self, stored: PgId, job: &ShardJob) -> Result<Mutation, Msg> {
-        match &job.mutation {
+    /// A whole shard's bytes move into the mutation (taken from the job).
+    async fn compose_shard(&self, stored: PgId, job: &mut ShardJob) -> Result<Mutation, Msg> {
+        match &mut job.mutation {
             WireMutation::Delete => Ok(Mutation::Delete),
             WireMutation::EcPatch {
                 base,
@@ -259,6 +302,7 @@ impl Osd {
                 delta_base,
                 data,
             } => {
+                let (base, delta_base): (&Option<Ver>, &Option<u8>) = (base, delta_base);
                 if *shard_size > spindle_proto::msg::DATA_MAX as u64 {
                     return Err(err(
                         ErrorCode::Invalid,
@@ -321,9 +365,10 @@ impl Osd {
                     _ => Vec::new(),
                 };
                 if base.is_none() && *shard_offset == 0 && end == *shard_size {
-                    // A whole shard: one copy, with room for the trailer.
-                    content = Vec::with_capacity(data.len() + TRAILER_BYTES as usize);
-                    content.extend_from_slice(data);
+                    // A whole shard: its own buffer, which has room for the trailer (see
+                    // `encode_shards` and the frame reader's spare capacity).
+                    content = std::mem::take(data);
+                    content.reserve_exact(TRAILER_BYTES as usize);
                 } else {
                     content.resize(*shard_size as usize, 0);
                     content[*shard_offset as usize..end as usize].copy_from_slice(data);
@@ -777,27 +822,54 @@ impl Osd {
             mapping,
             layout,
         };
-        let op = match op {
-            ObjOp::Mutate(WireMutation::Write { offset, data }) => {
-                match self
-                    .ec_encode_update(g, name, current, Some((offset, &data)), None)
-                    .await
-                {
-                    Ok(m) => ObjOp::Mutate(m),
-                    Err(m) => return (m, Vec::new()),
-                }
-            }
-            ObjOp::Mutate(WireMutation::Truncate { size_bytes }) => {
-                match self
-                    .ec_encode_update(g, name, current, None, Some(size_bytes))
-                    .await
-                {
-                    Ok(m) => ObjOp::Mutate(m),
-                    Err(m) => return (m, Vec::new()),
-                }
-            }
-            other => other,
+        let encoded = match op {
+            ObjOp::Mutate(WireMutation::Write { offset, ref data }) => Some(
+                self.ec_encode_update(g, name, current, Some((offset, data)), None)
+                    .await,
+            ),
+            ObjOp::Mutate(WireMutation::WriteFull(ref data)) => Some(ec_encode_whole(layout, data)),
+            ObjOp::Mutate(WireMutation::Truncate { size_bytes }) => Some(
+                self.ec_encode_update(g, name, current, None, Some(size_bytes))
+                    .await,
+            ),
+            // Encoded by the sender (older clients): one buffer of k + m shard ranges.
+            ObjOp::Mutate(WireMutation::EcWrite {
+                object_size,
+                shard_offset,
+                shard_len,
+                full,
+                expect,
+                ref data,
+            }) => Some(if data.len() as u64 == shard_len * layout.total() as u64 {
+                Ok(EncodedWrite {
+                    object_size,
+                    shard_offset,
+                    shard_len,
+                    full,
+                    expect,
+                    shards: data
+                        .chunks(shard_len.max(1) as usize)
+                        .map(<[u8]>::to_vec)
+                        .collect(),
+                })
+            } else {
+                Err(err(
+                    ErrorCode::Invalid,
+                    format!(
+                        "erasure-coded write of {} bytes of shards does not match the pool's \
+                         layout {layout:?} (shard range of {shard_len} bytes)",
+                        data.len()
+                    ),
+                ))
+            }),
+            _ => None,
         };
+        if let Some(encoded) = encoded {
+            return match encoded {
+                Ok(w) => self.ec_write_encoded(g, name, own, current, w).await,
+                Err(m) => (m, Vec::new()),
+            };
+        }
         let msg = match op {
             ObjOp::Stat => match current {
                 None => err(ErrorCode::NotFound, format!("{name}: no such object")),
@@ -855,95 +927,109 @@ impl Osd {
                     listing: Vec::new(),
                 }
             }
-            ObjOp::Mutate(WireMutation::EcWrite {
-                object_size,
-                shard_offset,
-                shard_len,
-                full,
-                expect,
-                data,
-            }) => {
-                if !full && expect != current.map(|c| c.version) {
-                    return (
-                        err(
-                            ErrorCode::Conflict,
-                            format!("{name} changed since the version the write is based on"),
-                        ),
-                        Vec::new(),
-                    );
-                }
-                let su = layout.stripe_unit_bytes;
-                let shard_size = layout.shard_size(object_size);
-                let total = layout.total() as u64;
-                let valid = object_size <= spindle_proto::msg::DATA_MAX as u64
-                    && shard_offset % su == 0
-                    && shard_len % su == 0
-                    && data.len() as u64 == shard_len * total
-                    && shard_offset + shard_len <= shard_size
-                    && (!full || (shard_offset == 0 && shard_len == shard_size));
-                if !valid {
-                    let m = err(
-                        ErrorCode::Invalid,
-                        format!(
-                            "erasure-coded write does not match the pool's layout {layout:?} \
-                             (object {object_size} bytes, shard range {shard_offset}+{shard_len}, \
-                             {} bytes of shards)",
-                            data.len()
-                        ),
-                    );
-                    return (m, Vec::new());
-                }
-                let base = if full {
-                    None
-                } else {
-                    current.map(|c| c.version)
-                };
-                let planned = self
-                    .plan_write(own, name, current, base.is_some(), shard_size, shard_len)
-                    .await;
-                let (stored, delta_base, keep) = match planned {
-                    Ok(p) => p,
-                    Err(m) => return (m, Vec::new()),
-                };
-                let seg = shard_len as usize;
-                let write_start = spindle_trace::now();
-                let written = self
-                    .ec_replicate(epoch, pgid, mapping, &stored, |pos| {
-                        let part = data[pos * seg..(pos + 1) * seg].to_vec();
-                        WireMutation::EcPatch {
-                            base,
-                            object_size,
-                            shard_size,
-                            shard_offset,
-                            delta_base,
-                            data: part,
-                        }
-                    })
-                    .await;
-                spindle_trace::record(Stage::EcWrite, write_start);
-                let v = match written {
-                    Ok(v) => v,
-                    Err(m) => return (m, Vec::new()),
-                };
-                // Acknowledged everywhere: the previous version's slot can go.
-                let reply = Msg::ObjReply {
-                    version: v,
-                    size_bytes: object_size,
-                    data: Vec::new(),
-                    listing: Vec::new(),
-                };
-                // Acknowledged everywhere: every other slot goes (deltas first).
-                let mut trim = self.other_slots(own, name, &keep);
-                trim.sort_by_key(|n| std::cmp::Reverse(is_delta_slot(n)));
-                return (reply, trim);
-            }
             ObjOp::Mutate(_) => err(
                 ErrorCode::Invalid,
-                "this pool is erasure-coded: writes must come encoded by the client \
-                 (write_full / write / truncate of the spindle client library)",
+                "this pool is erasure-coded: objects take whole writes, writes, truncates \
+                 and deletes",
             ),
         };
         (msg, Vec::new())
+    }
+
+    /// Writes an encoded write as a new slot on every up shard (a delta slot where it
+    /// pays off, see `plan_write`), then names the slots to trim.
+    async fn ec_write_encoded(
+        &self,
+        g: EcGroup<'_>,
+        name: &str,
+        own: PgId,
+        current: Option<Current>,
+        w: EncodedWrite,
+    ) -> (Msg, Vec<String>) {
+        let EncodedWrite {
+            object_size,
+            shard_offset,
+            shard_len,
+            full,
+            expect,
+            shards,
+        } = w;
+        let layout = g.layout;
+        if !full && expect != current.map(|c| c.version) {
+            return (
+                err(
+                    ErrorCode::Conflict,
+                    format!("{name} changed since the version the write is based on"),
+                ),
+                Vec::new(),
+            );
+        }
+        let su = layout.stripe_unit_bytes;
+        let shard_size = layout.shard_size(object_size);
+        let valid = object_size <= spindle_proto::msg::DATA_MAX as u64
+            && shard_offset % su == 0
+            && shard_len % su == 0
+            && shards.len() == layout.total()
+            && shards.iter().all(|b| b.len() as u64 == shard_len)
+            && shard_offset + shard_len <= shard_size
+            && (!full || (shard_offset == 0 && shard_len == shard_size));
+        if !valid {
+            let m = err(
+                ErrorCode::Invalid,
+                format!(
+                    "erasure-coded write does not match the pool's layout {layout:?} \
+                     (object {object_size} bytes, shard range {shard_offset}+{shard_len}, \
+                     {} shard buffers)",
+                    shards.len()
+                ),
+            );
+            return (m, Vec::new());
+        }
+        let base = if full {
+            None
+        } else {
+            current.map(|c| c.version)
+        };
+        let planned = self
+            .plan_write(own, name, current, base.is_some(), shard_size, shard_len)
+            .await;
+        let (stored, delta_base, keep) = match planned {
+            Ok(p) => p,
+            Err(m) => return (m, Vec::new()),
+        };
+        let write_start = spindle_trace::now();
+        let mut shards: Vec<Option<Vec<u8>>> = shards.into_iter().map(Some).collect();
+        let written = self
+            .ec_replicate(g.epoch, g.pgid, g.mapping, &stored, |pos| {
+                WireMutation::EcPatch {
+                    base,
+                    object_size,
+                    shard_size,
+                    shard_offset,
+                    delta_base,
+                    // Each position is asked for once.
+                    data: shards
+                        .get_mut(pos)
+                        .and_then(Option::take)
+                        .unwrap_or_default(),
+                }
+            })
+            .await;
+        spindle_trace::record(Stage::EcWrite, write_start);
+        let v = match written {
+            Ok(v) => v,
+            Err(m) => return (m, Vec::new()),
+        };
+        let reply = Msg::ObjReply {
+            version: v,
+            size_bytes: object_size,
+            data: Vec::new(),
+            listing: Vec::new(),
+        };
+        // Acknowledged everywhere: every other slot goes (deltas first).
+        let mut trim = self.other_slots(own, name, &keep);
+        trim.sort_by_key(|n| std::cmp::Reverse(is_delta_slot(n)));
+        (reply, trim)
     }
 
     /// Rewrites object `name`, whose current slot `c` is a delta, as a whole shard at a
@@ -996,7 +1082,7 @@ impl Osd {
         current: Option<Current>,
         write: Option<(u64, &[u8])>,
         truncate_to: Option<u64>,
-    ) -> Result<WireMutation, Msg> {
+    ) -> Result<EncodedWrite, Msg> {
         let layout = g.layout;
         let w = layout.stripe_width();
         let su = layout.stripe_unit_bytes;
@@ -1071,15 +1157,15 @@ impl Osd {
             _ => {}
         }
         let shards = layout
-            .encode_stripes(&stripes, end - first)
+            .encode_shards(&stripes, end - first, TRAILER_BYTES as usize)
             .map_err(|e| err(ErrorCode::Invalid, e.to_string()))?;
-        Ok(WireMutation::EcWrite {
+        Ok(EncodedWrite {
             object_size: new_size,
             shard_offset: first * su,
             shard_len: (end - first) * su,
             full: false,
             expect: current.map(|c| c.version),
-            data: shards,
+            shards,
         })
     }
 
@@ -1093,7 +1179,7 @@ impl Osd {
         pgid: PgId,
         mapping: &PgMapping,
         stored: &str,
-        make: impl Fn(usize) -> WireMutation,
+        mut make: impl FnMut(usize) -> WireMutation,
     ) -> Result<Ver, Msg> {
         let me = self.inner.id;
         let members: Vec<(usize, u32)> = mapping
@@ -1158,7 +1244,8 @@ impl Osd {
                     version: v,
                     mutation: m,
                 };
-                match conn.start(epoch, &msg) {
+                // The shard's buffer moves into the frame (no copy).
+                match conn.start_prepared(epoch, &Prepared::from_msg(msg)) {
                     Ok(p) => pending.push((d, p)),
                     Err(e) => return Err(err(ErrorCode::Again, e.to_string())),
                 }

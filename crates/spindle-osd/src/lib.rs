@@ -664,6 +664,8 @@ impl Osd {
             ("flushes".to_string(), s.flushes),
             ("objects".to_string(), s.objects),
             ("data_bytes".to_string(), s.data_bytes),
+            ("checkpoints".to_string(), s.checkpoints),
+            ("files_reused".to_string(), s.files_reused),
         ]);
         // Space of the data directory's file system and the store's condition: the
         // monitor derives nearfull / full (map flags) and OSD_UNHEALTHY from these.

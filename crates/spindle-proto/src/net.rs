@@ -21,9 +21,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{
-    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
-};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -118,13 +116,18 @@ impl RawFrame {
     }
 }
 
-/// Reads exactly `len` bytes into a fresh vector (spare capacity, no zeroing).
+/// Spare capacity of every received payload buffer: room for a small trailer (an
+/// erasure-coded shard slot's 16 bytes) appended by the receiver without moving it.
+pub const BULK_SPARE_BYTES: usize = 64;
+
+/// Reads exactly `len` bytes into a fresh vector (no zeroing; [`BULK_SPARE_BYTES`] of
+/// spare capacity).
 async fn read_vec<R: AsyncRead + Unpin>(
     r: &mut R,
     len: usize,
     what: &str,
 ) -> Result<Vec<u8>, NetError> {
-    let mut v = Vec::with_capacity(len);
+    let mut v = Vec::with_capacity(len + BULK_SPARE_BYTES);
     while v.len() < len {
         let n = (&mut *r)
             .take((len - v.len()) as u64)
@@ -351,40 +354,79 @@ fn outgoing(request_id: u64, epoch: u64, msg: &Msg) -> Outgoing {
     Prepared::new(msg).frame(request_id, epoch)
 }
 
-async fn write_outgoing<W: AsyncWrite + Unpin>(
-    w: &mut BufWriter<W>,
-    frame: &Outgoing,
+/// Frames written by one vectored write at most (up to 4 pieces each; `IOV_MAX` is 1024).
+const FRAMES_PER_WRITE_MAX: usize = 64;
+
+/// Writes `frames` with vectored writes straight from their buffers (no copy into a
+/// write buffer: a frame's bulk is often a 128 KiB-4 MiB payload). With `stall`, each
+/// write call must make progress within it (a peer that stops reading).
+async fn write_frames<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frames: &[Outgoing],
+    stall: Option<Duration>,
 ) -> Result<(), NetError> {
-    spindle_trace::record(Stage::RpcWriterQueue, frame.queued);
-    let head = &frame.body.head;
-    w.write_all(&frame.header).await?;
-    w.write_all(&head[..4]).await?;
-    w.write_all(&frame.body.bulk).await?;
-    w.write_all(&head[4..]).await?;
+    let mut slices = Vec::with_capacity(frames.len() * 4);
+    for f in frames {
+        spindle_trace::record(Stage::RpcWriterQueue, f.queued);
+        let head = &f.body.head;
+        slices.push(std::io::IoSlice::new(&f.header));
+        slices.push(std::io::IoSlice::new(&head[..4]));
+        if !f.body.bulk.is_empty() {
+            slices.push(std::io::IoSlice::new(&f.body.bulk));
+        }
+        if head.len() > 4 {
+            slices.push(std::io::IoSlice::new(&head[4..]));
+        }
+    }
+    let mut rest: &mut [std::io::IoSlice<'_>] = &mut slices;
+    while !rest.is_empty() {
+        let written = match stall {
+            None => w.write_vectored(rest).await?,
+            Some(stall) => tokio::time::timeout(stall, w.write_vectored(rest))
+                .await
+                .map_err(|_| NetError::Timeout(stall.as_millis() as u64))??,
+        };
+        if written == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+        }
+        std::io::IoSlice::advance_slices(&mut rest, written);
+    }
     Ok(())
 }
 
-/// Writes queued frames to `w`, coalescing whatever is queued into one flush (large
-/// bodies go straight from their buffer to the socket).
-pub async fn writer_loop<W: AsyncWrite + Unpin>(
-    w: W,
+/// Writes queued frames to `w`, whatever is queued (up to [`FRAMES_PER_WRITE_MAX`]) in
+/// one vectored write. With `stall`, gives up when the peer takes no bytes for that long.
+async fn write_queued<W: AsyncWrite + Unpin>(
+    mut w: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    stall: Option<Duration>,
 ) -> Result<(), NetError> {
-    let mut w = BufWriter::with_capacity(256 << 10, w);
+    let mut batch = Vec::with_capacity(FRAMES_PER_WRITE_MAX);
     while let Some(frame) = rx.recv().await {
         let start = spindle_trace::now();
-        write_outgoing(&mut w, &frame).await?;
-        let mut frames = 1;
-        while let Ok(more) = rx.try_recv() {
-            write_outgoing(&mut w, &more).await?;
-            frames += 1;
+        batch.push(frame);
+        while batch.len() < FRAMES_PER_WRITE_MAX {
+            match rx.try_recv() {
+                Ok(more) => batch.push(more),
+                Err(_) => break,
+            }
         }
-        w.flush().await?;
+        write_frames(&mut w, &batch, stall).await?;
         if let Some(start) = start {
-            spindle_trace::add(Stage::RpcWrite, frames, start.elapsed());
+            spindle_trace::add(Stage::RpcWrite, batch.len() as u64, start.elapsed());
         }
+        // Frees each body as soon as it is on the socket.
+        batch.clear();
     }
     Ok(())
+}
+
+/// Writes queued frames to `w` (see [`write_queued`]).
+pub async fn writer_loop<W: AsyncWrite + Unpin>(
+    w: W,
+    rx: mpsc::UnboundedReceiver<Outgoing>,
+) -> Result<(), NetError> {
+    write_queued(w, rx, None).await
 }
 
 type Waiter = oneshot::Sender<Result<Incoming, NetError>>;
@@ -507,7 +549,7 @@ impl RpcConn {
             let shared = shared.clone();
             let peer = peer.clone();
             tokio::spawn(async move {
-                let mut r = BufReader::with_capacity(256 << 10, read_half);
+                let mut r = BufReader::with_capacity(CLIENT_READ_BUFFER_BYTES, read_half);
                 let reason = loop {
                     match read_msg(&mut r).await {
                         Ok(None) => break format!("{peer} closed the connection"),
@@ -657,9 +699,14 @@ pub const WRITE_STALL_MS_MAX: u64 = 30_000;
 /// a subscription must not keep a closed connection's descriptor and buffers for long.
 pub const REPLY_DRAIN_MS_MAX: u64 = 250;
 
-/// Buffers of a served connection (bulk payloads bypass both).
+/// Read buffer of a client connection: small replies coalesce in it; a large payload's
+/// bytes past one buffer's worth bypass it (tokio's `BufReader` hands reads at least its
+/// size straight to the socket), so a larger buffer would copy more of every payload.
+const CLIENT_READ_BUFFER_BYTES: usize = 64 << 10;
+
+/// Read buffer of a served connection (bulk payloads bypass it; replies are written
+/// straight from their buffers, see `write_frames`).
 const SERVED_READ_BUFFER_BYTES: usize = 64 << 10;
-const SERVED_WRITE_BUFFER_BYTES: usize = 64 << 10;
 
 /// The payload budget of served connections (`spindle_serve`). A served frame's payload is
 /// charged before it is read and released when the request's last [`Replier`] is dropped,
@@ -809,34 +856,10 @@ impl Replier {
 /// for `stall` (a peer that stops reading).
 async fn writer_loop_bounded<W: AsyncWrite + Unpin>(
     w: W,
-    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    rx: mpsc::UnboundedReceiver<Outgoing>,
     stall: Duration,
 ) -> Result<(), NetError> {
-    // Coalesces small replies; larger bodies go from their own buffer to the socket. Small
-    // because a process may serve thousands of connections (the client side's writer
-    // keeps 256 KiB: one per peer).
-    let mut w = BufWriter::with_capacity(SERVED_WRITE_BUFFER_BYTES, w);
-    let stalled = || NetError::Timeout(stall.as_millis() as u64);
-    while let Some(frame) = rx.recv().await {
-        let start = spindle_trace::now();
-        tokio::time::timeout(stall, write_outgoing(&mut w, &frame))
-            .await
-            .map_err(|_| stalled())??;
-        let mut frames = 1;
-        while let Ok(more) = rx.try_recv() {
-            tokio::time::timeout(stall, write_outgoing(&mut w, &more))
-                .await
-                .map_err(|_| stalled())??;
-            frames += 1;
-        }
-        tokio::time::timeout(stall, w.flush())
-            .await
-            .map_err(|_| stalled())??;
-        if let Some(start) = start {
-            spindle_trace::add(Stage::RpcWrite, frames, start.elapsed());
-        }
-    }
-    Ok(())
+    write_queued(w, rx, Some(stall)).await
 }
 
 /// Why a served connection ended.

@@ -618,13 +618,19 @@ fn fully_cached(file: &File, offset: u64, len: usize) -> Option<bool> {
 /// engine, which reports errors).
 fn read_cached(file: &File, offset: u64, len: usize) -> Option<Vec<u8>> {
     let offset = libc::off_t::try_from(offset).ok()?;
-    let mut buf = vec![0u8; len];
+    // Not zeroed first: the read fills all of it or the buffer is dropped unread.
+    let mut buf: Vec<u8> = Vec::with_capacity(len);
     let iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: len,
     };
-    // SAFETY: `iov` describes `buf`, which is valid for `len` bytes of writes and outlives
-    // the call; the descriptor is owned by `file`, alive for the call.
+    // SAFETY: `iov` describes `buf`'s allocation, valid for `len` bytes of writes and alive
+    // for the call; the descriptor is owned by `file`, alive for the call.
     let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
-    (usize::try_from(n).ok()? == len).then_some(buf)
+    if usize::try_from(n).ok()? != len {
+        return None;
+    }
+    // SAFETY: the kernel wrote all `len` bytes (a full read), within the capacity.
+    unsafe { buf.set_len(len) };
+    Some(buf)
 }

@@ -406,16 +406,20 @@ impl Worker {
         self.sh.forget_file(file_id);
         self.dirty_files.remove(&file_id);
         let path = self.sh.file_path(file_id);
-        // Keep whole, block-aligned large files for in-place reuse (only while running:
-        // at open, unreferenced files are removed).
+        // Keep large files for in-place reuse: block-aligned ones (O_DIRECT overwrites)
+        // and any written through the page cache (overwritten at their exact length, so
+        // an erasure-coded shard with its 16-byte trailer is reused too). Only while
+        // running: at open, unreferenced files are removed.
         if self.unlinker.is_some()
             && !self.full
             && !self.sh.space_tight.load(Relaxed)
             && self.freed_this_epoch.len() + self.reusable.len() < REUSABLE_FILES_MAX
         {
             if let Ok(size) = self.sh.disk.file_len(&path) {
+                let kept = kept_bytes(&self.freed_this_epoch) + kept_bytes(&self.reusable);
                 if size >= DIRECT_WRITE_BYTES_MIN as u64
-                    && size.is_multiple_of(JOURNAL_ALIGN as u64)
+                    && kept + size <= REUSABLE_BYTES_MAX
+                    && (size.is_multiple_of(JOURNAL_ALIGN as u64) || super::direct::is_cached(size))
                 {
                     self.freed_this_epoch.push((file_id, size));
                     return Ok(());

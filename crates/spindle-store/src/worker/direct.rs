@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// A direct write of `size_bytes` goes through the page cache (synced before its record
+/// all the same): reads soon after find it there (see `DIRECT_UNCACHED_BYTES_MIN`).
+pub(super) fn is_cached(size_bytes: u64) -> bool {
+    size_bytes < DIRECT_UNCACHED_BYTES_MIN as u64
+}
+
 impl Worker {
     /// The file a direct write of `size` bytes goes to: a reusable file of exactly that
     /// size (overwritten in place) or a new one. `(file id, reused)`.
@@ -30,9 +36,7 @@ impl Worker {
         size: u64,
     ) -> Result<(FileRef, bool), StoreError> {
         let path = self.sh.file_path(file_id);
-        // Smaller direct writes go through the page cache (synced all the same before
-        // their record): reads soon after find them there (see DIRECT_UNCACHED_BYTES_MIN).
-        let cached = size < DIRECT_UNCACHED_BYTES_MIN as u64;
+        let cached = is_cached(size);
         if reuse {
             if let Ok(f) = self.sh.disk.open(&path, OpenHow::DirectExisting { cached }) {
                 return Ok((f, false));
@@ -79,8 +83,12 @@ impl Worker {
                 }
                 let size_bytes = data.len() as u64;
                 let bytes = data.as_slice();
-                let aligned = (bytes.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
-                    && bytes.len().is_multiple_of(JOURNAL_ALIGN);
+                // Written through the page cache (see `open_direct_target`): any buffer
+                // will do, at its exact length (no padding, so no truncate afterwards).
+                let cached = is_cached(size_bytes);
+                let aligned = cached
+                    || ((bytes.as_ptr() as usize).is_multiple_of(JOURNAL_ALIGN)
+                        && bytes.len().is_multiple_of(JOURNAL_ALIGN));
                 let padded_len = bytes.len().next_multiple_of(JOURNAL_ALIGN);
                 let (buf, crcs) = match (aligned, block_crcs) {
                     // Already O_DIRECT-ready (the daemon's allocator page-aligns large
@@ -129,7 +137,7 @@ impl Worker {
         }
         written?;
         for (file, size) in &files {
-            if !size.is_multiple_of(JOURNAL_ALIGN as u64) {
+            if !is_cached(*size) && !size.is_multiple_of(JOURNAL_ALIGN as u64) {
                 file.set_len(*size)?;
             }
         }

@@ -349,8 +349,8 @@ impl Worker {
             }
             // Also when freed files pile up while few are reusable: a checkpoint is what
             // makes them reusable (whole-object overwrites then find one in place).
-            let refill = self.freed_this_epoch.len() >= REUSABLE_FILES_MAX / 2
-                && self.reusable.len() < REUSABLE_FILES_MAX / 4;
+            let refill = kept_bytes(&self.freed_this_epoch) >= REUSABLE_BYTES_MAX / 2
+                && kept_bytes(&self.reusable) < REUSABLE_BYTES_MAX / 4;
             let mut due = self.journal_pos > self.sh.config.checkpoint_journal_bytes
                 || self.inline_mem > self.sh.config.checkpoint_journal_bytes
                 || (timed && self.journal_pos > 0 && self.last_checkpoint.elapsed() >= interval)
@@ -623,9 +623,20 @@ fn frees_space(kind: &TxnKind) -> bool {
     }
 }
 
-/// Most freed data files kept for reuse (each holds its disk space until reused or the
-/// daemon restarts: 64 x 4 MiB objects = 256 MiB per daemon at most).
-const REUSABLE_FILES_MAX: usize = 64;
+/// Most bytes of freed data files kept for reuse per store (each holds its disk space
+/// until reused or the daemon restarts): 64 files of 4 MiB objects, or 2,048
+/// erasure-coded shards of 128 KiB. In bytes, not files: a checkpoint is what makes freed
+/// files reusable, and one is started when half of this waits (see `run`), so a count
+/// would checkpoint 32 times as often for 128 KiB shards as for 4 MiB objects.
+const REUSABLE_BYTES_MAX: u64 = 256 << 20;
+/// Most freed files kept (bounds the search for a file of the right size).
+const REUSABLE_FILES_MAX: usize = (REUSABLE_BYTES_MAX / DIRECT_WRITE_BYTES_MIN as u64) as usize;
+const _: () = assert!(REUSABLE_FILES_MAX <= 4096);
+
+/// Bytes of the kept files `(id, size)`.
+fn kept_bytes(files: &[(u64, u64)]) -> u64 {
+    files.iter().map(|&(_, size)| size).sum()
+}
 
 /// A batch whose journal write was done and that is not applied yet.
 struct Committed {
