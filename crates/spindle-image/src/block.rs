@@ -56,6 +56,7 @@
 //!    reordered and a read that overlaps a queued write sees it.
 
 use crate::image::{Image, ImageError, ObjectBackend};
+use bytes::Bytes;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -872,9 +873,10 @@ async fn collect(
 /// The bytes `[offset, offset + len)` from readahead chunks that cover them, waiting for
 /// chunks still in flight; `None` (read normally) if a chunk failed or was invalidated by a
 /// write submitted since it was issued.
-async fn serve_ahead(covered: Covered, offset: u64, len: u64) -> Option<Vec<u8>> {
+async fn serve_ahead(covered: Covered, offset: u64, len: u64) -> Option<Vec<Bytes>> {
     let end = offset + len;
-    let mut out = Vec::with_capacity(len as usize);
+    let mut out = Vec::with_capacity(covered.chunks.len());
+    let mut got = 0u64;
     for (start, mut rx, valid) in covered.chunks {
         let data = loop {
             let ready = rx.borrow().clone();
@@ -894,9 +896,10 @@ async fn serve_ahead(covered: Covered, offset: u64, len: u64) -> Option<Vec<u8>>
         if to <= from {
             return None;
         }
-        out.extend_from_slice(&data[(from - start) as usize..(to - start) as usize]);
+        out.push(data.slice((from - start) as usize..(to - start) as usize));
+        got += to - from;
     }
-    (out.len() as u64 == len).then_some(out)
+    (got == len).then_some(out)
 }
 
 async fn receive(
@@ -983,6 +986,22 @@ impl<B: ObjectBackend> BlockLayer<B> {
 
     /// Reads `len` bytes at `offset` (readahead chunks, the cache, then the scheduler).
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, ImageError> {
+        let mut pieces = self.read_pieces(offset, len).await?;
+        if pieces.len() == 1 {
+            // The buffer itself when nothing else holds it (no copy).
+            return Ok(Vec::from(pieces.remove(0)));
+        }
+        let mut out = Vec::with_capacity(len as usize);
+        for p in &pieces {
+            out.extend_from_slice(p);
+        }
+        Ok(out)
+    }
+
+    /// [`BlockLayer::read`] as the buffers it was assembled from, in order (slices of
+    /// readahead chunks, one buffer per object read): a caller that sends them on (the
+    /// NBD server) need not copy them into one.
+    pub async fn read_pieces(&self, offset: u64, len: u64) -> Result<Vec<Bytes>, ImageError> {
         let size = self.check_range(offset, len)?;
         if len == 0 {
             return Ok(Vec::new());
@@ -1014,18 +1033,11 @@ impl<B: ObjectBackend> BlockLayer<B> {
                 .into_iter()
                 .map(|(o, l)| self.sched.submit(Dir::Read, o, l, Vec::new(), None))
                 .collect();
-            // The first piece's buffer grows into the reply (one piece: no copy at all).
-            let mut out = Vec::new();
+            let mut out = Vec::with_capacity(rxs.len());
             for rx in rxs {
-                let piece = receive(rx).await?;
-                if out.is_empty() {
-                    out = piece;
-                    out.reserve_exact((len as usize).saturating_sub(out.len()));
-                } else {
-                    out.extend_from_slice(&piece);
-                }
+                out.push(Bytes::from(receive(rx).await?));
             }
-            debug_assert_eq!(out.len() as u64, len);
+            debug_assert_eq!(out.iter().map(Bytes::len).sum::<usize>() as u64, len);
             return Ok(out);
         };
         let ext = self.extent_bytes();
@@ -1089,7 +1101,7 @@ impl<B: ObjectBackend> BlockLayer<B> {
                 cache.insert(m.extent, m.ticket, piece.to_vec());
             }
         }
-        Ok(out)
+        Ok(vec![Bytes::from(out)])
     }
 
     /// Issues one readahead chunk (inside one object) and publishes its result.
@@ -1100,7 +1112,7 @@ impl<B: ObjectBackend> BlockLayer<B> {
         tokio::spawn(async move {
             let r = receive(rx).await;
             let r = match r {
-                Ok(d) if d.len() as u64 == f.len => Ok(Arc::new(d)),
+                Ok(d) if d.len() as u64 == f.len => Ok(Bytes::from(d)),
                 Ok(d) => Err(format!("{} of {} bytes", d.len(), f.len)),
                 Err(e) => Err(e.to_string()),
             };

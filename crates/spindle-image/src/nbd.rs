@@ -3,6 +3,7 @@
 //! `ENOSPC`, other failures `EIO`) and rate-limited logging of failed writes.
 
 use crate::{BlockConfig, BlockLayer, Image, ImageError};
+use bytes::Bytes;
 use spindle_client::{Client, ClientError};
 use spindle_nbd::{BlockDevice, DeviceError, ExportInfo, Exports};
 use std::collections::HashMap;
@@ -136,6 +137,13 @@ impl BlockDevice for ImageDevice {
     async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, DeviceError> {
         self.layer
             .read(offset, u64::from(len))
+            .await
+            .map_err(|e| device_error(e, DeviceError::Invalid))
+    }
+
+    async fn read_pieces(&self, offset: u64, len: u32) -> Result<Vec<Bytes>, DeviceError> {
+        self.layer
+            .read_pieces(offset, u64::from(len))
             .await
             .map_err(|e| device_error(e, DeviceError::Invalid))
     }

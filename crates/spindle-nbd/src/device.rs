@@ -6,6 +6,7 @@
 //! length the client announced. A device must return exactly `len` bytes from `read`;
 //! anything else is reported to the client as `EIO`.
 
+use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +54,15 @@ pub trait BlockDevice: Send + Sync + 'static {
         offset: u64,
         len: u32,
     ) -> impl Future<Output = Result<Vec<u8>, DeviceError>> + Send;
+    /// [`BlockDevice::read`] as buffers sent one after another (the server uses this one):
+    /// a device that assembles a read from several buffers need not copy them into one.
+    fn read_pieces(
+        &self,
+        offset: u64,
+        len: u32,
+    ) -> impl Future<Output = Result<Vec<Bytes>, DeviceError>> + Send {
+        async move { self.read(offset, len).await.map(|v| vec![Bytes::from(v)]) }
+    }
     /// `fua`: the data must be durable before the future completes.
     fn write(
         &self,

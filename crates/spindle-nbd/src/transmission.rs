@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::io;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use spindle_trace::Stage;
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf,
@@ -26,8 +27,9 @@ use crate::server::{bump, wait_shutdown, NbdServer};
 enum Body {
     /// Success without payload.
     Ok,
-    /// Successful READ data for the range starting at `offset`.
-    Data { offset: u64, data: Vec<u8> },
+    /// Successful READ data for the range starting at `offset`, in pieces sent one after
+    /// another (as the device assembled it: no copy into one buffer).
+    Data { offset: u64, data: Vec<Bytes> },
     /// Error reply (`message` is used only in structured replies).
     Error { errno: u32, message: String },
     /// `base:allocation` extent: the whole range is allocated data.
@@ -292,17 +294,20 @@ where
                 tokio::spawn(async move {
                     spindle_trace::record(Stage::NbdDispatch, decoded);
                     let read_start = spindle_trace::now();
-                    let read = device.read(offset, len).await;
+                    let read = device.read_pieces(offset, len).await;
                     spindle_trace::record(Stage::NbdDeviceRead, read_start);
                     let body = match read {
-                        Ok(data) if data.len() == len as usize => {
+                        Ok(data) if pieces_len(&data) == len as usize => {
                             bump(&server.counters.bytes_read, u64::from(len));
                             Body::Data { offset, data }
                         }
                         Ok(data) => device_error(
                             &server,
                             NBD_EIO,
-                            format!("device returned {} bytes for a {len}-byte read", data.len()),
+                            format!(
+                                "device returned {} bytes for a {len}-byte read",
+                                pieces_len(&data)
+                            ),
                         ),
                         Err(e) => device_error(&server, e.errno(), e.to_string()),
                     };
@@ -458,6 +463,10 @@ async fn read_request<R: AsyncRead + Unpin, E: Exports>(
     Ok(Incoming::Request(req, Some((buf, charged))))
 }
 
+fn pieces_len(pieces: &[Bytes]) -> usize {
+    pieces.iter().map(Bytes::len).sum()
+}
+
 fn device_error<E: Exports>(server: &NbdServer<E>, errno: u32, message: String) -> Body {
     bump(&server.counters.error_replies, 1);
     Body::Error { errno, message }
@@ -497,7 +506,9 @@ async fn encode<W: AsyncWrite + Unpin>(
             Body::Ok => w.write_all(&simple_reply_header(0, h)).await?,
             Body::Data { data, .. } => {
                 w.write_all(&simple_reply_header(0, h)).await?;
-                w.write_all(&data).await?;
+                for piece in &data {
+                    w.write_all(piece).await?;
+                }
             }
             Body::Error { errno, .. } => w.write_all(&simple_reply_header(errno, h)).await?,
             // Never produced without structured replies (context needs them).
@@ -516,8 +527,8 @@ async fn encode<W: AsyncWrite + Unpin>(
             .await?;
         }
         Body::Data { offset, data } => {
-            // One chunk per read: data.len() <= max_request_bytes <= 2^30, so 8 + len fits u32.
-            let len = 8 + data.len() as u32;
+            // One chunk per read: its length <= max_request_bytes <= 2^30, so 8 + len fits u32.
+            let len = 8 + pieces_len(&data) as u32;
             w.write_all(&structured_reply_header(
                 NBD_REPLY_FLAG_DONE,
                 NBD_REPLY_TYPE_OFFSET_DATA,
@@ -526,7 +537,9 @@ async fn encode<W: AsyncWrite + Unpin>(
             ))
             .await?;
             w.write_all(&offset.to_be_bytes()).await?;
-            w.write_all(&data).await?;
+            for piece in &data {
+                w.write_all(piece).await?;
+            }
         }
         Body::Error { errno, message } => {
             let msg = truncate_utf8(&message, MAX_STRING_BYTES).as_bytes();

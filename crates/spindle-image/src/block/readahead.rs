@@ -34,7 +34,7 @@ pub const READAHEAD_CHUNK_BYTES: u64 = 1 << 20;
 pub const READAHEAD_TRIGGER_BYTES: u64 = 256 << 10;
 
 /// The outcome of a chunk's fetch: `None` while in flight.
-pub(crate) type ChunkData = Option<Result<Arc<Vec<u8>>, String>>;
+pub(crate) type ChunkData = Option<Result<bytes::Bytes, String>>;
 
 /// One fetched (or in-flight) range of the image.
 pub(crate) struct Chunk {
