@@ -114,7 +114,7 @@ impl EcLayout {
     /// Encodes `stripes` stripes whose object bytes are `data` (at most `stripes` stripe
     /// widths; missing bytes are zeros) into one buffer of k + m segments of
     /// `stripes * stripe_unit` bytes each (shard i's bytes for these stripes), which is the
-    /// payload of a wire `EcWrite` as is.
+    /// layout of a wire `EcWrite` payload.
     pub fn encode_stripes(&self, data: &[u8], stripes: u64) -> Result<Vec<u8>, EcError> {
         Ok(self.encode_shards(data, stripes, 0)?.concat())
     }

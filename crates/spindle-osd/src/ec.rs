@@ -832,36 +832,6 @@ impl Osd {
                 self.ec_encode_update(g, name, current, None, Some(size_bytes))
                     .await,
             ),
-            // Encoded by the sender (older clients): one buffer of k + m shard ranges.
-            ObjOp::Mutate(WireMutation::EcWrite {
-                object_size,
-                shard_offset,
-                shard_len,
-                full,
-                expect,
-                ref data,
-            }) => Some(if data.len() as u64 == shard_len * layout.total() as u64 {
-                Ok(EncodedWrite {
-                    object_size,
-                    shard_offset,
-                    shard_len,
-                    full,
-                    expect,
-                    shards: data
-                        .chunks(shard_len.max(1) as usize)
-                        .map(<[u8]>::to_vec)
-                        .collect(),
-                })
-            } else {
-                Err(err(
-                    ErrorCode::Invalid,
-                    format!(
-                        "erasure-coded write of {} bytes of shards does not match the pool's \
-                         layout {layout:?} (shard range of {shard_len} bytes)",
-                        data.len()
-                    ),
-                ))
-            }),
             _ => None,
         };
         if let Some(encoded) = encoded {
@@ -927,10 +897,12 @@ impl Osd {
                     listing: Vec::new(),
                 }
             }
+            // Sender-encoded shards (`EcWrite`) included: the primary encodes, so that
+            // the shards it writes are always its own encoding of the bytes it was sent.
             ObjOp::Mutate(_) => err(
                 ErrorCode::Invalid,
                 "this pool is erasure-coded: objects take whole writes, writes, truncates \
-                 and deletes",
+                 and deletes (send the object's bytes: the primary encodes them)",
             ),
         };
         (msg, Vec::new())
@@ -1072,7 +1044,7 @@ impl Osd {
             })
     }
 
-    /// The encoded write (`EcWrite`, conditional on the current version) of writing
+    /// The encoded write (conditional on the current version) of writing
     /// `write` = (offset, bytes) into object `name`, or of truncating it to `truncate_to`:
     /// only the touched stripes, read back first unless the write covers them whole.
     async fn ec_encode_update(
