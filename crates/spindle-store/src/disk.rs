@@ -7,7 +7,8 @@
 //! assume; [`crate::SimDisk`] gives exactly this and no more):
 //! - A write returns when its bytes are visible to later reads. It is durable (survives a
 //!   crash) only after a successful `sync_data` / `sync_all` of that file, or when it
-//!   returned successfully on a file opened with [`OpenHow::Journal`] (O_DSYNC).
+//!   returned successfully on a file opened with [`OpenHow::Journal`],
+//!   [`OpenHow::DirectNew`] or [`OpenHow::DirectExisting`] (O_DSYNC).
 //!   An unsynced write may survive a crash in part: any subset of its sectors.
 //! - A failed sync (or failed O_DSYNC write) may have dropped the unsynced data of that
 //!   file for good, even though reads still return it (Linux marks the pages clean): the
@@ -48,12 +49,13 @@ pub enum OpenHow {
     /// The journal: read-write, created if missing, O_DSYNC (every completed write is
     /// durable) and O_DIRECT where the file system allows it.
     Journal,
-    /// A new file for a large direct write: write-only, created and truncated, O_DIRECT
-    /// where allowed unless `cached` (then through the page cache, so reads soon after
-    /// find it there). Not durable before `sync_data` (and `sync_dir` for its name).
+    /// A new file for a large direct write: write-only, created and truncated, O_DSYNC
+    /// (a completed write is durable, its length included; the name only after `sync_dir`),
+    /// O_DIRECT where allowed unless `cached` (then through the page cache, so reads soon
+    /// after find it there).
     DirectNew { cached: bool },
-    /// An existing file overwritten in place by a direct write: write-only, O_DIRECT
-    /// where allowed unless `cached`; fails with NotFound if missing.
+    /// An existing file overwritten in place by a direct write: write-only, O_DSYNC,
+    /// O_DIRECT where allowed unless `cached`; fails with NotFound if missing.
     DirectExisting { cached: bool },
     /// Read-only with O_DIRECT; fails with `EINVAL` where the file system refuses it.
     DirectRead,
@@ -165,7 +167,8 @@ pub trait Disk: Send + Sync + Debug + 'static {
     /// Writes each `(file, offset, bytes)` the iterator yields, starting each as soon as
     /// it is yielded (all in flight at once where the disk can, so the caller prepares the
     /// next buffer while the previous ones are written); returns after all completed,
-    /// with the first error. Not durable before `sync_data` (except on journal files).
+    /// with the first error. Not durable before `sync_data` (except on O_DSYNC files). The
+    /// writes may complete in any order.
     fn write_batch(
         &self,
         writes: &mut dyn Iterator<Item = (FileRef, u64, IoBuf)>,
@@ -301,17 +304,17 @@ impl Disk for RealDisk {
             OpenHow::DirectNew { cached } => {
                 o.write(true).create(true).truncate(true).mode(0o644);
                 if cached {
-                    o.custom_flags(libc::O_CLOEXEC).open(path)?
+                    o.custom_flags(libc::O_CLOEXEC | libc::O_DSYNC).open(path)?
                 } else {
-                    open_maybe_direct(path, o, libc::O_CLOEXEC)?
+                    open_maybe_direct(path, o, libc::O_CLOEXEC | libc::O_DSYNC)?
                 }
             }
             OpenHow::DirectExisting { cached } => {
                 o.write(true);
                 if cached {
-                    o.custom_flags(libc::O_CLOEXEC).open(path)?
+                    o.custom_flags(libc::O_CLOEXEC | libc::O_DSYNC).open(path)?
                 } else {
-                    open_maybe_direct(path, o, libc::O_CLOEXEC)?
+                    open_maybe_direct(path, o, libc::O_CLOEXEC | libc::O_DSYNC)?
                 }
             }
             OpenHow::DirectRead => o

@@ -22,6 +22,15 @@ const KIND_RECOVER: u8 = 2;
 const KIND_SET_LOG: u8 = 3;
 const KIND_REMOVE_PG: u8 = 4;
 const KIND_PG_MARK: u8 = 5;
+/// Apply's `mut` of a direct write whose data was synced before the record (older format,
+/// still replayed).
+const MUT_WRITE_FULL_DIRECT: u8 = 5;
+/// Apply's `mut` of a direct write written together with its record (`DirectCheck`).
+const MUT_WRITE_FULL_DIRECT_CHECKED: u8 = 6;
+/// Recover's `has` of a direct recover, older format.
+const HAS_DIRECT: u8 = 2;
+/// Recover's `has` of a direct recover written together with its record.
+const HAS_DIRECT_CHECKED: u8 = 3;
 
 /// One journaled transaction, with everything replay needs (file ids included).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,14 +65,17 @@ pub enum Record {
         pg: PgId,
         incomplete: bool,
     },
-    /// A large WriteFull whose `size` bytes were already written and synced to the new
-    /// file `file_id` before this record was journaled.
+    /// A large WriteFull whose `size` bytes go to the file `file_id` (fresh or reused) with
+    /// O_DSYNC writes issued together with this record's batch: the batch is acknowledged
+    /// only when both are durable, so the record carries the data's block checksums and
+    /// replay checks them where the data may not have landed (see `DirectCheck`).
     ApplyDirect {
         pg: PgId,
         name: String,
         version: Version,
         file_id: u64,
         size: u64,
+        check: DirectCheck,
     },
     /// `Recover` with data, written like `ApplyDirect`.
     RecoverDirect {
@@ -72,7 +84,36 @@ pub enum Record {
         version: Version,
         file_id: u64,
         size: u64,
+        check: DirectCheck,
     },
+}
+
+/// What a direct record carries to check its data file at replay.
+///
+/// The data of a direct record is written at the same time as the record's batch (one
+/// flush for both). A batch is acknowledged only when its journal write and all its data
+/// writes completed, and the next batch starts after that, so only the journal's *last*
+/// batch can have a durable record whose data did not land. Replay therefore checks the
+/// file of a direct record of the last batch (`batch_last_seq` >= the last valid record's
+/// sequence number) against `crcs` and ends the journal before a record that fails; the
+/// records of earlier batches are trusted, and their `crcs` (not a re-read of the file) become
+/// the object's checksums, so bit rot in the file is found by reads instead of being
+/// checksummed as if it were data.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DirectCheck {
+    /// Sequence number of the last record of this record's batch.
+    pub batch_last_seq: u64,
+    /// CRC32C of each 4 KiB block of the data (the last one of its real bytes); empty in a
+    /// record of the older format (data synced before the record), whose checksums replay
+    /// recomputes from the file.
+    pub crcs: Vec<u32>,
+}
+
+impl DirectCheck {
+    /// Encoded size: batch_last_seq u64, count u32, count x u32.
+    pub fn encoded_bytes(blocks: usize) -> usize {
+        12 + 4 * blocks
+    }
 }
 
 fn put_u16(b: &mut Vec<u8>, v: u16) {
@@ -97,6 +138,13 @@ fn put_name(b: &mut Vec<u8>, name: &str) {
     let len = u16::try_from(name.len()).unwrap_or(u16::MAX);
     put_u16(b, len);
     b.extend_from_slice(&name.as_bytes()[..usize::from(len)]);
+}
+fn put_check(b: &mut Vec<u8>, check: &DirectCheck) {
+    put_u64(b, check.batch_last_seq);
+    put_u32(b, check.crcs.len() as u32);
+    for c in &check.crcs {
+        put_u32(b, *c);
+    }
 }
 fn put_bytes(b: &mut Vec<u8>, data: &[u8]) {
     put_u64(b, data.len() as u64);
@@ -132,8 +180,8 @@ impl Record {
             }
             Record::RemovePg { .. } => 8,
             Record::PgMark { .. } => 9,
-            Record::ApplyDirect { name, .. } | Record::RecoverDirect { name, .. } => {
-                64 + name.len()
+            Record::ApplyDirect { name, check, .. } | Record::RecoverDirect { name, check, .. } => {
+                64 + name.len() + DirectCheck::encoded_bytes(check.crcs.len())
             }
         };
         HEADER_BYTES + body + RECORD_ALIGN
@@ -217,13 +265,15 @@ impl Record {
                 version,
                 file_id,
                 size,
+                check,
             } => {
                 put_pg(b, *pg);
                 put_version(b, *version);
                 put_u64(b, *file_id);
                 put_name(b, name);
-                b.push(5);
+                b.push(MUT_WRITE_FULL_DIRECT_CHECKED);
                 put_u64(b, *size);
+                put_check(b, check);
             }
             Record::RecoverDirect {
                 pg,
@@ -231,13 +281,15 @@ impl Record {
                 version,
                 file_id,
                 size,
+                check,
             } => {
                 put_pg(b, *pg);
                 put_u64(b, *file_id);
                 put_name(b, name);
-                b.push(2);
+                b.push(HAS_DIRECT_CHECKED);
                 put_version(b, *version);
                 put_u64(b, *size);
+                put_check(b, check);
             }
         }
     }
@@ -302,6 +354,23 @@ impl<'a> Cursor<'a> {
         let len = usize::from(self.u16()?);
         String::from_utf8(self.take(len)?.to_vec()).ok()
     }
+    /// A `DirectCheck` of data of `size` bytes (exactly one CRC per 4 KiB block).
+    fn check(&mut self, size: u64) -> Option<DirectCheck> {
+        let batch_last_seq = self.u64()?;
+        let count = self.u32()? as u64;
+        if count != size.div_ceil(crate::limits::BLOCK_BYTES) {
+            return None;
+        }
+        let raw = self.take(usize::try_from(count).ok()?.checked_mul(4)?)?;
+        let crcs = raw
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Some(DirectCheck {
+            batch_last_seq,
+            crcs,
+        })
+    }
     fn bytes(&mut self) -> Option<Vec<u8>> {
         let len = usize::try_from(self.u64()?).ok()?;
         Some(self.take(len)?.to_vec())
@@ -329,14 +398,19 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
                     size_bytes: c.u64()?,
                 },
                 4 => Mutation::Delete,
-                5 => {
+                m @ (MUT_WRITE_FULL_DIRECT | MUT_WRITE_FULL_DIRECT_CHECKED) => {
                     let size = c.u64()?;
+                    let check = match m {
+                        MUT_WRITE_FULL_DIRECT_CHECKED => c.check(size)?,
+                        _ => DirectCheck::default(),
+                    };
                     let rec = Record::ApplyDirect {
                         pg,
                         name,
                         version,
                         file_id,
                         size,
+                        check,
                     };
                     return (c.pos == body.len()).then_some(rec);
                 }
@@ -360,15 +434,20 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
                     let v = c.version()?;
                     Some((c.bytes()?, v))
                 }
-                2 => {
+                h @ (HAS_DIRECT | HAS_DIRECT_CHECKED) => {
                     let version = c.version()?;
                     let size = c.u64()?;
+                    let check = match h {
+                        HAS_DIRECT_CHECKED => c.check(size)?,
+                        _ => DirectCheck::default(),
+                    };
                     let rec = Record::RecoverDirect {
                         pg,
                         name,
                         version,
                         file_id,
                         size,
+                        check,
                     };
                     return (c.pos == body.len()).then_some(rec);
                 }
@@ -474,4 +553,122 @@ pub fn parse(buf: &[u8], eof: bool, epoch: u64, seq: u64) -> Parsed {
 /// Rounds a batch length up to the journal alignment.
 pub fn batch_padded_len(len: usize) -> usize {
     len.next_multiple_of(JOURNAL_ALIGN).max(JOURNAL_ALIGN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pg() -> PgId {
+        PgId { pool: 2, pg: 9 }
+    }
+
+    fn parse_one(bytes: &[u8], seq: u64) -> Option<Record> {
+        match parse(bytes, true, 4, seq) {
+            Parsed::Record { record, .. } => Some(record),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn direct_records_round_trip_with_their_checks() {
+        let version = Version { epoch: 3, seq: 8 };
+        let crcs: Vec<u32> = (0..33).map(|i| 0x1234_0000 + i).collect();
+        let check = DirectCheck {
+            batch_last_seq: 12,
+            crcs,
+        };
+        let size = 32 * 4096 + 5;
+        for r in [
+            Record::ApplyDirect {
+                pg: pg(),
+                name: "obj".into(),
+                version,
+                file_id: 77,
+                size,
+                check: check.clone(),
+            },
+            Record::RecoverDirect {
+                pg: pg(),
+                name: "obj".into(),
+                version,
+                file_id: 78,
+                size,
+                check: check.clone(),
+            },
+        ] {
+            let mut out = Vec::new();
+            r.encode(4, 10, &mut out);
+            assert!(out.len() <= r.encoded_bytes_hint());
+            assert_eq!(parse_one(&out, 10), Some(r));
+        }
+    }
+
+    /// Records written before checks existed (`mut` 5, `has` 2: the data was synced before
+    /// the record) still replay, with no check (CRCs recomputed from the file).
+    #[test]
+    fn older_direct_records_decode_without_a_check() {
+        let mut body = Vec::new();
+        put_pg(&mut body, pg());
+        put_version(&mut body, Version { epoch: 1, seq: 2 });
+        put_u64(&mut body, 5);
+        put_name(&mut body, "x");
+        body.push(MUT_WRITE_FULL_DIRECT);
+        put_u64(&mut body, 200_000);
+        match decode_body(KIND_APPLY, &body) {
+            Some(Record::ApplyDirect { size, check, .. }) => {
+                assert_eq!(size, 200_000);
+                assert_eq!(check, DirectCheck::default());
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut body = Vec::new();
+        put_pg(&mut body, pg());
+        put_u64(&mut body, 6);
+        put_name(&mut body, "x");
+        body.push(HAS_DIRECT);
+        put_version(&mut body, Version { epoch: 1, seq: 2 });
+        put_u64(&mut body, 200_000);
+        assert!(matches!(
+            decode_body(KIND_RECOVER, &body),
+            Some(Record::RecoverDirect { check, .. }) if check.crcs.is_empty()
+        ));
+    }
+
+    /// A check whose CRC count does not match the size is refused (the record is invalid),
+    /// and so is a truncated one.
+    #[test]
+    fn a_check_of_the_wrong_length_is_refused() {
+        let r = Record::ApplyDirect {
+            pg: pg(),
+            name: "o".into(),
+            version: Version { epoch: 1, seq: 1 },
+            file_id: 1,
+            size: 8192,
+            check: DirectCheck {
+                batch_last_seq: 1,
+                crcs: vec![1, 2, 3],
+            },
+        };
+        let mut body = Vec::new();
+        r.encode_body(&mut body);
+        assert_eq!(decode_body(KIND_APPLY, &body), None);
+        let ok = Record::ApplyDirect {
+            pg: pg(),
+            name: "o".into(),
+            version: Version { epoch: 1, seq: 1 },
+            file_id: 1,
+            size: 8192,
+            check: DirectCheck {
+                batch_last_seq: 1,
+                crcs: vec![1, 2],
+            },
+        };
+        let mut body = Vec::new();
+        ok.encode_body(&mut body);
+        assert!(decode_body(KIND_APPLY, &body).is_some());
+        for cut in 1..12 {
+            assert_eq!(decode_body(KIND_APPLY, &body[..body.len() - cut]), None);
+        }
+    }
 }

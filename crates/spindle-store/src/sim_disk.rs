@@ -8,7 +8,8 @@
 //! - **Unsynced data.** Each file keeps what reads see (`data`) and what survives a crash
 //!   (`durable`). A write changes `data` and marks its torn-sectors (512 B by default)
 //!   dirty; `sync_data`/`sync_all` copies the dirty sectors (and the length) to `durable`.
-//!   Writes on [`OpenHow::Journal`] files (O_DSYNC) are durable when they return.
+//!   Writes on O_DSYNC files ([`OpenHow::Journal`], `DirectNew`, `DirectExisting`) are
+//!   durable when they return.
 //! - **Torn writes at a crash.** [`SimDisk::crash`] keeps each dirty sector's new bytes or
 //!   its old ones, independently (a coin per sector), and an unsynced length change or
 //!   not; a write that was in flight when an injected failure hit keeps a random subset of
@@ -604,10 +605,9 @@ impl Disk for SimDisk {
         let (create, truncate, dsync) = match how {
             OpenHow::Data { create } => (create, false, false),
             OpenHow::Journal => (true, false, true),
-            OpenHow::DirectNew { .. } => (true, true, false),
-            OpenHow::Read | OpenHow::DirectExisting { .. } | OpenHow::DirectRead => {
-                (false, false, false)
-            }
+            OpenHow::DirectNew { .. } => (true, true, true),
+            OpenHow::DirectExisting { .. } => (false, false, true),
+            OpenHow::Read | OpenHow::DirectRead => (false, false, false),
         };
         let ino = match existing {
             Some(ino) => {
@@ -748,8 +748,17 @@ impl Disk for SimDisk {
         &self,
         writes: &mut dyn Iterator<Item = (FileRef, u64, IoBuf)>,
     ) -> io::Result<()> {
+        // In flight together on a real disk: they land in any order (seeded).
+        let mut all: Vec<(FileRef, u64, IoBuf)> = writes.collect();
+        {
+            let mut st = self.lock();
+            for i in (1..all.len()).rev() {
+                let j = st.rng.below(i as u64 + 1) as usize;
+                all.swap(i, j);
+            }
+        }
         let mut first_err = None;
-        for (file, offset, buf) in writes {
+        for (file, offset, buf) in all {
             if let Err(e) = file.write_all_at(&buf, offset) {
                 first_err.get_or_insert(e);
             }

@@ -39,6 +39,7 @@ pub(crate) struct Counters {
     pub file_reads_direct: AtomicU64,
     pub files_reused: AtomicU64,
     pub direct_writes_adopted: AtomicU64,
+    pub replay_records_discarded: AtomicU64,
 }
 
 /// State shared by the handle, readers and the worker thread.
@@ -644,6 +645,7 @@ impl Store {
             file_reads_direct: c.file_reads_direct.load(Relaxed),
             files_reused: c.files_reused.load(Relaxed),
             direct_writes_adopted: c.direct_writes_adopted.load(Relaxed),
+            replay_records_discarded: c.replay_records_discarded.load(Relaxed),
             objects,
             data_bytes,
         }

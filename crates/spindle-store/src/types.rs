@@ -145,6 +145,9 @@ pub struct StoreStats {
     /// Direct whole-object writes made from the caller's buffer itself (it was already
     /// page aligned), without an aligned copy.
     pub direct_writes_adopted: u64,
+    /// Journal records dropped at open because their batch's direct data had not landed
+    /// (a crash during the batch's write: never acknowledged; see `journal::DirectCheck`).
+    pub replay_records_discarded: u64,
     pub objects: u64,
     pub data_bytes: u64,
 }

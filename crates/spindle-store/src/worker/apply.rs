@@ -76,6 +76,7 @@ impl Worker {
                             version,
                             file_id,
                             size,
+                            check: DirectCheck::default(),
                         });
                     }
                     // A shared payload too small for a file of its own.
@@ -163,6 +164,7 @@ impl Worker {
                             version,
                             file_id,
                             size,
+                            check: DirectCheck::default(),
                         });
                     }
                     other => other,
@@ -302,8 +304,9 @@ impl Worker {
                 version,
                 file_id,
                 size,
+                check,
             } => {
-                self.exec_direct(pg, &name, version, file_id, size)?;
+                self.exec_direct(pg, &name, version, file_id, size, check.crcs)?;
                 let mut pgs = self.sh.pgs_write();
                 if let Some(p) = pgs.get_mut(&pg) {
                     let op = LogOp::Modify;
@@ -316,7 +319,8 @@ impl Worker {
                 version,
                 file_id,
                 size,
-            } => self.exec_direct(pg, &name, version, file_id, size)?,
+                check,
+            } => self.exec_direct(pg, &name, version, file_id, size, check.crcs)?,
             Record::PgMark { pg, incomplete } => {
                 let mut pgs = self.sh.pgs_write();
                 let p = pg_entry(&mut pgs, pg, self.removed_pgs.contains(&pg));

@@ -6,21 +6,40 @@ use super::*;
 impl Worker {
     /// Validates a batch (against the state plus the batch's earlier transactions, `ov`),
     /// writes its direct payloads and its journal record. `None` if nothing is left to
-    /// journal.
-    pub(super) fn submit_batch(&mut self, batch: Vec<Txn>, ov: &mut Overlay) -> Option<Committed> {
+    /// journal. The second value is the transactions deferred to the next batch: those
+    /// after one that touches an object a direct write of this batch writes (see
+    /// `touches_direct`).
+    pub(super) fn submit_batch(
+        &mut self,
+        batch: Vec<Txn>,
+        ov: &mut Overlay,
+    ) -> (Option<Committed>, Vec<Txn>) {
         if let Some(f) = &self.failed {
             for t in batch {
                 let _ = t.done.send(Err(StoreError::Failed(f.clone())));
             }
-            return None;
+            return (None, Vec::new());
         }
         let batch = self.admit(batch);
         let mut records = Vec::with_capacity(batch.len());
         let mut waiters = Vec::with_capacity(batch.len());
         let mut hint = 0;
-        for t in batch {
+        let mut direct_objects: HashSet<(PgId, String)> = HashSet::new();
+        let mut deferred = Vec::new();
+        let mut txns = batch.into_iter();
+        while let Some(t) = txns.next() {
+            if touches_direct(&t.kind, &direct_objects) {
+                deferred.push(t);
+                deferred.extend(txns);
+                break;
+            }
             match self.validate(ov, t.kind) {
                 Ok(r) => {
+                    if let Record::ApplyDirect { pg, name, .. }
+                    | Record::RecoverDirect { pg, name, .. } = &r
+                    {
+                        direct_objects.insert((*pg, name.clone()));
+                    }
                     hint += r.encoded_bytes_hint();
                     records.push(r);
                     waiters.push(t.done);
@@ -34,13 +53,13 @@ impl Worker {
             }
         }
         if records.is_empty() {
-            return None;
+            return (None, deferred);
         }
         let seq_before = self.next_seq;
         let submitted = self
-            .write_direct()
-            .and_then(|_| self.journal_submit(&records, hint));
-        match submitted.map_err(StoreError::classify) {
+            .write_records(&mut records, hint)
+            .map_err(StoreError::classify);
+        let committed = match submitted {
             Ok(padded) => {
                 self.batch_new_files.clear();
                 self.batch_reused.clear();
@@ -67,9 +86,64 @@ impl Worker {
                 }
                 None
             }
-        }
+        };
+        (committed, deferred)
     }
 
+    /// Writes a validated batch: its journal record, and its direct writes' data in flight
+    /// at the same time (one flush for both, see `journal::DirectCheck`). Returns the padded
+    /// journal length written. On ENOSPC nothing of the batch is valid in the journal (it
+    /// is zeroed again, and the caller gives the sequence numbers back); any other failure
+    /// latches the store (replay then decides what of the batch landed).
+    fn write_records(&mut self, records: &mut [Record], hint: usize) -> Result<u64, StoreError> {
+        if self.direct.is_empty() {
+            return self.journal_submit(records, hint);
+        }
+        let PreparedDirect {
+            writes,
+            fix_len,
+            created,
+        } = self.prepare_direct();
+        let batch_last_seq = self.next_seq + records.len() as u64 - 1;
+        for r in records.iter_mut() {
+            if let Record::ApplyDirect { file_id, check, .. }
+            | Record::RecoverDirect { file_id, check, .. } = r
+            {
+                let crcs = self.direct_crcs.remove(file_id);
+                assert!(crcs.is_some(), "direct record without its prepared write");
+                *check = DirectCheck {
+                    batch_last_seq,
+                    crcs: crcs.unwrap_or_default(),
+                };
+            }
+        }
+        assert!(
+            self.direct_crcs.is_empty(),
+            "prepared write without its record"
+        );
+        let (buf, padded) = self.encode_records(records, hint);
+        self.extend_journal(self.journal_pos + padded as u64)
+            .map_err(StoreError::classify)?;
+        // Every data write and the journal write in flight at once; the data files are
+        // O_DSYNC, so each write is durable when it completes.
+        let mut all = writes.into_iter().chain(std::iter::once((
+            self.journal.clone(),
+            self.journal_pos,
+            buf,
+        )));
+        let written = self.sh.disk.write_batch(&mut all);
+        drop(all);
+        if let Err(e) = written {
+            return Err(self.journal_write_failed(e, padded));
+        }
+        self.journal_pos += padded as u64;
+        // The record is durable: a failure from here on latches (never an abort that
+        // would hand the record's sequence numbers and files to a later batch).
+        self.finish_direct(fix_len, created).map_err(|e| {
+            StoreError::Failed(format!("completing the batch's direct writes: {e}"))
+        })?;
+        Ok(padded as u64)
+    }
     /// Journal space for the batch, before anything is validated, and full-mode
     /// admission: returns the transactions to validate (the others are answered
     /// `NoSpace`).
@@ -113,12 +187,13 @@ impl Worker {
         self.extend_journal(end).map_err(StoreError::classify)
     }
 
-    /// An upper bound of the journal bytes `kind`'s record takes (data of direct writes
-    /// excluded: it goes to its own file).
+    /// An upper bound of the journal bytes `kind`'s record takes (of a direct write's data
+    /// only its checksums: the data goes to its own file).
     pub(super) fn journal_bytes_max(&self, kind: &TxnKind) -> usize {
         let data = |len: usize, may_be_direct: bool| {
             if may_be_direct && len >= DIRECT_WRITE_BYTES_MIN && !self.fits_inline(len as u64) {
-                0
+                // Only the block checksums travel in the record.
+                DirectCheck::encoded_bytes(block_count(len as u64) as usize)
             } else {
                 len
             }
@@ -156,6 +231,20 @@ impl Worker {
         self.reusable.append(&mut self.batch_reused);
     }
 
+    /// Encodes `records` into one zero-padded aligned buffer (consuming their sequence
+    /// numbers); returns it with its padded length.
+    fn encode_records(&mut self, records: &[Record], hint: usize) -> (IoBuf, usize) {
+        let mut bytes = Vec::with_capacity(hint);
+        for r in records {
+            r.encode(self.epoch, self.next_seq, &mut bytes);
+            self.next_seq += 1;
+        }
+        let padded = journal::batch_padded_len(bytes.len());
+        let mut buf = IoBuf::aligned(padded, JOURNAL_ALIGN);
+        buf[..bytes.len()].copy_from_slice(&bytes);
+        (buf, padded)
+    }
+
     /// Encodes `records` into one aligned buffer and writes it (O_DSYNC) at the journal end.
     /// Returns the padded length written. On a failure nothing of the batch is valid in
     /// the journal when the error is ENOSPC (a partly written batch is zeroed again and
@@ -165,15 +254,7 @@ impl Worker {
         records: &[Record],
         hint: usize,
     ) -> Result<u64, StoreError> {
-        let mut bytes = Vec::with_capacity(hint);
-        for r in records {
-            r.encode(self.epoch, self.next_seq, &mut bytes);
-            self.next_seq += 1;
-        }
-        let padded = journal::batch_padded_len(bytes.len());
-        let mut buf = IoBuf::aligned(padded, JOURNAL_ALIGN);
-        buf[..bytes.len()].copy_from_slice(&bytes);
-        drop(bytes);
+        let (buf, padded) = self.encode_records(records, hint);
         self.extend_journal(self.journal_pos + padded as u64)
             .map_err(StoreError::classify)?;
         // A blocking write on this thread rather than a request to the I/O engine: the
@@ -186,26 +267,29 @@ impl Worker {
                 self.journal_pos += padded as u64;
                 Ok(padded as u64)
             }
-            // The region was allocated by `extend_journal`, so this is not expected; if it
-            // happens, a prefix of the batch's records may be on disk and valid: zero the
-            // region again so that replay never accepts them (later batches reuse these
-            // sequence numbers), else latch.
-            Err(e) if is_no_space(&e) => {
-                let zeros = IoBuf::aligned(padded, JOURNAL_ALIGN);
-                match self.journal.write_all_at(&zeros, self.journal_pos) {
-                    Ok(()) => Err(StoreError::NoSpace(format!("journal write: {e}"))),
-                    Err(z) => {
-                        self.journal_pos += padded as u64;
-                        Err(StoreError::Failed(format!(
-                            "journal write failed ({e}) and the partial batch could not be \
-                             erased ({z})"
-                        )))
-                    }
-                }
-            }
-            Err(e) => {
+            Err(e) => Err(self.journal_write_failed(e, padded)),
+        }
+    }
+
+    /// After a failed batch write at the journal end (`padded` bytes): on ENOSPC a prefix
+    /// of the batch's records may be on disk and valid, so the region is zeroed again and
+    /// replay never accepts them (later batches reuse these sequence numbers), else the
+    /// store latches.
+    fn journal_write_failed(&mut self, e: io::Error, padded: usize) -> StoreError {
+        if !is_no_space(&e) {
+            self.journal_pos += padded as u64;
+            return StoreError::Io(e);
+        }
+        // The region was allocated by `extend_journal`, so the journal write itself is not
+        // expected to meet ENOSPC (a direct write's new file can).
+        let zeros = IoBuf::aligned(padded, JOURNAL_ALIGN);
+        match self.journal.write_all_at(&zeros, self.journal_pos) {
+            Ok(()) => StoreError::NoSpace(format!("batch write: {e}")),
+            Err(z) => {
                 self.journal_pos += padded as u64;
-                Err(StoreError::Io(e))
+                StoreError::Failed(format!(
+                    "batch write failed ({e}) and the partial batch could not be erased ({z})"
+                ))
             }
         }
     }
@@ -240,5 +324,23 @@ impl Worker {
             }
             e.notify.notify_waiters();
         }
+    }
+}
+
+/// Whether a transaction touches an object a direct write of the current batch writes
+/// (`direct`: its (PG, name)s): it then goes to the next batch. Replay checks a direct
+/// record of the journal's last batch against its file, and a later record of the same
+/// batch that changed that file (a write, a delete, a PG removal) would make an
+/// acknowledged batch fail the check.
+fn touches_direct(kind: &TxnKind, direct: &HashSet<(PgId, String)>) -> bool {
+    if direct.is_empty() {
+        return false;
+    }
+    match kind {
+        TxnKind::Apply { pg, name, .. } | TxnKind::Recover { pg, name, .. } => {
+            direct.contains(&(*pg, name.clone()))
+        }
+        TxnKind::RemovePg { pg } => direct.iter().any(|(p, _)| p == pg),
+        TxnKind::SetPgLog { .. } | TxnKind::PgMark { .. } => false,
     }
 }

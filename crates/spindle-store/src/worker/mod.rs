@@ -28,7 +28,7 @@ use spindle_io::IoBuf;
 use crate::commit::CommitTx;
 use crate::disk::{read_exact_at, Disk, FileRef, OpenHow};
 use crate::error::{is_no_space, StoreError};
-use crate::journal::{self, Parsed, Record};
+use crate::journal::{self, DirectCheck, Parsed, Record};
 use crate::limits::{
     BATCH_BYTES_MAX, BATCH_TXNS_MAX, BLOCK_BYTES, DIRECT_UNCACHED_BYTES_MIN,
     DIRECT_WRITE_BYTES_MIN, INLINE_BYTES_MAX, JOURNAL_ALIGN, JOURNAL_ZERO_CHUNK_BYTES,
@@ -130,6 +130,12 @@ pub(crate) struct Worker {
     /// while `replaying`: on the live path the CRCs are known, and a set that only replay
     /// drains would grow with every object ever written.
     replayed: BTreeSet<(PgId, String)>,
+    /// Direct records replayed with their checksums: (PG, name, file id, size); the file
+    /// is cut to size after replay (a padded O_DIRECT write may have landed before its cut).
+    replayed_direct: Vec<(PgId, String, u64, u64)>,
+    /// Replay: the sequence number of the journal's last valid record (see
+    /// `journal::DirectCheck`).
+    replay_last_seq: u64,
     /// True while the journal is being replayed at open.
     replaying: bool,
     /// Large payloads of the batch being built: (new file id, data), written directly.
@@ -211,6 +217,8 @@ impl Worker {
             last_checkpoint: Instant::now(),
             touched: Vec::new(),
             replayed: BTreeSet::new(),
+            replayed_direct: Vec::new(),
+            replay_last_seq: 0,
             replaying: false,
             direct: Vec::new(),
             direct_crcs: HashMap::new(),
@@ -341,11 +349,13 @@ impl Worker {
                 }
                 next = rx.try_recv().ok();
             }
-            if !batch.is_empty() {
+            while !batch.is_empty() {
                 let mut ov = Overlay::default();
-                if let Some(f) = self.submit_batch(batch, &mut ov) {
+                let (committed, deferred) = self.submit_batch(batch, &mut ov);
+                if let Some(f) = committed {
                     self.complete(f);
                 }
+                batch = deferred;
             }
             // Also when freed files pile up while few are reusable: a checkpoint is what
             // makes them reusable (whole-object overwrites then find one in place).
@@ -586,6 +596,16 @@ struct DirectWrite {
     /// Block CRCs the caller computed from `data` (see `TxnKind::Apply`), of the right
     /// count; None: computed here.
     block_crcs: Option<Vec<u32>>,
+}
+
+/// A batch's direct writes, ready to go out together with its journal write.
+struct PreparedDirect {
+    /// (file, offset, buffer) of each data write.
+    writes: Vec<(FileRef, u64, IoBuf)>,
+    /// Files written padded to 4 KiB: cut to their size and synced after the write.
+    fix_len: Vec<(FileRef, u64)>,
+    /// A file of the batch is new: the objects directory is synced before the acknowledgement.
+    created: bool,
 }
 
 /// How often full mode looks at the free space.

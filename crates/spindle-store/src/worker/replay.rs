@@ -4,14 +4,19 @@
 use super::*;
 
 impl Worker {
-    /// Replays the journal records of the current epoch; returns how many were applied.
-    pub(super) fn replay(&mut self) -> Result<u64, StoreError> {
-        self.replaying = true;
+    /// Parses the journal's valid records of the current epoch in order and calls
+    /// `f(worker, record, seq)` for each until it returns false. Returns the number of
+    /// records `f` accepted and the journal offset after the last of them.
+    fn scan_journal(
+        &mut self,
+        mut f: impl FnMut(&mut Self, Record, u64) -> Result<bool, StoreError>,
+    ) -> Result<(u64, u64), StoreError> {
         let file_len = self.journal.len_bytes()?;
         let mut base = 0u64; // file offset of buf[0]
         let mut buf: Vec<u8> = Vec::new();
         let mut pos = 0u64;
         let mut count = 0u64;
+        let mut seq = self.next_seq;
         let chunk = 16usize << 20;
         let reader = self
             .sh
@@ -20,15 +25,12 @@ impl Worker {
         loop {
             let in_buf = (pos - base) as usize;
             let eof = base + buf.len() as u64 >= file_len;
-            match journal::parse(
-                &buf[in_buf.min(buf.len())..],
-                eof,
-                self.epoch,
-                self.next_seq,
-            ) {
+            match journal::parse(&buf[in_buf.min(buf.len())..], eof, self.epoch, seq) {
                 Parsed::Record { record, bytes } => {
-                    self.exec(record)?;
-                    self.next_seq += 1;
+                    if !f(self, record, seq)? {
+                        break;
+                    }
+                    seq += 1;
                     count += 1;
                     pos += bytes as u64;
                 }
@@ -56,7 +58,85 @@ impl Worker {
                 }
             }
         }
+        Ok((count, pos))
+    }
+
+    /// Replays the journal records of the current epoch; returns how many were applied.
+    ///
+    /// Two passes: the first finds the last valid record, the second applies the records
+    /// and checks the data of direct records of the last batch (see `journal::DirectCheck`):
+    /// the journal ends before the first whose data did not land.
+    pub(super) fn replay(&mut self) -> Result<u64, StoreError> {
+        self.replaying = true;
+        let (valid, _) = self.scan_journal(|_, _, _| Ok(true))?;
+        self.replay_last_seq = (self.next_seq + valid).saturating_sub(1);
+        let last_seq = self.replay_last_seq;
+        let mut dropped_at = None;
+        let (count, pos) = self.scan_journal(|w, record, seq| {
+            if let Record::ApplyDirect {
+                file_id,
+                size,
+                check,
+                ..
+            }
+            | Record::RecoverDirect {
+                file_id,
+                size,
+                check,
+                ..
+            } = &record
+            {
+                let last_batch = check.batch_last_seq >= last_seq;
+                if !check.crcs.is_empty()
+                    && last_batch
+                    && !w.direct_data_landed(*file_id, *size, &check.crcs)?
+                {
+                    dropped_at = Some(seq);
+                    return Ok(false);
+                }
+            }
+            w.exec(record)?;
+            w.next_seq += 1;
+            Ok(true)
+        })?;
+        if let Some(seq) = dropped_at {
+            let dropped = last_seq - seq + 1;
+            self.sh
+                .counters
+                .replay_records_discarded
+                .fetch_add(dropped, Relaxed);
+            tracing::warn!(
+                first_seq = seq,
+                records = dropped,
+                "journal ends early: the data of a direct write in the last batch did not \
+                 land before the crash, so the batch was never acknowledged; its records from \
+                 that one on are dropped"
+            );
+        }
         self.finish_batch();
+        // Files of direct records replayed with their checksums: only the length may need
+        // fixing (a padded O_DIRECT write that landed before its cut to size).
+        for (pg, name, file_id, size) in std::mem::take(&mut self.replayed_direct) {
+            let entry = self
+                .sh
+                .pgs_read()
+                .get(&pg)
+                .and_then(|p| p.objects.get(&name).cloned());
+            // Only while the object is still that write (not deleted, replaced or changed
+            // by a later record: those are in `replayed`, handled above).
+            let current = entry.is_some_and(|e| {
+                let st = e.lock();
+                st.file_id == file_id && st.size == size
+            });
+            if !current || self.replayed.contains(&(pg, name)) {
+                continue;
+            }
+            let file = self.sh.file(file_id, false)?;
+            if file.len_bytes()? != size {
+                file.set_len(size)?;
+                self.dirty_files.insert(file_id);
+            }
+        }
         // Recompute the CRCs of every replayed object from its file.
         self.replaying = false;
         let replayed = std::mem::take(&mut self.replayed);
