@@ -222,7 +222,9 @@ fn overlaps(a_start: u64, a_end: u64, b_start: u64, b_end: u64) -> bool {
 // Cache
 
 struct CacheEntry {
-    data: Vec<u8>,
+    /// The extent's bytes; shared with the reads it was handed to (a miss's buffer is
+    /// returned and cached without a copy).
+    data: Bytes,
     last_use: u64,
 }
 
@@ -280,34 +282,29 @@ impl Cache {
 
     /// Copies `data[from..from + out.len()]` of a cached extent of `extent_len` bytes
     /// into `out`; on a miss returns the ticket for the fill.
-    fn lookup(
-        &self,
-        extent: u64,
-        extent_len: u64,
-        from: usize,
-        out: &mut [u8],
-    ) -> Option<FillTicket> {
+    /// The cached bytes of `extent` (all `extent_len` of them; a reference, not a copy), or
+    /// the ticket a fill of the extent must present to `insert`.
+    fn lookup(&self, extent: u64, extent_len: u64) -> Result<Bytes, FillTicket> {
         let mut s = lock(&self.state);
         s.tick += 1;
         let tick = s.tick;
         let hit = match s.entries.get_mut(&extent) {
             Some(e) if e.data.len() as u64 == extent_len => {
-                out.copy_from_slice(&e.data[from..from + out.len()]);
                 let old = std::mem::replace(&mut e.last_use, tick);
-                Some(old)
+                Some((old, e.data.clone()))
             }
             _ => None,
         };
         match hit {
-            Some(old) => {
+            Some((old, data)) => {
                 s.lru.remove(&old);
                 s.lru.insert(tick, extent);
                 s.hits += 1;
-                None
+                Ok(data)
             }
             None => {
                 s.misses += 1;
-                Some(FillTicket {
+                Err(FillTicket {
                     generation: s.generations[slot(extent)],
                     epoch: s.epoch,
                 })
@@ -323,7 +320,7 @@ impl Cache {
     }
 
     /// Inserts a filled extent unless a write raced with the fill.
-    fn insert(&self, extent: u64, ticket: FillTicket, data: Vec<u8>) {
+    fn insert(&self, extent: u64, ticket: FillTicket, data: Bytes) {
         let len = data.len() as u64;
         if len > self.capacity_bytes || len == 0 {
             return;
@@ -1043,6 +1040,25 @@ impl<B: ObjectBackend> BlockLayer<B> {
         let ext = self.extent_bytes();
         let object_bytes = self.image.object_size_bytes();
         let end = offset + len;
+        // Inside one extent (a 4 KiB random read): the cached bytes, or the backend's reply
+        // buffer, are the piece handed out and (on a miss) the cache entry: no copy.
+        if offset / ext == (end - 1) / ext {
+            let extent = offset / ext;
+            let e_start = extent * ext;
+            let e_end = (e_start + ext).min(size);
+            let (from, to) = ((offset - e_start) as usize, (end - e_start) as usize);
+            let ticket = match cache.lookup(extent, e_end - e_start) {
+                Ok(hit) => return Ok(vec![hit.slice(from..to)]),
+                Err(ticket) => ticket,
+            };
+            let rx = self
+                .sched
+                .submit(Dir::Read, e_start, e_end - e_start, Vec::new(), None);
+            let data = Bytes::from(receive(rx).await?);
+            debug_assert_eq!(data.len() as u64, e_end - e_start);
+            cache.insert(extent, ticket, data.clone());
+            return Ok(vec![data.slice(from..to)]);
+        }
         let mut out = vec![0u8; len as usize];
         // Runs of consecutive missing extents within one object: one backend read each.
         let mut runs: Vec<MissRun> = Vec::new();
@@ -1052,31 +1068,35 @@ impl<B: ObjectBackend> BlockLayer<B> {
             let from = offset.max(e_start);
             let to = end.min(e_end);
             let dst = &mut out[(from - offset) as usize..(to - offset) as usize];
-            if let Some(ticket) =
-                cache.lookup(extent, e_end - e_start, (from - e_start) as usize, dst)
-            {
-                let miss = Miss {
-                    extent,
-                    e_start,
-                    e_len: e_end - e_start,
-                    from,
-                    to,
-                    ticket,
-                };
-                match runs.last_mut() {
-                    Some(run)
-                        if run.end == e_start
-                            && !e_start.is_multiple_of(object_bytes)
-                            && run.end - run.start < READ_RUN_BYTES_MAX =>
-                    {
-                        run.end = e_end;
-                        run.misses.push(miss);
+            match cache.lookup(extent, e_end - e_start) {
+                Ok(hit) => {
+                    let at = (from - e_start) as usize;
+                    dst.copy_from_slice(&hit[at..at + dst.len()]);
+                }
+                Err(ticket) => {
+                    let miss = Miss {
+                        extent,
+                        e_start,
+                        e_len: e_end - e_start,
+                        from,
+                        to,
+                        ticket,
+                    };
+                    match runs.last_mut() {
+                        Some(run)
+                            if run.end == e_start
+                                && !e_start.is_multiple_of(object_bytes)
+                                && run.end - run.start < READ_RUN_BYTES_MAX =>
+                        {
+                            run.end = e_end;
+                            run.misses.push(miss);
+                        }
+                        _ => runs.push(MissRun {
+                            start: e_start,
+                            end: e_end,
+                            misses: vec![miss],
+                        }),
                     }
-                    _ => runs.push(MissRun {
-                        start: e_start,
-                        end: e_end,
-                        misses: vec![miss],
-                    }),
                 }
             }
         }
@@ -1098,7 +1118,9 @@ impl<B: ObjectBackend> BlockLayer<B> {
                 out[(m.from - offset) as usize..(m.to - offset) as usize].copy_from_slice(
                     &piece[(m.from - m.e_start) as usize..(m.to - m.e_start) as usize],
                 );
-                cache.insert(m.extent, m.ticket, piece.to_vec());
+                // A copy per extent: a slice would keep the whole run's buffer alive for
+                // as long as any one of its extents stays cached.
+                cache.insert(m.extent, m.ticket, Bytes::copy_from_slice(piece));
             }
         }
         Ok(vec![Bytes::from(out)])
