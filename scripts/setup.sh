@@ -11,6 +11,7 @@ declare -A PACKAGES=(
   [libnbd-bin]=/usr/bin/nbdinfo                        # NBD tests: nbdinfo, nbdcopy
   [qemu-utils]=/usr/bin/qemu-img                       # NBD tests: qemu-img, qemu-io
   [nbdkit]=/usr/bin/nbdkit                            # NBD ceiling for `spindle bench fio`
+  [gcc]=/usr/bin/gcc                                   # the linker, and mimalloc's C sources (global allocator)
 )
 
 missing=()

@@ -8,11 +8,19 @@
 //!   was allocated with (Rust hands them the same layout `alloc` got).
 //! - Blocks below [`LARGE_BYTES_MIN`] are allocated exactly as the system allocator would.
 //!
+//! The blocks come from mimalloc (`mimalloc` crate): against glibc's malloc, a storage
+//! daemon's CPU per 4 KiB random write fell 10-22% in A/B runs (docs/benchmarks.md,
+//! 2026-11-27), most of glibc's cost being consolidation and bin bookkeeping for the
+//! many short-lived 4 KiB buffers. Free memory goes back to the system with
+//! [`release_free_memory`], which the `spindle` binary installs as its heap release.
+//!
 //! Nothing relies on the alignment for correctness: code that wants an aligned buffer
 //! checks the address and falls back to copying (tests and other binaries run on the
 //! default allocator).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+use mimalloc::MiMalloc as Inner;
 
 /// Blocks of at least this many bytes are page aligned: whole objects (4 MiB by default).
 /// Not lower: 512 KiB read buffers gained nothing from it and measured as slow or slower
@@ -35,23 +43,23 @@ fn adjust(layout: Layout) -> Layout {
     }
 }
 
-// SAFETY: every method forwards to `System` with `adjust(layout)`, and a block is always
+// SAFETY: every method forwards to mimalloc with `adjust(layout)`, and a block is always
 // released with the same adjusted layout it was allocated with (see the invariants).
 unsafe impl GlobalAlloc for PageAlignedLarge {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller guarantees a non-zero size; adjusting keeps the size.
-        unsafe { System.alloc(adjust(layout)) }
+        unsafe { Inner.alloc(adjust(layout)) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as in `alloc`.
-        unsafe { System.alloc_zeroed(adjust(layout)) }
+        unsafe { Inner.alloc_zeroed(adjust(layout)) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from `alloc`/`realloc` here with this layout, hence with
         // `adjust(layout)` at the system allocator.
-        unsafe { System.dealloc(ptr, adjust(layout)) }
+        unsafe { Inner.dealloc(ptr, adjust(layout)) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
@@ -62,19 +70,37 @@ unsafe impl GlobalAlloc for PageAlignedLarge {
         };
         if old.align() == new.align() {
             // SAFETY: `ptr` was allocated with `old`; the alignment does not change.
-            return unsafe { System.realloc(ptr, old, new_size) };
+            return unsafe { Inner.realloc(ptr, old, new_size) };
         }
         // The block crosses the threshold: move it by hand.
         // SAFETY: `new` has a non-zero size (new_size > 0 per the GlobalAlloc contract).
-        let fresh = unsafe { System.alloc(new) };
+        let fresh = unsafe { Inner.alloc(new) };
         if !fresh.is_null() {
             // SAFETY: both blocks are valid for the smaller size and do not overlap.
             unsafe {
                 std::ptr::copy_nonoverlapping(ptr, fresh, layout.size().min(new_size));
-                System.dealloc(ptr, old);
+                Inner.dealloc(ptr, old);
             }
         }
         fresh
+    }
+}
+
+/// Returns the free memory of this allocator (and glibc's, which C code may use) to the
+/// system: for `spindle_serve::heap::set_release` in a binary using [`PageAlignedLarge`].
+pub fn release_free_memory() {
+    // SAFETY: mi_collect takes no pointers; it frees unused pages of the calling thread's
+    // heap and (forced) abandoned and retired segments.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: malloc_trim takes no pointers and only releases free memory.
+        unsafe {
+            malloc_trim(0);
+        }
     }
 }
 

@@ -1104,18 +1104,9 @@ impl HeapReleaser {
     }
 }
 
-/// Returns free heap pages to the system (glibc `malloc_trim`; elsewhere nothing).
+/// Returns free heap pages to the system (see `spindle_serve::heap`).
 pub fn trim_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        extern "C" {
-            fn malloc_trim(pad: usize) -> i32;
-        }
-        // SAFETY: malloc_trim takes no pointers and only releases free memory.
-        unsafe {
-            malloc_trim(0);
-        }
-    }
+    spindle_serve::heap::release();
 }
 
 /// Payload bytes that, once used and released, make the server trim its heap.

@@ -115,6 +115,44 @@ impl AcceptBackoff {
     }
 }
 
+/// Giving free heap memory back to the system after a burst (a server calls [`heap::release`]
+/// once a burst of payloads or connections is over). The process's allocator decides how:
+/// a binary with its own global allocator installs its release function at start
+/// ([`heap::set_release`]); otherwise glibc's `malloc_trim`.
+pub mod heap {
+    use std::sync::OnceLock;
+
+    static RELEASE: OnceLock<fn()> = OnceLock::new();
+
+    /// Installs the function that returns the global allocator's free memory (first call
+    /// wins).
+    pub fn set_release(release: fn()) {
+        let _ = RELEASE.set(release);
+    }
+
+    /// Returns free heap memory to the system.
+    pub fn release() {
+        match RELEASE.get() {
+            Some(release) => release(),
+            None => glibc_trim(),
+        }
+    }
+
+    /// glibc `malloc_trim`; nothing elsewhere.
+    pub fn glibc_trim() {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            extern "C" {
+                fn malloc_trim(pad: usize) -> i32;
+            }
+            // SAFETY: malloc_trim takes no pointers and only releases free memory.
+            unsafe {
+                malloc_trim(0);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

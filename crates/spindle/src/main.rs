@@ -12,7 +12,8 @@ mod sim_cmd;
 use clap::{Parser, Subcommand};
 
 /// Large blocks (network payloads, objects) start on a page boundary, so the storage
-/// daemons hand received payloads to O_DIRECT writes without an aligned copy.
+/// daemons hand received payloads to O_DIRECT writes without an aligned copy; blocks come
+/// from mimalloc (see `spindle_io::alloc`).
 #[global_allocator]
 static ALLOCATOR: spindle_io::PageAlignedLarge = spindle_io::PageAlignedLarge;
 
@@ -205,6 +206,7 @@ fn raise_open_files_limit() {
 
 fn main() {
     tune_allocator();
+    spindle_serve::heap::set_release(spindle_io::alloc::release_free_memory);
     raise_open_files_limit();
     let cli = Cli::parse();
     let long_running = matches!(
