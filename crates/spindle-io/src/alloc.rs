@@ -86,22 +86,13 @@ unsafe impl GlobalAlloc for PageAlignedLarge {
     }
 }
 
-/// Returns the free memory of this allocator (and glibc's, which C code may use) to the
-/// system: for `spindle_serve::heap::set_release` in a binary using [`PageAlignedLarge`].
+/// Returns this allocator's free memory to the system (for a binary using
+/// [`PageAlignedLarge`]; its heap release, see `spindle_serve::heap`, also trims glibc's
+/// heap, which C code may use).
 pub fn release_free_memory() {
     // SAFETY: mi_collect takes no pointers; it frees unused pages of the calling thread's
     // heap and (forced) abandoned and retired segments.
     unsafe { libmimalloc_sys::mi_collect(true) };
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    {
-        extern "C" {
-            fn malloc_trim(pad: usize) -> i32;
-        }
-        // SAFETY: malloc_trim takes no pointers and only releases free memory.
-        unsafe {
-            malloc_trim(0);
-        }
-    }
 }
 
 #[cfg(test)]

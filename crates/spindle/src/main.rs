@@ -170,6 +170,12 @@ fn tune_allocator() {
     }
 }
 
+/// The servers' heap release (after bursts): mimalloc's free pages, then glibc's (C code).
+fn release_heap() {
+    spindle_io::alloc::release_free_memory();
+    spindle_serve::heap::glibc_trim();
+}
+
 /// A command whose output goes to a pipe that closes early (`spindle ls | head`) ends
 /// quietly, as coreutils do, instead of panicking in `println!`: SIGPIPE gets its default
 /// action back (Rust ignores it). Not for daemons and servers: sockets use MSG_NOSIGNAL
@@ -206,7 +212,7 @@ fn raise_open_files_limit() {
 
 fn main() {
     tune_allocator();
-    spindle_serve::heap::set_release(spindle_io::alloc::release_free_memory);
+    spindle_serve::heap::set_release(release_heap);
     raise_open_files_limit();
     let cli = Cli::parse();
     let long_running = matches!(
