@@ -1055,7 +1055,13 @@ impl<B: ObjectBackend> BlockLayer<B> {
                 .sched
                 .submit(Dir::Read, e_start, e_end - e_start, Vec::new(), None);
             let data = Bytes::from(receive(rx).await?);
-            debug_assert_eq!(data.len() as u64, e_end - e_start);
+            if data.len() as u64 != e_end - e_start {
+                return Err(ImageError::Task(format!(
+                    "a read of {} bytes returned {}",
+                    e_end - e_start,
+                    data.len()
+                )));
+            }
             cache.insert(extent, ticket, data.clone());
             return Ok(vec![data.slice(from..to)]);
         }

@@ -24,9 +24,13 @@ const PGS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("pgs");
 const PGLOG: TableDefinition<&[u8], &[u8]> = TableDefinition::new("pglog");
 const INLINE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("inline");
 
-/// Format 2 added inline objects (`file_id` 0 + the `inline` table). Format 1 databases
-/// (no inline objects) are read as they are and written as format 2 by the next checkpoint.
-pub const FORMAT_VERSION: u64 = 2;
+/// Format 2 added inline objects (`file_id` 0 + the `inline` table). Format 3 changes no
+/// table: it marks a store whose journal may hold direct records with checksums
+/// (`journal::DirectCheck`), which a format-2 build would take for the journal's end and
+/// so lose acknowledged writes; such a build refuses the store instead. Databases of
+/// formats 1 and 2 are read as they are and written as format 3 by the checkpoint that
+/// every open makes before its first journal record.
+pub const FORMAT_VERSION: u64 = 3;
 const FORMAT_MIN: u64 = 1;
 
 /// The superblock: where the journal continues.

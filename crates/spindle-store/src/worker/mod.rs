@@ -133,9 +133,6 @@ pub(crate) struct Worker {
     /// Direct records replayed with their checksums: (PG, name, file id, size); the file
     /// is cut to size after replay (a padded O_DIRECT write may have landed before its cut).
     replayed_direct: Vec<(PgId, String, u64, u64)>,
-    /// Replay: the sequence number of the journal's last valid record (see
-    /// `journal::DirectCheck`).
-    replay_last_seq: u64,
     /// True while the journal is being replayed at open.
     replaying: bool,
     /// Large payloads of the batch being built: (new file id, data), written directly.
@@ -218,7 +215,6 @@ impl Worker {
             touched: Vec::new(),
             replayed: BTreeSet::new(),
             replayed_direct: Vec::new(),
-            replay_last_seq: 0,
             replaying: false,
             direct: Vec::new(),
             direct_crcs: HashMap::new(),

@@ -69,8 +69,7 @@ impl Worker {
     pub(super) fn replay(&mut self) -> Result<u64, StoreError> {
         self.replaying = true;
         let (valid, _) = self.scan_journal(|_, _, _| Ok(true))?;
-        self.replay_last_seq = (self.next_seq + valid).saturating_sub(1);
-        let last_seq = self.replay_last_seq;
+        let last_seq = (self.next_seq + valid).saturating_sub(1);
         let mut dropped_at = None;
         let (count, pos) = self.scan_journal(|w, record, seq| {
             if let Record::ApplyDirect {
@@ -122,8 +121,8 @@ impl Worker {
                 .pgs_read()
                 .get(&pg)
                 .and_then(|p| p.objects.get(&name).cloned());
-            // Only while the object is still that write (not deleted, replaced or changed
-            // by a later record: those are in `replayed`, handled above).
+            // Only while the object is still that write (not deleted or replaced; one a
+            // record changed is in `replayed`, whose files are fixed below).
             let current = entry.is_some_and(|e| {
                 let st = e.lock();
                 st.file_id == file_id && st.size == size
