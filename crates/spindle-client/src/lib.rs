@@ -20,6 +20,9 @@ use tokio::sync::{mpsc, watch};
 
 pub use spindle_proto::msg::{ObjectListing as Listing, Ver as Version};
 
+mod lock;
+pub use lock::{lock_acquire_args, lock_args, LockGrant};
+
 /// Largest object the object API accepts (bigger data belongs in an image):
 /// `spindle_types::limits::OBJECT_BYTES_MAX`.
 pub const OBJECT_BYTES_MAX: u64 = spindle_types::limits::OBJECT_BYTES_MAX;
@@ -46,6 +49,10 @@ pub enum ClientError {
     Conflict(String),
     #[error("no space left: {0}")]
     NoSpace(String),
+    /// This client was fenced: another client took over an image lock it held, and the
+    /// daemons refuse its writes. Final: stop using the image.
+    #[error("fenced: {0}")]
+    Fenced(String),
     /// A peer answered with a message of the wrong kind, or a command's answer does not
     /// parse as its reply type.
     #[error("protocol error: {0}")]
@@ -105,6 +112,9 @@ type MapState = spindle_map::MapView;
 
 struct Inner {
     config: ClientConfig,
+    /// Random per client instance, never 0: carried by every object request, and what an
+    /// image lock is held by (and fenced by).
+    client_id: u64,
     map: RwLock<Arc<MapState>>,
     map_tx: watch::Sender<u64>,
     mon: Mutex<Option<Arc<RpcConn>>>,
@@ -172,6 +182,7 @@ impl Client {
         let client = Client {
             inner: Arc::new(Inner {
                 config,
+                client_id: rand::random::<u64>() | 1,
                 map: RwLock::new(Arc::new(state)),
                 map_tx,
                 mon: Mutex::new(None),
@@ -202,6 +213,12 @@ impl Client {
 
     pub fn epoch(&self) -> u64 {
         self.state().map.epoch
+    }
+
+    /// This client's id (random per instance, never 0): what its requests carry, what an
+    /// image lock it takes is held by, and what fencing refuses.
+    pub fn client_id(&self) -> u64 {
+        self.inner.client_id
     }
 
     /// The current cluster map.
@@ -339,11 +356,13 @@ impl Client {
         op: ObjOp,
         pg_override: Option<u32>,
     ) -> Result<Msg, ClientError> {
+        let client = self.inner.client_id;
         let request = |pool_id, pg| Msg::ObjRequest {
             pool: pool_id,
             pg,
             name: name.to_string(),
             op,
+            client,
         };
         self.request(pool, name, pg_override, request).await
     }
@@ -540,6 +559,7 @@ impl Client {
                 ErrorCode::NoSuchPool => ClientError::NoSuchPool(message),
                 ErrorCode::Conflict => ClientError::Conflict(message),
                 ErrorCode::NoSpace => ClientError::NoSpace(message),
+                ErrorCode::Fenced => ClientError::Fenced(message),
                 _ => ClientError::Daemon(format!("{code:?}: {message}")),
             },
             e @ CallError::Unexpected { .. } => ClientError::Protocol(e.to_string()),
@@ -560,11 +580,13 @@ impl Client {
         maybe_applied: &mut bool,
     ) -> Result<Ver, ClientError> {
         check_name(name)?;
+        let client = self.inner.client_id;
         let request = |pool_id, pg| Msg::ObjRequest {
             pool: pool_id,
             pg,
             name: name.to_string(),
             op: ObjOp::Mutate(m),
+            client,
         };
         let start = spindle_trace::now();
         let reply = self

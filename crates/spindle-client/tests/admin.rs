@@ -64,3 +64,78 @@ async fn admin_answers_are_typed() {
     let _ = stop_tx.send(());
     served.await.unwrap().unwrap();
 }
+
+/// The client's lock commands are the monitor's (`Admin::lock_*` builds the same
+/// arguments), and two clients against a real monitor: the second is refused while the
+/// first holds a live lease, takes over with `take_over`, and the first then learns at its
+/// next renewal that it lost the lock (`Fenced`); the map lists it as fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_locks_between_two_clients() {
+    assert_eq!(
+        spindle_client::lock_acquire_args("p", "i", 0xab, 15_000, "h", true),
+        Admin::lock_acquire("p", "i", 0xab, 15_000, "h", true).args()
+    );
+    assert_eq!(
+        spindle_client::lock_args("renew", "p", "i", 7),
+        Admin::lock_renew("p", "i", 7).args()
+    );
+    assert_eq!(
+        spindle_client::lock_args("release", "p", "i", 7),
+        Admin::lock_release("p", "i", 7).args()
+    );
+
+    let dir =
+        Scratch(std::env::temp_dir().join(format!("spindle-client-locks-{}", std::process::id())));
+    let spec = InitSpec {
+        osd_count: 3,
+        default_pool: Some(("default".into(), 3, 2, 8)),
+    };
+    spindle_mon::init(&dir.0, &spec).unwrap();
+    let mon = BoundMonitor::bind(MonConfig::new(&dir.0)).await.unwrap();
+    let addr = mon.addr.to_string();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(mon.run(async move {
+        let _ = stop_rx.await;
+    }));
+    let a = Client::connect(ClientConfig::new(addr.clone()))
+        .await
+        .unwrap();
+    let b = Client::connect(ClientConfig::new(addr)).await.unwrap();
+    assert_ne!(a.client_id(), b.client_id());
+
+    let grant = a
+        .lock_acquire("default", "vm", 30_000, "A", false)
+        .await
+        .unwrap();
+    assert_eq!((grant.generation, grant.taken_from.as_deref()), (1, None));
+    assert!(a.epoch() >= grant.epoch);
+    a.lock_renew("default", "vm").await.unwrap();
+
+    let e = b
+        .lock_acquire("default", "vm", 30_000, "B", false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, ClientError::Command(m) if m.contains("locked by A")),
+        "{e:?}"
+    );
+    let grant = b
+        .lock_acquire("default", "vm", 30_000, "B", true)
+        .await
+        .unwrap();
+    assert_eq!(grant.generation, 2);
+    assert!(grant.taken_from.unwrap().contains("A"));
+    assert!(b.map().fenced.contains_key(&a.client_id()));
+
+    let e = a.lock_renew("default", "vm").await.unwrap_err();
+    assert!(matches!(e, ClientError::Fenced(_)), "{e:?}");
+    // Releasing a lock one does not hold changes nothing; the holder's release frees it.
+    a.lock_release("default", "vm").await.unwrap();
+    assert_eq!(b.map().image_locks.len(), 1);
+    b.lock_release("default", "vm").await.unwrap();
+    assert!(b.wait_for_epoch(grant.epoch + 1, 5_000).await);
+    assert!(b.map().image_locks.is_empty());
+
+    let _ = stop_tx.send(());
+    served.await.unwrap().unwrap();
+}

@@ -443,3 +443,62 @@ async fn connection_loss_and_cancellation_in_the_middle_of_large_writes_lose_not
     assert_eq!(scrub.inconsistent, 0, "{scrub:?}");
     cluster.stop().await;
 }
+
+/// Fencing at the daemons: once client B takes over the image lock client A held, every
+/// primary refuses A's writes (`Fenced`, final: not retried until the timeout), while B
+/// writes on; A's refused write changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_client_writes_nothing() {
+    let cluster = Cluster::start("fenced").await;
+    let a = &cluster.client;
+    let mut cc = ClientConfig::new(MON);
+    cc.net = Net::Mem(cluster.net.host("client"));
+    let b = Client::connect(cc).await.unwrap();
+    a.lock_acquire(POOL, "vm", 30_000, "A", false)
+        .await
+        .unwrap();
+    for i in 0..8 {
+        a.write_full(POOL, &format!("img.vm.{i:016x}"), vec![0xa; 8192])
+            .await
+            .unwrap();
+    }
+    b.lock_acquire(POOL, "vm", 30_000, "B", true).await.unwrap();
+    for i in 0..8 {
+        let name = format!("img.vm.{i:016x}");
+        let started = Instant::now();
+        let e = a.write(POOL, &name, 0, vec![0xee; 4096]).await.unwrap_err();
+        assert!(
+            matches!(e, spindle_client::ClientError::Fenced(_)),
+            "{name}: {e:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "not retried");
+        b.write(POOL, &name, 4096, vec![0xb; 4096]).await.unwrap();
+        let got = b.read_full(POOL, &name).await.unwrap();
+        assert_eq!(
+            &got[..4096],
+            &[0xa; 4096][..],
+            "{name}: the fenced write landed"
+        );
+        assert_eq!(&got[4096..], &[0xb; 4096][..]);
+    }
+    // The daemons count them (reported with their next heartbeats).
+    let started = Instant::now();
+    loop {
+        let refused: u64 = cluster
+            .status()
+            .await
+            .osds
+            .iter()
+            .filter_map(|o| o.counters.get("fenced_writes_refused").copied())
+            .sum();
+        if refused >= 8 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "daemons counted {refused} refused writes"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.stop().await;
+}

@@ -113,6 +113,16 @@ pub enum ImageError {
     /// An internal task died (a bug).
     #[error("internal task failed: {0}")]
     Task(String),
+    /// Another client holds the image's exclusive lock (the monitor's refusal, naming it).
+    #[error("{0}")]
+    Locked(String),
+    /// This process lost the image's lock (taken over, or fenced): it serves the image no
+    /// more.
+    #[error("image lock lost, not serving the image any more: {0}")]
+    Fenced(String),
+    /// The client write log failed (`crate::wlog`).
+    #[error("{0}")]
+    WriteLog(String),
 }
 
 impl ImageError {
@@ -136,6 +146,9 @@ impl ImageError {
             ImageError::Backend(e) => ImageError::Backend(e.clone()),
             ImageError::InvalidConfig(s) => ImageError::InvalidConfig(s.clone()),
             ImageError::Task(s) => ImageError::Task(s.clone()),
+            ImageError::Locked(s) => ImageError::Locked(s.clone()),
+            ImageError::Fenced(s) => ImageError::Fenced(s.clone()),
+            ImageError::WriteLog(s) => ImageError::WriteLog(s.clone()),
         }
     }
 }

@@ -5,6 +5,8 @@
 //!   [`ObjectBackend`] (the cluster client, or `MemoryBackend` in tests).
 //! - [`block`]: the block layer over an image (DeLiBA's LRU cache and coalescing
 //!   scheduler, write ordering and flush).
+//! - [`lock`]: the exclusive lock of an image opened for writing (lease, takeover,
+//!   fencing).
 //! - [`nbd`]: the images of a pool as NBD exports (`spindle nbd`).
 //!
 //! Layering: above `spindle-client` (objects) and `spindle-nbd` (the NBD server, generic
@@ -12,7 +14,9 @@
 
 pub mod block;
 pub mod image;
+pub mod lock;
 pub mod nbd;
+pub mod wlog;
 
 pub use block::{BlockConfig, BlockLayer, BlockStats};
 pub use image::{Image, ImageError, ImageInfo, ObjectBackend};

@@ -1,7 +1,9 @@
 //! The NBD adapter: images of a pool as NBD exports (`spindle_nbd::Exports`), each image
 //! behind its block layer (`ImageDevice`), with NBD's errno mapping (a full cluster is
-//! `ENOSPC`, other failures `EIO`) and rate-limited logging of failed writes.
+//! `ENOSPC`, other failures `EIO`), rate-limited logging of failed writes, and each
+//! image's exclusive lock taken on open (`crate::lock`).
 
+use crate::lock::{holder_description, ImageLock, LockOptions};
 use crate::{BlockConfig, BlockLayer, Image, ImageError};
 use bytes::Bytes;
 use spindle_client::{Client, ClientError};
@@ -105,6 +107,9 @@ pub struct ImageDevice {
     /// Image name (for log lines).
     name: String,
     write_errors: WriteErrorLog,
+    /// The image's exclusive lock, when the export holds one: once it is lost, every
+    /// operation fails (no write reaches the daemons, no read is served from the cache).
+    lock: Option<Arc<ImageLock>>,
 }
 
 impl ImageDevice {
@@ -114,6 +119,34 @@ impl ImageDevice {
             layer,
             name: name.to_string(),
             write_errors: WriteErrorLog::default(),
+            lock: None,
+        }
+    }
+
+    /// The same, serving only while `lock` is held.
+    pub fn with_lock(mut self, lock: Arc<ImageLock>) -> Self {
+        self.lock = Some(lock);
+        self
+    }
+
+    /// The lock this device holds, if any.
+    pub fn image_lock(&self) -> Option<&Arc<ImageLock>> {
+        self.lock.as_ref()
+    }
+
+    /// Fails once the lock is lost.
+    fn check_lock(&self) -> Result<(), DeviceError> {
+        match &self.lock {
+            Some(l) => l.check().map_err(|e| DeviceError::Io(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    /// Notes a fenced write in the lock.
+    fn observe<T>(&self, r: Result<T, ImageError>) -> Result<T, ImageError> {
+        match &self.lock {
+            Some(l) => l.observe(r),
+            None => r,
         }
     }
 
@@ -135,6 +168,7 @@ impl BlockDevice for ImageDevice {
     }
 
     async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, DeviceError> {
+        self.check_lock()?;
         self.layer
             .read(offset, u64::from(len))
             .await
@@ -142,6 +176,7 @@ impl BlockDevice for ImageDevice {
     }
 
     async fn read_pieces(&self, offset: u64, len: u32) -> Result<Vec<Bytes>, DeviceError> {
+        self.check_lock()?;
         self.layer
             .read_pieces(offset, u64::from(len))
             .await
@@ -150,26 +185,23 @@ impl BlockDevice for ImageDevice {
 
     /// `fua` needs no extra work: a write completes only once durable on all up replicas.
     async fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> Result<(), DeviceError> {
+        self.check_lock()?;
         let r = self
-            .layer
-            .write_owned(offset, data)
-            .await
+            .observe(self.layer.write_owned(offset, data).await)
             .map_err(|e| device_error(e, DeviceError::NoSpace));
         self.write_errors.observe(&self.name, "write", r)
     }
 
     async fn flush(&self) -> Result<(), DeviceError> {
-        self.layer
-            .flush()
-            .await
+        self.check_lock()?;
+        self.observe(self.layer.flush().await)
             .map_err(|e| device_error(e, DeviceError::Invalid))
     }
 
     async fn trim(&self, offset: u64, len: u32) -> Result<(), DeviceError> {
+        self.check_lock()?;
         let r = self
-            .layer
-            .discard(offset, u64::from(len))
-            .await
+            .observe(self.layer.discard(offset, u64::from(len)).await)
             .map_err(|e| device_error(e, DeviceError::NoSpace));
         self.write_errors.observe(&self.name, "trim", r)
     }
@@ -183,10 +215,9 @@ impl BlockDevice for ImageDevice {
         _may_trim: bool,
         _fua: bool,
     ) -> Result<(), DeviceError> {
+        self.check_lock()?;
         let r = self
-            .layer
-            .write_zeroes(offset, u64::from(len))
-            .await
+            .observe(self.layer.write_zeroes(offset, u64::from(len)).await)
             .map_err(|e| device_error(e, DeviceError::NoSpace));
         self.write_errors.observe(&self.name, "write zeroes", r)
     }
@@ -198,6 +229,9 @@ pub struct ImageExports {
     client: Arc<Client>,
     pool: String,
     config: BlockConfig,
+    /// How each image's exclusive lock is taken on open (None: no lock, for read-only
+    /// uses), and who we are as its holder.
+    locking: Option<(LockOptions, String)>,
     /// Image name -> its device (opened once; held across the open so concurrent first
     /// connections cannot create two block layers for one image).
     open: Mutex<HashMap<String, Arc<ImageDevice>>>,
@@ -210,7 +244,24 @@ impl ImageExports {
             client,
             pool: pool.into(),
             config,
+            locking: Some((LockOptions::default(), holder_description("spindle nbd"))),
             open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes each image's lock with `options` (e.g. `take_over` for `--break-lock`); None
+    /// opens images without a lock.
+    pub fn with_locking(mut self, options: Option<LockOptions>) -> Self {
+        self.locking = options.map(|o| (o, holder_description("spindle nbd")));
+        self
+    }
+
+    /// Releases the lock of every opened image (a graceful stop, after `flush_all`).
+    pub async fn release_locks(&self) {
+        for (_, dev) in self.opened().await {
+            if let Some(lock) = dev.image_lock() {
+                lock.release().await;
+            }
         }
     }
 
@@ -287,17 +338,35 @@ impl Exports for ImageExports {
         if let Some(dev) = open.get(&name) {
             return Ok(dev.clone());
         }
+        let open_error = |e: ImageError| match e {
+            ImageError::NotFound(_) | ImageError::InvalidName(_) => {
+                DeviceError::Invalid(e.to_string())
+            }
+            ImageError::Locked(_) => DeviceError::NotPermitted(e.to_string()),
+            e => DeviceError::Io(format!("{e:#}")),
+        };
         let image = Image::open(self.client.clone(), &self.pool, &name)
             .await
-            .map_err(|e| match e {
-                ImageError::NotFound(_) | ImageError::InvalidName(_) => {
-                    DeviceError::Invalid(e.to_string())
-                }
-                e => DeviceError::Io(format!("{e:#}")),
-            })?;
+            .map_err(open_error)?;
+        // The lock before the block layer: nothing is cached or written without it.
+        let lock = match &self.locking {
+            Some((options, holder)) => Some(Arc::new(
+                ImageLock::acquire(self.client.clone(), &self.pool, &name, holder, options)
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!("export {name}: {e}");
+                        open_error(e)
+                    })?,
+            )),
+            None => None,
+        };
         let layer = BlockLayer::new(Arc::new(image), self.config.clone())
             .map_err(|e| DeviceError::Io(e.to_string()))?;
-        let dev = Arc::new(ImageDevice::new(Arc::new(layer), &name));
+        let mut dev = ImageDevice::new(Arc::new(layer), &name);
+        if let Some(lock) = lock {
+            dev = dev.with_lock(lock);
+        }
+        let dev = Arc::new(dev);
         open.insert(name, dev.clone());
         Ok(dev)
     }

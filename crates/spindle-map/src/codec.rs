@@ -4,14 +4,17 @@
 //! `u32 MAP_FORMAT | u64 cluster_id | u64 epoch | u32 n_osds | n x osd | u32 n_pools |
 //!  n x pool | bytes crush (Ceph binary CRUSH encoding)`; format 2 appends
 //! `u32 nearfull_ratio_ppm | u32 full_ratio_ppm | u32 n | n x (u32 osd id, u8 flags)`
-//! (flags bit 0 nearfull, bit 1 full). Format 1 maps decode with the default ratios and
-//! no flags.
+//! (flags bit 0 nearfull, bit 1 full); format 3 appends the image locks and the fenced
+//! clients: `u32 n | n x (u32 pool, str image, u64 client, u64 generation, str holder,
+//! u64 since) | u32 n | n x (u64 client, u64 fenced_at)`. Format 1 maps decode with the
+//! default ratios and no flags; formats 1 and 2 with no locks and no fenced clients.
 //! The frame or store record around it carries the CRC.
 
-use crate::{ClusterMap, OsdInfo, Pool, PoolKind, PG_COUNT_MAX};
+use crate::{ClusterMap, ImageLock, OsdInfo, Pool, PoolKind, PG_COUNT_MAX};
 use spindle_proto::{CodecError, Reader, Writer};
+use spindle_types::limits::{IMAGE_LOCK_HOLDER_BYTES_MAX, IMAGE_NAME_BYTES_MAX};
 
-const MAP_FORMAT: u32 = 2;
+const MAP_FORMAT: u32 = 3;
 const OSD_NEARFULL: u8 = 1;
 const OSD_FULL: u8 = 2;
 const OSDS_MAX: u32 = 1 << 16;
@@ -82,6 +85,19 @@ impl ClusterMap {
                 if o.nearfull { OSD_NEARFULL } else { 0 } | if o.full { OSD_FULL } else { 0 };
             w.u32(o.id).u8(flags);
         }
+        w.u32(self.image_locks.len() as u32);
+        for ((pool, image), l) in &self.image_locks {
+            w.u32(*pool)
+                .str(image)
+                .u64(l.client)
+                .u64(l.generation)
+                .str(&l.holder)
+                .u64(l.since_unix_secs);
+        }
+        w.u32(self.fenced.len() as u32);
+        for (client, at) in &self.fenced {
+            w.u64(*client).u64(*at);
+        }
         w.finish()
     }
 
@@ -89,7 +105,7 @@ impl ClusterMap {
     pub fn decode(bytes: &[u8]) -> Result<ClusterMap, MapDecodeError> {
         let mut r = Reader::new(bytes);
         let format = r.u32("format")?;
-        if format != MAP_FORMAT && format != 1 {
+        if !(1..=MAP_FORMAT).contains(&format) {
             return Err(MapDecodeError::Format(format));
         }
         let cluster_id = r.u64("cluster_id")?;
@@ -179,6 +195,40 @@ impl ClusterMap {
                 o.full = flags & OSD_FULL != 0;
             }
         }
+        let mut image_locks = std::collections::BTreeMap::new();
+        let mut fenced = std::collections::BTreeMap::new();
+        if format >= 3 {
+            let n = r.u32("image lock count")?;
+            if n as usize > crate::IMAGE_LOCKS_MAX {
+                return Err(MapDecodeError::Invalid(format!("{n} image locks")));
+            }
+            for _ in 0..n {
+                let pool = r.u32("lock pool")?;
+                let image = r.str("lock image", IMAGE_NAME_BYTES_MAX)?.to_string();
+                let lock = ImageLock {
+                    client: r.u64("lock client")?,
+                    generation: r.u64("lock generation")?,
+                    holder: r
+                        .str("lock holder", IMAGE_LOCK_HOLDER_BYTES_MAX)?
+                        .to_string(),
+                    since_unix_secs: r.u64("lock since")?,
+                };
+                if image_locks.insert((pool, image), lock).is_some() {
+                    return Err(MapDecodeError::Invalid("duplicate image lock".into()));
+                }
+            }
+            let n = r.u32("fenced client count")?;
+            if n as usize > crate::FENCED_CLIENTS_MAX {
+                return Err(MapDecodeError::Invalid(format!("{n} fenced clients")));
+            }
+            for _ in 0..n {
+                let client = r.u64("fenced client")?;
+                let at = r.u64("fenced at")?;
+                if fenced.insert(client, at).is_some() {
+                    return Err(MapDecodeError::Invalid("duplicate fenced client".into()));
+                }
+            }
+        }
         r.finish()?;
         let crush = spindle_crush::binary::decode(crush_bytes)?;
         crush.validate()?;
@@ -190,6 +240,8 @@ impl ClusterMap {
             crush,
             nearfull_ratio_ppm,
             full_ratio_ppm,
+            image_locks,
+            fenced,
         };
         for pool in map.pools.values() {
             map.check_pool(pool)

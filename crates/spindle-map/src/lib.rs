@@ -156,7 +156,33 @@ pub struct ClusterMap {
     pub nearfull_ratio_ppm: u32,
     /// Ratio above which a daemon is `full` (Ceph's default 0.95).
     pub full_ratio_ppm: u32,
+    /// Exclusive image locks, by (pool id, image name). Leases live in the monitor's
+    /// memory, not here: the map changes only when a lock is taken, taken over or
+    /// released.
+    pub image_locks: BTreeMap<(u32, String), ImageLock>,
+    /// Fenced clients (client id -> when fenced, unix seconds): primaries refuse their
+    /// writes (`ErrorCode::Fenced`). Entries are dropped after
+    /// `spindle_types::limits::FENCE_KEEP_SECS`.
+    pub fenced: BTreeMap<u64, u64>,
 }
+
+/// Who holds an image's exclusive lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageLock {
+    /// The holder's client id (random per client instance; carried by its requests).
+    pub client: u64,
+    /// Counts takeovers of this image's lock (1 for the first holder).
+    pub generation: u64,
+    /// Who the holder is, for people: host, process id and program.
+    pub holder: String,
+    /// When the holder took the lock, unix seconds.
+    pub since_unix_secs: u64,
+}
+
+/// Most image locks in one map (`spindle_types::limits::IMAGE_LOCKS_MAX`).
+pub const IMAGE_LOCKS_MAX: usize = spindle_types::limits::IMAGE_LOCKS_MAX;
+/// Most fenced clients in one map (`spindle_types::limits::FENCED_CLIENTS_MAX`).
+pub const FENCED_CLIENTS_MAX: usize = spindle_types::limits::FENCED_CLIENTS_MAX;
 
 /// Default `nearfull_ratio_ppm` (0.85, as Ceph's `mon_osd_nearfull_ratio`).
 pub const NEARFULL_RATIO_PPM_DEFAULT: u32 = 850_000;

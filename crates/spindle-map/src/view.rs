@@ -75,6 +75,8 @@ mod tests {
             crush: embedded_crush_map(&ids).expect("crush map"),
             nearfull_ratio_ppm: NEARFULL_RATIO_PPM_DEFAULT,
             full_ratio_ppm: FULL_RATIO_PPM_DEFAULT,
+            image_locks: Default::default(),
+            fenced: Default::default(),
         }
         .encode()
     }

@@ -66,9 +66,43 @@ pub enum AdminCommand {
     CrushSet {
         text: String,
     },
+    /// Take (or keep) an image's exclusive lock for client `client`, with a lease of
+    /// `lease_ms`. A lock another client holds is taken over, and that client fenced, only
+    /// when its lease ran out or `take_over` is set.
+    LockAcquire {
+        pool: String,
+        image: String,
+        client: u64,
+        lease_ms: u64,
+        holder: String,
+        take_over: bool,
+    },
+    /// Extend the lease of a lock `client` holds.
+    LockRenew {
+        pool: String,
+        image: String,
+        client: u64,
+    },
+    /// Drop the lock if `client` holds it (nothing to do otherwise).
+    LockRelease {
+        pool: String,
+        image: String,
+        client: u64,
+    },
 }
 
-const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set";
+/// Shortest and longest image lock lease a client may ask for.
+pub const LOCK_LEASE_MS_MIN: u64 = 1_000;
+pub const LOCK_LEASE_MS_MAX: u64 = 600_000;
+
+fn client_id(s: &str) -> Result<u64, String> {
+    u64::from_str_radix(s, 16)
+        .ok()
+        .filter(|c| *c != 0)
+        .ok_or_else(|| format!("client id must be a non-zero hex number, got '{s}'"))
+}
+
+const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set, lock acquire|renew|release";
 
 fn number(s: &str, what: &str) -> Result<u32, String> {
     s.parse::<u32>()
@@ -142,6 +176,32 @@ impl AdminCommand {
             ["crush", "set", text] => AdminCommand::CrushSet {
                 text: text.to_string(),
             },
+            ["lock", "acquire", pool, image, client, lease_ms, holder, mode @ ("keep" | "break")] => {
+                AdminCommand::LockAcquire {
+                    pool: pool.to_string(),
+                    image: image.to_string(),
+                    client: client_id(client)?,
+                    lease_ms: lease_ms
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|l| (LOCK_LEASE_MS_MIN..=LOCK_LEASE_MS_MAX).contains(l))
+                        .ok_or_else(|| {
+                            format!(
+                                "lease must be {LOCK_LEASE_MS_MIN}..={LOCK_LEASE_MS_MAX} ms, got '{lease_ms}'"
+                            )
+                        })?,
+                    holder: holder.to_string(),
+                    take_over: *mode == "break",
+                }
+            }
+            ["lock", verb @ ("renew" | "release"), pool, image, client] => {
+                let (pool, image, client) = (pool.to_string(), image.to_string(), client_id(client)?);
+                if *verb == "renew" {
+                    AdminCommand::LockRenew { pool, image, client }
+                } else {
+                    AdminCommand::LockRelease { pool, image, client }
+                }
+            }
             _ => {
                 return Err(format!(
                     "unknown command '{}' (known: {KNOWN})",
@@ -211,6 +271,45 @@ impl AdminCommand {
             ],
             AdminCommand::CrushGet => vec!["crush".into(), "get".into()],
             AdminCommand::CrushSet { text } => vec!["crush".into(), "set".into(), text.clone()],
+            AdminCommand::LockAcquire {
+                pool,
+                image,
+                client,
+                lease_ms,
+                holder,
+                take_over,
+            } => vec![
+                "lock".into(),
+                "acquire".into(),
+                pool.clone(),
+                image.clone(),
+                format!("{client:x}"),
+                lease_ms.to_string(),
+                holder.clone(),
+                if *take_over { "break" } else { "keep" }.into(),
+            ],
+            AdminCommand::LockRenew {
+                pool,
+                image,
+                client,
+            } => vec![
+                "lock".into(),
+                "renew".into(),
+                pool.clone(),
+                image.clone(),
+                format!("{client:x}"),
+            ],
+            AdminCommand::LockRelease {
+                pool,
+                image,
+                client,
+            } => vec![
+                "lock".into(),
+                "release".into(),
+                pool.clone(),
+                image.clone(),
+                format!("{client:x}"),
+            ],
         };
         v
     }
@@ -266,6 +365,24 @@ mod tests {
             AdminCommand::CrushSet {
                 text: "# begin crush map\n".into(),
             },
+            AdminCommand::LockAcquire {
+                pool: "rbd".into(),
+                image: "vm1".into(),
+                client: 0xfeed_beef,
+                lease_ms: 15_000,
+                holder: "host a pid 7".into(),
+                take_over: true,
+            },
+            AdminCommand::LockRenew {
+                pool: "rbd".into(),
+                image: "vm1".into(),
+                client: 1,
+            },
+            AdminCommand::LockRelease {
+                pool: "rbd".into(),
+                image: "vm1".into(),
+                client: u64::MAX,
+            },
         ];
         for c in all {
             assert_eq!(AdminCommand::parse(&c.to_args()), Ok(c.clone()), "{c:?}");
@@ -293,6 +410,13 @@ mod tests {
         ]))
         .unwrap_err();
         assert!(e.contains("unknown matrix 'bogus'"), "{e}");
+        let e = AdminCommand::parse(&args(&["lock", "renew", "rbd", "vm1", "0"])).unwrap_err();
+        assert!(e.contains("non-zero hex"), "{e}");
+        let e = AdminCommand::parse(&args(&[
+            "lock", "acquire", "rbd", "vm1", "a", "10", "h", "keep",
+        ]))
+        .unwrap_err();
+        assert!(e.contains("lease must be"), "{e}");
         let e = AdminCommand::parse(&args(&["frobnicate"])).unwrap_err();
         assert!(e.starts_with("unknown command 'frobnicate'"), "{e}");
     }

@@ -56,6 +56,8 @@ pub struct MonCore {
     down_since_ms: BTreeMap<u32, u64>,
     /// Recovery rate: (when, total recovered bytes, total recovered objects) samples.
     pub(crate) recovery_samples: VecDeque<(u64, u64, u64)>,
+    /// The lease of every image lock in the map (`crate::locks`).
+    pub(crate) leases: BTreeMap<(u32, String), crate::locks::Lease>,
 }
 
 /// `change` applied to a copy of `map`: the change's result, and the next map (epoch + 1)
@@ -79,7 +81,7 @@ impl MonCore {
     /// period before it can be marked down.
     pub fn new(map: ClusterMap, timing: MonTiming, now_ms: u64) -> MonCore {
         let last_heartbeat_ms = map.osds.keys().map(|&id| (id, now_ms)).collect();
-        MonCore {
+        let mut core = MonCore {
             placement: Placement::compute(&map),
             map,
             timing,
@@ -88,6 +90,55 @@ impl MonCore {
             counters: BTreeMap::new(),
             down_since_ms: BTreeMap::new(),
             recovery_samples: VecDeque::new(),
+            leases: BTreeMap::new(),
+        };
+        core.sync_leases(now_ms);
+        core
+    }
+
+    /// When daemons are marked down and out.
+    pub fn timing(&self) -> &MonTiming {
+        &self.timing
+    }
+
+    /// Executes `cmd` at `now_ms` (monotonic) and `now_unix_secs` (wall clock, for lock and
+    /// fence times): the image lock commands need both and change lease state; every other
+    /// command is [`MonCore::execute`].
+    pub fn execute_at(
+        &mut self,
+        now_ms: u64,
+        now_unix_secs: u64,
+        cmd: &AdminCommand,
+    ) -> Result<(AdminReply, Option<ClusterMap>), String> {
+        match cmd {
+            AdminCommand::LockAcquire {
+                pool,
+                image,
+                client,
+                lease_ms,
+                holder,
+                take_over,
+            } => self.lock_acquire(
+                now_ms,
+                now_unix_secs,
+                pool,
+                image,
+                *client,
+                *lease_ms,
+                holder,
+                *take_over,
+            ),
+            AdminCommand::LockRenew {
+                pool,
+                image,
+                client,
+            } => self.lock_renew(now_ms, pool, image, *client),
+            AdminCommand::LockRelease {
+                pool,
+                image,
+                client,
+            } => self.lock_release(pool, image, *client),
+            other => self.execute(other),
         }
     }
 
@@ -118,6 +169,7 @@ impl MonCore {
             .retain(|id, _| next.osds.contains_key(id));
         self.placement = Placement::compute(&next);
         self.map = next;
+        self.sync_leases(now_ms);
     }
 
     /// A daemon boots (or re-registers): the next map marks it up at its new address, or
@@ -300,6 +352,11 @@ impl MonCore {
     /// it (the answer's `epoch` is that map's).
     pub fn execute(&self, cmd: &AdminCommand) -> Result<(AdminReply, Option<ClusterMap>), String> {
         match cmd {
+            AdminCommand::LockAcquire { .. }
+            | AdminCommand::LockRenew { .. }
+            | AdminCommand::LockRelease { .. } => {
+                Err("image lock commands change lease state: run them with execute_at".to_string())
+            }
             AdminCommand::Status => Ok((
                 AdminReply::Status(Box::new(crate::status::status(self))),
                 None,

@@ -16,6 +16,7 @@
 
 pub mod command;
 pub mod core;
+mod locks;
 pub mod node;
 pub mod reply;
 mod status;
@@ -26,8 +27,8 @@ pub use core::{propose, MapChange, MonCore, MonTiming};
 pub use node::{Committed, Handled, MonNode};
 pub use reply::{
     Admin, AdminReply, ClusterRecovery, CrushSet, ErasureStatus, HealthCheck, HealthReport,
-    InconsistentPg, OsdAdded, OsdMarked, OsdStatus, PoolCreated, PoolRecovery, PoolRemoved,
-    PoolStatus, RatioSet, Status,
+    ImageLocked, InconsistentPg, LockReleased, LockRenewed, OsdAdded, OsdMarked, OsdStatus,
+    PoolCreated, PoolRecovery, PoolRemoved, PoolStatus, RatioSet, Status,
 };
 pub use status::{status, Health, Severity};
 pub use store::{MapStore, MapStoreError, MemMapStore, RedbMapStore};
@@ -103,6 +104,8 @@ pub fn first_map(spec: &InitSpec, cluster_id: u64) -> Result<ClusterMap, MonErro
         crush: spindle_map::embedded_crush_map(&ids)?,
         nearfull_ratio_ppm: spindle_map::NEARFULL_RATIO_PPM_DEFAULT,
         full_ratio_ppm: spindle_map::FULL_RATIO_PPM_DEFAULT,
+        image_locks: Default::default(),
+        fenced: Default::default(),
     };
     if let Some((name, size, min_size, pg_count)) = &spec.default_pool {
         map.add_pool(

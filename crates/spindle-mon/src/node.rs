@@ -144,8 +144,11 @@ impl MonNode {
                 }
             }
             Msg::Command { args } => {
+                let now_unix_secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
                 let res = AdminCommand::parse(&args)
-                    .and_then(|cmd| self.core.execute(&cmd))
+                    .and_then(|cmd| self.core.execute_at(now_ms, now_unix_secs, &cmd))
                     .and_then(|(answer, next)| match next {
                         Some(next) => self
                             .commit(now_ms, next, args.join(" "), &mut out)

@@ -235,6 +235,29 @@ pub struct CrushSet {
     pub epoch: u64,
 }
 
+/// `lock acquire`: the lock is the caller's from map `epoch` on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageLocked {
+    /// The map epoch that holds the lock (and the fence of a previous holder).
+    pub epoch: u64,
+    pub generation: u64,
+    /// The previous holder, fenced, when the lock was taken over.
+    pub taken_from: Option<String>,
+}
+
+/// `lock renew`: the lease runs this long from now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRenewed {
+    pub lease_ms: u64,
+}
+
+/// `lock release`: the map epoch from which the lock is gone (the current one if the
+/// caller held none).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockReleased {
+    pub epoch: u64,
+}
+
 /// The answer of any command, as the monitor produces it (serialized without a tag: the
 /// command says which it is).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -250,6 +273,9 @@ pub enum AdminReply {
     /// `crush get`: the map as `crushtool -d` text.
     CrushMap(String),
     CrushSet(CrushSet),
+    ImageLocked(ImageLocked),
+    LockRenewed(LockRenewed),
+    LockReleased(LockReleased),
 }
 
 impl AdminReply {
@@ -268,6 +294,9 @@ impl AdminReply {
             AdminCommand::SetRatio { .. } => AdminReply::RatioSet(from_str(json)?),
             AdminCommand::CrushGet => AdminReply::CrushMap(from_str(json)?),
             AdminCommand::CrushSet { .. } => AdminReply::CrushSet(from_str(json)?),
+            AdminCommand::LockAcquire { .. } => AdminReply::ImageLocked(from_str(json)?),
+            AdminCommand::LockRenew { .. } => AdminReply::LockRenewed(from_str(json)?),
+            AdminCommand::LockRelease { .. } => AdminReply::LockReleased(from_str(json)?),
         })
     }
 }
@@ -376,6 +405,47 @@ impl Admin<RatioSet> {
 impl Admin<String> {
     pub fn crush_get() -> Self {
         Admin::new(AdminCommand::CrushGet)
+    }
+}
+
+impl Admin<ImageLocked> {
+    /// `lock acquire`: `take_over` fences a live holder (`--break-lock`).
+    pub fn lock_acquire(
+        pool: &str,
+        image: &str,
+        client: u64,
+        lease_ms: u64,
+        holder: &str,
+        take_over: bool,
+    ) -> Self {
+        Admin::new(AdminCommand::LockAcquire {
+            pool: pool.into(),
+            image: image.into(),
+            client,
+            lease_ms,
+            holder: holder.into(),
+            take_over,
+        })
+    }
+}
+
+impl Admin<LockRenewed> {
+    pub fn lock_renew(pool: &str, image: &str, client: u64) -> Self {
+        Admin::new(AdminCommand::LockRenew {
+            pool: pool.into(),
+            image: image.into(),
+            client,
+        })
+    }
+}
+
+impl Admin<LockReleased> {
+    pub fn lock_release(pool: &str, image: &str, client: u64) -> Self {
+        Admin::new(AdminCommand::LockRelease {
+            pool: pool.into(),
+            image: image.into(),
+            client,
+        })
     }
 }
 

@@ -32,6 +32,8 @@ pub(crate) struct OsdCounters {
     /// (its base was not at hand).
     pub ec_delta_writes: AtomicU64,
     pub ec_delta_fallbacks: AtomicU64,
+    /// Writes refused because their client is fenced (its image lock was taken over).
+    pub fenced_writes_refused: AtomicU64,
 }
 
 impl OsdCounters {
@@ -66,6 +68,7 @@ impl OsdCounters {
             ("scrub_repaired", g(&self.scrub_repaired)),
             ("ec_delta_writes", g(&self.ec_delta_writes)),
             ("ec_delta_fallbacks", g(&self.ec_delta_fallbacks)),
+            ("fenced_writes_refused", g(&self.fenced_writes_refused)),
         ]
     }
 }

@@ -968,7 +968,33 @@ impl Osd {
         // the object, and the store keeps them instead of checksumming it again.
         let block_crcs = inc.bulk_block_crcs;
         match inc.msg {
-            Msg::ObjRequest { pool, pg, name, op } => {
+            Msg::ObjRequest {
+                pool,
+                pg,
+                name,
+                op,
+                client,
+            } => {
+                // A fenced client (its image lock was taken over) writes nothing more. Its
+                // writes this daemon accepted before it had the fencing map are ordered
+                // before the new holder's: the new holder's requests carry that epoch.
+                if matches!(op, ObjOp::Mutate(_))
+                    && client != 0
+                    && ms.map.fenced.contains_key(&client)
+                {
+                    OsdCounters::bump(&self.inner.counters.fenced_writes_refused);
+                    reply.send(
+                        rid,
+                        epoch,
+                        &Msg::error(
+                            ErrorCode::Fenced,
+                            format!(
+                                "client {client:016x} is fenced (another client took over its image lock at or before epoch {epoch}); write to {name} refused"
+                            ),
+                        ),
+                    );
+                    return;
+                }
                 let req = client::ClientOp {
                     rid,
                     pgid: PgId { pool, pg },

@@ -20,7 +20,7 @@ pub const NAME_MAX: usize = spindle_types::limits::OBJECT_NAME_BYTES_MAX;
 /// Largest data payload in one message (`spindle_types::limits::MESSAGE_DATA_BYTES_MAX`).
 pub const DATA_MAX: usize = spindle_types::limits::MESSAGE_DATA_BYTES_MAX;
 const LIST_MAX: u32 = 1 << 22;
-const MAP_MAX: usize = 32 << 20;
+const MAP_MAX: usize = spindle_types::limits::CLUSTER_MAP_BYTES_MAX;
 const TEXT_MAX: usize = 1 << 20;
 
 /// Error codes carried in `ErrorReply`.
@@ -757,6 +757,9 @@ messages! {
         pg: u32 = U32("pg"),
         name: String = Name,
         op: ObjOp = Op,
+        /// The sending client's id (random per client instance; 0 = anonymous): a
+        /// primary refuses writes of a client the map lists as fenced.
+        client: u64 = U64("client"),
     };
     ObjReply = 21, "obj_reply" {
         version: Ver = V,

@@ -61,6 +61,7 @@ fn samples() -> Vec<Msg> {
             pg: 2,
             name: "obj".into(),
             op: ObjOp::Mutate(Mutation::WriteFull(vec![7; 5000])),
+            client: 0,
         },
         Msg::ObjRequest {
             pool: 1,
@@ -70,24 +71,28 @@ fn samples() -> Vec<Msg> {
                 offset: 4096,
                 data: vec![1, 2, 3],
             }),
+            client: 0,
         },
         Msg::ObjRequest {
             pool: 1,
             pg: 2,
             name: "obj".into(),
             op: ObjOp::Mutate(Mutation::Truncate { size_bytes: 10 }),
+            client: 0,
         },
         Msg::ObjRequest {
             pool: 1,
             pg: 2,
             name: "obj".into(),
             op: ObjOp::Read { offset: 1, len: 2 },
+            client: 0,
         },
         Msg::ObjRequest {
             pool: 1,
             pg: 2,
             name: "".into(),
             op: ObjOp::List,
+            client: 0,
         },
         Msg::ObjReply {
             version: v(1, 2),
@@ -200,12 +205,14 @@ fn samples() -> Vec<Msg> {
                 expect: Some(v(2, 3)),
                 data: vec![6; 3 * 4096],
             }),
+            client: 0,
         },
         Msg::ObjRequest {
             pool: 3,
             pg: 1,
             name: "ec".into(),
             op: ObjOp::Stat,
+            client: 0,
         },
         Msg::RepWrite {
             pool: 3,
@@ -389,12 +396,14 @@ async fn large_bulks_arrive_with_block_checksums() {
         pg: 2,
         name: "o".into(),
         op: ObjOp::Mutate(Mutation::WriteFull(data.clone())),
+        client: 0,
     };
     let small = Msg::ObjRequest {
         pool: 1,
         pg: 2,
         name: "o".into(),
         op: ObjOp::Mutate(Mutation::WriteFull(vec![3; BULK_BLOCK_CRCS_BYTES_MIN - 1])),
+        client: 0,
     };
     let frame = spindle_proto::net::frame_bytes(9, 1, &big);
     let mut both = frame.clone();

@@ -78,6 +78,7 @@ fn write_full(i: usize, data: Vec<u8>) -> Msg {
         pg: 0,
         name: format!("obj{i}"),
         op: ObjOp::Mutate(Mutation::WriteFull(data)),
+        client: 0,
     }
 }
 

@@ -45,11 +45,15 @@ pub enum ErrorCode {
     /// The receiver is out of its budget for incoming payloads: retry after a short wait.
     #[error("busy")]
     Busy = 13,
+    /// The sender is fenced: another client took over the image lock it held, and its
+    /// writes are refused. Final: the sender must stop serving the image.
+    #[error("fenced")]
+    Fenced = 14,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         Self::NotFound,
         Self::StaleMap,
         Self::NeedMap,
@@ -63,6 +67,7 @@ impl ErrorCode {
         Self::Conflict,
         Self::NoSpace,
         Self::Busy,
+        Self::Fenced,
     ];
 
     /// The code with wire value `v`, None for a value no version of Spindle sends.
@@ -91,6 +96,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(*c as u16), Some(*c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(14), None);
+        assert_eq!(ErrorCode::from_u16(15), None);
     }
 }

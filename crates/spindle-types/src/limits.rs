@@ -62,7 +62,35 @@ pub const EC_CHUNKS_MAX: usize = 64;
 /// Largest stripe unit of an erasure-coded pool (one shard's part of a stripe).
 pub const STRIPE_UNIT_BYTES_MAX: u32 = 1 << 20;
 
+// ---- image locks and fencing ----
+
+/// Largest encoded cluster map (a frame carries it whole; the monitor stores it per epoch).
+pub const CLUSTER_MAP_BYTES_MAX: usize = 32 << 20;
+/// Most images locked at once in one cluster: each lock lives in the map, which every
+/// daemon and client holds whole.
+pub const IMAGE_LOCKS_MAX: usize = 1 << 15;
+/// Longest description of a lock holder (host, process id, program).
+pub const IMAGE_LOCK_HOLDER_BYTES_MAX: usize = 256;
+/// Most fenced clients in the map; the oldest entries go first beyond it.
+pub const FENCED_CLIENTS_MAX: usize = 1 << 12;
+/// How long a fenced client stays fenced (Ceph keeps blocklist entries one hour). A
+/// client id is random per client instance and never reused, so an entry only matters
+/// while the fenced process may still be alive and stalled; a day covers any pause a
+/// process survives in practice.
+pub const FENCE_KEEP_SECS: u64 = 24 * 3600;
+/// How long an image lock's lease lasts without a renewal. The holder renews every third
+/// of it, so two lost renewals in a row do not lose the lock.
+pub const IMAGE_LOCK_LEASE_MS_DEFAULT: u64 = 15_000;
+
 // ---- how they relate ----
+
+// Every lock and every fenced client fit the map with room left for daemons and pools
+// (8 fixed u64/u32 fields per lock, 16 bytes per fenced client).
+const _: () = assert!(
+    IMAGE_LOCKS_MAX * (IMAGE_NAME_BYTES_MAX + IMAGE_LOCK_HOLDER_BYTES_MAX + 4 * 8)
+        + FENCED_CLIENTS_MAX * 16
+        <= CLUSTER_MAP_BYTES_MAX / 2
+);
 
 // One name limit: an image object's name, and an EC slot object's name, fit it.
 const _: () =

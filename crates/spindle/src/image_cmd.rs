@@ -66,6 +66,23 @@ fn check_volume_size(size_bytes: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The image's lock as `image info` shows it (JSON null when unlocked).
+fn lock_json(map: &spindle_map::ClusterMap, pool: &str, image: &str) -> serde_json::Value {
+    let lock = map
+        .pool_by_name(pool)
+        .and_then(|p| map.image_locks.get(&(p.id, image.to_string())));
+    match lock {
+        None => serde_json::Value::Null,
+        Some(l) => serde_json::json!({
+            "client": format!("{:016x}", l.client),
+            "fenced_clients_in_map": map.fenced.len(),
+            "generation": l.generation,
+            "holder": l.holder,
+            "since_unix_secs": l.since_unix_secs,
+        }),
+    }
+}
+
 fn print_info(info: &ImageInfo) {
     println!("image:       {}", info.name);
     println!("pool:        {}", info.pool);
@@ -81,6 +98,20 @@ fn print_info(info: &ImageInfo) {
     );
     println!("created:     {} (unix seconds)", info.created_unix_secs);
     println!("format:      {}", info.format_version);
+}
+
+fn print_lock(lock: &serde_json::Value) {
+    if lock.is_null() {
+        println!("lock:        none");
+    } else {
+        println!(
+            "lock:        held by {} (client {}, generation {}, since {} unix seconds)",
+            lock["holder"].as_str().unwrap_or("?"),
+            lock["client"].as_str().unwrap_or("?"),
+            lock["generation"],
+            lock["since_unix_secs"]
+        );
+    }
 }
 
 /// Runs one `spindle image` subcommand.
@@ -125,11 +156,15 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 }
             }
             ImageCommand::Info { name, json, obj } => {
-                let info = Image::open(client, &obj.pool, &name).await?.info();
+                let info = Image::open(client.clone(), &obj.pool, &name).await?.info();
+                let lock = lock_json(&client.map(), &obj.pool, &name);
                 if json {
-                    println!("{}", serde_json::to_string(&info)?);
+                    let mut doc = serde_json::to_value(&info)?;
+                    doc["lock"] = lock;
+                    println!("{}", serde_json::to_string(&doc)?);
                 } else {
                     print_info(&info);
+                    print_lock(&lock);
                 }
             }
             ImageCommand::Resize { name, size, obj } => {
@@ -146,8 +181,19 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 );
             }
             ImageCommand::Rm { name, obj } => {
+                // Removing an image someone serves would pull its data from under it:
+                // take the lock first (refused while a live holder has it).
+                let lock = spindle_image::lock::ImageLock::acquire(
+                    client.clone(),
+                    &obj.pool,
+                    &name,
+                    &spindle_image::lock::holder_description("spindle image rm"),
+                    &spindle_image::lock::LockOptions::default(),
+                )
+                .await
+                .with_context(|| format!("cannot remove image {name}"))?;
                 let mut shown = false;
-                Image::remove(client, &obj.pool, &name, |done, total| {
+                let removed = Image::remove(client.clone(), &obj.pool, &name, |done, total| {
                     // A counter line on stderr for images with more than a handful of
                     // objects.
                     if total > 64 {
@@ -157,11 +203,12 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                         shown = true;
                     }
                 })
-                .await
-                .with_context(|| format!("removing image {name}"))?;
+                .await;
+                lock.release().await;
                 if shown {
                     eprintln!();
                 }
+                removed.with_context(|| format!("removing image {name}"))?;
                 println!("removed image {name}");
             }
         }

@@ -28,6 +28,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use spindle_cluster::Target;
 
+use spindle_image::lock::LockOptions;
 use spindle_image::nbd::ImageExports;
 use spindle_image::{BlockConfig, Image};
 use spindle_nbd::{NbdServer, ServerConfig};
@@ -64,6 +65,12 @@ pub struct NbdArgs {
     /// read 256 KiB in order).
     #[arg(long)]
     pub no_readahead: bool,
+    /// Take over the lock of an image another client holds (e.g. a stalled `spindle
+    /// nbd`): that client is fenced first, and the daemons refuse its writes from then on.
+    /// Without it such an image is refused, with the holder named. A holder whose lease ran
+    /// out, or a process of this host that is gone, is taken over without it.
+    #[arg(long)]
+    pub break_lock: bool,
     #[command(flatten)]
     pub target: Target,
 }
@@ -139,7 +146,12 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         .into_iter()
         .map(|i| i.name)
         .collect();
-    let exports = Arc::new(ImageExports::new(client, args.pool.clone(), config));
+    let exports = Arc::new(
+        ImageExports::new(client, args.pool.clone(), config).with_locking(Some(LockOptions {
+            take_over: args.break_lock,
+            ..LockOptions::default()
+        })),
+    );
     let mut server_config = ServerConfig::default();
     if let Some(mib) = std::env::var("SPINDLE_PAYLOAD_BUDGET_MIB")
         .ok()
@@ -231,6 +243,7 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         .flush_all()
         .await
         .map_err(|e| anyhow::anyhow!("final flush failed: {e}"))?;
+    exports.release_locks().await;
     let s = server.stats();
     eprintln!(
         "spindle nbd: stopped: {} connections, {} reads ({} bytes), {} writes ({} bytes), {} flushes, {} trims, {} write-zeroes, {} error replies",

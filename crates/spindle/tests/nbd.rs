@@ -512,3 +512,141 @@ fn thousands_of_connections_with_mixed_sizes() {
     }
     drop(nbd);
 }
+
+/// Sends SIGSTOP or SIGCONT to `pid`.
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) of a child of this test.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// Two `spindle nbd` processes on one image: the second is refused (the holder named)
+/// while the first holds the image's lock; `image info` shows the holder. With
+/// `--break-lock` a second server takes over from a first one stalled by SIGSTOP, which
+/// is fenced: once continued, its write (sent while it was stopped) fails, and the image
+/// keeps what the new holder wrote. A server killed with SIGKILL is taken over by the next
+/// one on this host without `--break-lock`.
+#[test]
+fn a_second_nbd_server_is_refused_and_break_lock_fences_a_stalled_first() {
+    let _serial = serial();
+    let started = Instant::now();
+    let c = Cluster::start("nbd-lock", 3, 16);
+    create_image(&c, "disk", "16M");
+    let first = NbdProc::start(&c);
+    qemu_io(&first.uri("disk"), &["write -P 0x11 0 1M", "flush"]);
+
+    let info: serde_json::Value = serde_json::from_str(&run_ok(
+        spindle()
+            .args(["image", "info", "disk", "--json", "--dir"])
+            .arg(&c.dir),
+    ))
+    .expect("image info --json");
+    let holder = info["lock"]["holder"].as_str().expect("a lock holder");
+    assert!(
+        holder.contains(&format!("pid {} ", first.child.id())),
+        "{holder}"
+    );
+    assert_eq!(info["lock"]["generation"], 1);
+
+    // A second server, no --break-lock: the export is refused, with the holder named.
+    let second = NbdProc::start(&c);
+    let out = Command::new("qemu-io")
+        .args(["-f", "raw", &second.uri("disk"), "-c", "read 0 4k"])
+        .output()
+        .expect("qemu-io");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(second.log().contains("is locked by"), "{}", second.log());
+    drop(second);
+
+    // The first server, with a write queued on its socket, stalls (SIGSTOP).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut conn, _) = rt
+        .block_on(raw_nbd::connect(&first.addr, "disk"))
+        .expect("connect to the first server");
+    let pid = first.child.id();
+    signal(pid, libc::SIGSTOP);
+    rt.block_on(async {
+        use tokio::io::AsyncWriteExt;
+        // A write of 0x77 over the first MiB, sent (not answered) while stopped.
+        let mut req = Vec::new();
+        req.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        req.extend_from_slice(&0u16.to_be_bytes());
+        req.extend_from_slice(&raw_nbd::CMD_WRITE.to_be_bytes());
+        req.extend_from_slice(&9u64.to_be_bytes());
+        req.extend_from_slice(&0u64.to_be_bytes());
+        req.extend_from_slice(&(1u32 << 20).to_be_bytes());
+        req.extend(std::iter::repeat_n(0x77u8, 1 << 20));
+        conn.write_all(&req).await.expect("queue the write");
+    });
+
+    // A third server breaks the lock and writes 0x22.
+    let third = NbdProc::start_with(&c, &["--break-lock"]);
+    qemu_io(&third.uri("disk"), &["write -P 0x22 0 1M", "flush"]);
+    assert!(
+        third.log().contains("took the lock over"),
+        "{}",
+        third.log()
+    );
+
+    // The first server continues: its queued write fails (fenced), and the data is the
+    // new holder's.
+    signal(pid, libc::SIGCONT);
+    let errno = rt.block_on(async {
+        use tokio::io::AsyncReadExt;
+        let mut head = [0u8; 16];
+        conn.read_exact(&mut head)
+            .await
+            .expect("reply to the queued write");
+        assert_eq!(u64::from_be_bytes(head[8..].try_into().unwrap()), 9);
+        u32::from_be_bytes(head[4..8].try_into().unwrap())
+    });
+    assert_ne!(errno, 0, "a fenced server's write must fail");
+    // Later requests fail too: a fenced server serves nothing, not even reads.
+    let (e, _) = rt
+        .block_on(raw_nbd::request(
+            &mut conn,
+            raw_nbd::CMD_READ,
+            10,
+            0,
+            4096,
+            &[],
+        ))
+        .expect("read reply");
+    assert_ne!(e, 0, "a fenced server must not serve reads");
+    qemu_io(&third.uri("disk"), &["read -P 0x22 0 1M"]);
+    let info: serde_json::Value = serde_json::from_str(&run_ok(
+        spindle()
+            .args(["image", "info", "disk", "--json", "--dir"])
+            .arg(&c.dir),
+    ))
+    .unwrap();
+    assert_eq!(info["lock"]["generation"], 2);
+    drop(first);
+
+    // SIGKILL the holder: the next server on this host takes over without --break-lock.
+    let mut third = third;
+    third.kill9();
+    let fourth = NbdProc::start(&c);
+    qemu_io(
+        &fourth.uri("disk"),
+        &["read -P 0x22 0 1M", "write -P 0x33 0 4k"],
+    );
+    // A graceful stop releases the lock.
+    let mut fourth = fourth;
+    fourth.terminate();
+    let info: serde_json::Value = serde_json::from_str(&run_ok(
+        spindle()
+            .args(["image", "info", "disk", "--json", "--dir"])
+            .arg(&c.dir),
+    ))
+    .unwrap();
+    assert!(info["lock"].is_null(), "{info}");
+    eprintln!("nbd_lock: {:?}", started.elapsed());
+}

@@ -424,6 +424,11 @@ pub struct NbdProc {
 impl NbdProc {
     /// Starts `spindle nbd --listen 127.0.0.1:0` on the cluster and waits for its banner.
     pub fn start(c: &Cluster) -> NbdProc {
+        NbdProc::start_with(c, &[])
+    }
+
+    /// [`NbdProc::start`] with more arguments (e.g. `--break-lock`).
+    pub fn start_with(c: &Cluster, extra: &[&str]) -> NbdProc {
         let log_path = c.dir.join("nbd.log");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -433,6 +438,7 @@ impl NbdProc {
         let mut child = spindle()
             .args(["nbd", "--listen", "127.0.0.1:0", "--dir"])
             .arg(&c.dir)
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

@@ -1,0 +1,100 @@
+//! Exclusive image locks, as a client takes them (the monitor decides: `spindle_mon`'s
+//! `locks` module). The lock is held by this client's id; a client that loses it (taken
+//! over with `--break-lock`, or its lease ran out) is fenced, and the daemons refuse its
+//! writes with [`ClientError::Fenced`].
+
+use crate::{Client, ClientError};
+
+/// An image lock this client now holds.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct LockGrant {
+    /// The map epoch holding the lock; this client's map is at least this new when
+    /// [`Client::lock_acquire`] returns.
+    pub epoch: u64,
+    /// Takeovers of this image's lock so far, plus one.
+    pub generation: u64,
+    /// The previous holder, now fenced, when the lock was taken over.
+    pub taken_from: Option<String>,
+}
+
+/// The monitor command that takes the lock (`spindle_mon::Admin::lock_acquire`'s
+/// arguments; a test pins the two together).
+pub fn lock_acquire_args(
+    pool: &str,
+    image: &str,
+    client: u64,
+    lease_ms: u64,
+    holder: &str,
+    take_over: bool,
+) -> Vec<String> {
+    vec![
+        "lock".into(),
+        "acquire".into(),
+        pool.into(),
+        image.into(),
+        format!("{client:x}"),
+        lease_ms.to_string(),
+        holder.into(),
+        if take_over { "break" } else { "keep" }.into(),
+    ]
+}
+
+/// `lock renew` or `lock release` (`verb`) of `image` for `client`.
+pub fn lock_args(verb: &str, pool: &str, image: &str, client: u64) -> Vec<String> {
+    vec![
+        "lock".into(),
+        verb.into(),
+        pool.into(),
+        image.into(),
+        format!("{client:x}"),
+    ]
+}
+
+impl Client {
+    /// Takes `image`'s exclusive lock for this client with a lease of `lease_ms` (renew it
+    /// with [`Client::lock_renew`] every third of that). A lock another client holds is
+    /// taken over, and that client fenced, only if its lease ran out or `take_over` is set;
+    /// otherwise the monitor's refusal names the holder ([`ClientError::Command`]).
+    pub async fn lock_acquire(
+        &self,
+        pool: &str,
+        image: &str,
+        lease_ms: u64,
+        holder: &str,
+        take_over: bool,
+    ) -> Result<LockGrant, ClientError> {
+        let args = lock_acquire_args(pool, image, self.client_id(), lease_ms, holder, take_over);
+        let grant: LockGrant = self.command_as(args).await?;
+        // Our requests must carry the epoch that holds the lock (and the fence): a daemon
+        // serves none of them before it has that map.
+        if !self.wait_for_epoch(grant.epoch, 10_000).await {
+            return Err(ClientError::Timeout {
+                ms: 10_000,
+                last: format!(
+                    "waiting for map epoch {} after taking the lock",
+                    grant.epoch
+                ),
+            });
+        }
+        Ok(grant)
+    }
+
+    /// Extends the lease of a lock this client holds. [`ClientError::Fenced`] when the lock
+    /// is no longer ours; other errors (the monitor unreachable) are worth retrying.
+    pub async fn lock_renew(&self, pool: &str, image: &str) -> Result<(), ClientError> {
+        let args = lock_args("renew", pool, image, self.client_id());
+        match self.command_as::<serde_json::Value>(args).await {
+            Ok(_) => Ok(()),
+            Err(ClientError::Command(m)) if m.starts_with("lock lost") => {
+                Err(ClientError::Fenced(m))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Releases a lock this client holds (nothing happens if it holds none).
+    pub async fn lock_release(&self, pool: &str, image: &str) -> Result<(), ClientError> {
+        let args = lock_args("release", pool, image, self.client_id());
+        self.command_as::<serde_json::Value>(args).await.map(|_| ())
+    }
+}

@@ -1,0 +1,945 @@
+//! LineFS's persist-and-publish for a block image: a client-local, checksummed,
+//! group-committed write log in front of the block layer.
+//!
+//! ```text
+//!  write ──> appender ──> writer thread: one O_DIRECT|O_DSYNC write per batch (group
+//!            commit) ──> overlay insert ──> acknowledged
+//!                                       └──> publisher: chunks of records, overwrites
+//!                                            coalesced, written through the block layer
+//!                                            (durable on every copy), then the
+//!                                            superblock's published position moves and
+//!                                            the ring space is free again
+//!  read ──> overlay (unpublished writes) over the block layer
+//!  flush / FUA ──> wait until everything before is published
+//! ```
+//!
+//! Invariants:
+//! - a write is acknowledged only once its records are durable in the log file, and its
+//!   bytes are in the overlay before that (reads after the acknowledgement see them);
+//! - records are published in seq order, and a chunk's extents leave the overlay only
+//!   after the block layer acknowledged them (durable on every copy);
+//! - ring space is reused only behind the *durable* published position (the superblock),
+//!   so a replay after a crash finds every unpublished record;
+//! - a replay applies the valid records from the published position in seq order and
+//!   stops at the first record that is missing, torn or fails its checksum; nothing after
+//!   it is applied (`ReplayReport` says what was dropped and why).
+//!
+//! A full ring makes writes wait for the publisher (backpressure), never fail. The file is
+//! preallocated at creation, so a full file system cannot fail a log write later.
+//! File layout: [`format`].
+
+pub mod format;
+pub mod overlay;
+
+use crate::block::BlockLayer;
+use crate::image::{ImageError, ObjectBackend};
+use bytes::Bytes;
+use format::{Header, Super, BLOCK_BYTES, HEADER_BYTES, RECORD_DATA_BYTES_MAX, RING_START};
+use overlay::{Overlay, Piece};
+use spindle_io::IoBuf;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Default ring size of a write log (`spindle nbd --write-log-size`).
+pub const WRITE_LOG_BYTES_DEFAULT: u64 = 1 << 30;
+/// Smallest ring: room for a few of the largest records at once.
+pub const WRITE_LOG_BYTES_MIN: u64 = 32 << 20;
+/// Most bytes one group commit writes (the writer takes whatever is queued, up to this).
+const BATCH_BYTES_MAX: u64 = 8 << 20;
+/// Most bytes the publisher takes as one chunk.
+const CHUNK_BYTES_MAX: u64 = 16 << 20;
+/// How long a failing publish waits before it tries again.
+const PUBLISH_RETRY: Duration = Duration::from_millis(500);
+
+const _: () = assert!(WRITE_LOG_BYTES_MIN >= 4 * (RECORD_DATA_BYTES_MAX as u64 + BLOCK_BYTES));
+const _: () = assert!(BATCH_BYTES_MAX <= WRITE_LOG_BYTES_MIN / 2);
+
+/// Errors of the write log.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteLogError {
+    #[error("write log {path}: {what}: {source}")]
+    Io {
+        path: PathBuf,
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("write log {path}: {0}", path = .1.display())]
+    Invalid(String, PathBuf),
+}
+
+impl From<WriteLogError> for ImageError {
+    fn from(e: WriteLogError) -> ImageError {
+        ImageError::WriteLog(e.to_string())
+    }
+}
+
+/// Where the log lives and how large its ring is.
+#[derive(Clone, Debug)]
+pub struct WriteLogConfig {
+    /// The directory; the log of `pool/image` is `DIR/pool.image.wlog`.
+    pub dir: PathBuf,
+    pub ring_bytes: u64,
+    /// For tests: no publisher runs, so records stay in the log (a stalled publisher).
+    pub publish_paused: bool,
+}
+
+impl WriteLogConfig {
+    /// A log in `dir` with a ring of `ring_bytes`.
+    pub fn new(dir: impl Into<PathBuf>, ring_bytes: u64) -> WriteLogConfig {
+        WriteLogConfig {
+            dir: dir.into(),
+            ring_bytes,
+            publish_paused: false,
+        }
+    }
+}
+
+/// What a replay found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Records applied to the image (acknowledged writes not yet published at the crash).
+    pub records_applied: u64,
+    pub bytes_applied: u64,
+    /// Why the scan stopped, when it was not the clean end of the log: a torn record of a
+    /// batch never acknowledged, or a damaged one (then `records_refused` counts the valid
+    /// records found after it, which are not applied).
+    pub stopped: Option<String>,
+    pub records_refused: u64,
+}
+
+/// Counters of a write log.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct WriteLogStats {
+    pub appended_records: u64,
+    pub appended_bytes: u64,
+    pub group_commits: u64,
+    pub published_records: u64,
+    pub published_bytes: u64,
+    /// Block-layer writes the publisher issued (after coalescing).
+    pub publish_writes: u64,
+    pub publish_chunks: u64,
+    /// Appends that waited for ring space.
+    pub full_waits: u64,
+    pub overlay_bytes: u64,
+    pub ring_used_bytes: u64,
+    pub ring_bytes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    appended_records: AtomicU64,
+    appended_bytes: AtomicU64,
+    group_commits: AtomicU64,
+    published_records: AtomicU64,
+    published_bytes: AtomicU64,
+    publish_writes: AtomicU64,
+    publish_chunks: AtomicU64,
+    full_waits: AtomicU64,
+}
+
+/// A record durable in the log, on its way to the publisher.
+struct Logged {
+    seq: u64,
+    offset: u64,
+    data: Bytes,
+    /// LSN just past this record (and any pad before it).
+    end_lsn: u64,
+}
+
+/// One append for the writer thread.
+struct Append {
+    offset: u64,
+    data: Bytes,
+    done: oneshot::Sender<Result<u64, String>>,
+}
+
+/// Ring space shared by the writer (which fills it) and the publisher (which frees it).
+struct Ring {
+    /// The durable published LSN (what the superblock says).
+    durable_published_lsn: Mutex<u64>,
+    freed: Condvar,
+    closing: AtomicBool,
+}
+
+/// State shared by the parts of the log.
+struct Shared {
+    path: PathBuf,
+    name: String,
+    log_id: u64,
+    ring_bytes: u64,
+    overlay: Mutex<Overlay>,
+    ring: Ring,
+    counters: Counters,
+    /// Highest seq acknowledged to a writer.
+    acked_seq: AtomicU64,
+    /// Highest seq durable in the cluster (the publisher's progress; flushes wait on it).
+    published_tx: watch::Sender<u64>,
+    /// Set once publishing failed for good (e.g. fenced): flushes report it.
+    failed: Mutex<Option<String>>,
+    /// The LSN the writer appends at next (for `ring_used_bytes`).
+    head_lsn: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The write log of one image (see the module documentation).
+pub struct WriteLog<B: ObjectBackend> {
+    shared: Arc<Shared>,
+    layer: Arc<BlockLayer<B>>,
+    appends: std::sync::mpsc::Sender<Append>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    publisher: tokio::task::JoinHandle<()>,
+    /// One FLUSH-style drain at a time (trim and write-zeroes go around the log).
+    drain: tokio::sync::Mutex<()>,
+}
+
+impl<B: ObjectBackend> Drop for WriteLog<B> {
+    fn drop(&mut self) {
+        self.shared.ring.closing.store(true, Ordering::SeqCst);
+        self.shared.ring.freed.notify_all();
+        self.publisher.abort();
+        // The writer thread ends when the append channel closes (this value's sender).
+        if let Some(w) = self.writer.take() {
+            drop(std::mem::replace(
+                &mut self.appends,
+                std::sync::mpsc::channel().0,
+            ));
+            let _ = w.join();
+        }
+    }
+}
+
+fn io_err(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> WriteLogError {
+    let path = path.to_path_buf();
+    move |source| WriteLogError::Io { path, what, source }
+}
+
+/// The log file of `pool/image` in `dir`.
+pub fn log_path(dir: &Path, pool: &str, image: &str) -> PathBuf {
+    dir.join(format!("{pool}.{image}.wlog"))
+}
+
+/// Opens for direct, synchronous writes.
+fn open_direct(path: &Path) -> Result<File, WriteLogError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(path)
+        .map_err(io_err(path, "open (O_DIRECT | O_DSYNC)"))
+}
+
+fn write_super(file: &File, path: &Path, s: &Super) -> Result<(), WriteLogError> {
+    let bytes = s.encode();
+    let buf = IoBuf::aligned_copy(&bytes, bytes.len(), BLOCK_BYTES as usize);
+    file.write_all_at(&buf, s.slot() * BLOCK_BYTES)
+        .map_err(io_err(path, "superblock write"))
+}
+
+/// Creates a new log file: preallocated, both superblock slots written.
+fn create(path: &Path, name: &str, ring_bytes: u64) -> Result<Super, WriteLogError> {
+    let tmp = path.with_extension("wlog.new");
+    {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io_err(&tmp, "create"))?;
+        let len = RING_START + ring_bytes;
+        // SAFETY: fallocate on a file we own, with valid arguments.
+        let r = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, len as i64) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            let _ = std::fs::remove_file(&tmp);
+            return Err(WriteLogError::Io {
+                path: tmp,
+                what: "preallocate the ring (is the file system full?)",
+                source: e,
+            });
+        }
+        f.sync_all().map_err(io_err(&tmp, "sync"))?;
+    }
+    let mut s = Super {
+        log_id: rand::random::<u64>() | 1,
+        ring_bytes,
+        published_seq: 0,
+        published_lsn: 0,
+        generation: 0,
+        name: name.to_string(),
+    };
+    {
+        let f = open_direct(&tmp)?;
+        write_super(&f, &tmp, &s)?;
+        s.generation = 1;
+        write_super(&f, &tmp, &s)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io_err(path, "rename into place"))?;
+    if let Some(dir) = path.parent() {
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(s)
+}
+
+/// The newest valid superblock of `file`.
+fn read_super(file: &File, path: &Path) -> Result<Super, WriteLogError> {
+    let mut best: Option<Super> = None;
+    let mut why = Vec::new();
+    for slot in 0..2u64 {
+        let mut b = vec![0u8; BLOCK_BYTES as usize];
+        file.read_exact_at(&mut b, slot * BLOCK_BYTES)
+            .map_err(io_err(path, "superblock read"))?;
+        match Super::decode(&b) {
+            Ok(s) if best.as_ref().is_none_or(|b| s.generation > b.generation) => best = Some(s),
+            Ok(_) => {}
+            Err(e) => why.push(format!("slot {slot}: {e}")),
+        }
+    }
+    best.ok_or_else(|| {
+        WriteLogError::Invalid(
+            format!("no valid superblock ({})", why.join("; ")),
+            path.to_path_buf(),
+        )
+    })
+}
+
+/// Reads the records after the published position: the valid ones in seq order, and why
+/// the scan stopped.
+fn scan(file: &File, path: &Path, s: &Super) -> Result<(Vec<Logged>, ReplayReport), WriteLogError> {
+    let mut out = Vec::new();
+    let mut report = ReplayReport::default();
+    let mut lsn = s.published_lsn;
+    let mut seq = s.published_seq + 1;
+    let limit = s.published_lsn + s.ring_bytes;
+    let mut head = vec![0u8; BLOCK_BYTES as usize];
+    let read_at = |buf: &mut [u8], lsn: u64| -> Result<(), WriteLogError> {
+        file.read_exact_at(buf, RING_START + lsn % s.ring_bytes)
+            .map_err(io_err(path, "ring read"))
+    };
+    while lsn < limit {
+        read_at(&mut head, lsn)?;
+        let Some(h) = format::decode_header(&head) else {
+            break; // zeros or another lap's bytes: the clean end
+        };
+        if h.log_id != s.log_id || h.seq != seq {
+            break; // an earlier lap's record: the clean end
+        }
+        if lsn % s.ring_bytes + h.record_bytes > s.ring_bytes || lsn + h.record_bytes > limit {
+            report.stopped = Some(format!(
+                "record seq {seq} at log offset {lsn} runs past the ring"
+            ));
+            break;
+        }
+        let mut rec = vec![0u8; h.record_bytes as usize];
+        if !h.pad {
+            read_at(&mut rec, lsn)?;
+        } else {
+            rec[..BLOCK_BYTES as usize].copy_from_slice(&head);
+        }
+        let data = &rec[HEADER_BYTES..HEADER_BYTES + h.data_len];
+        if !format::record_ok(&rec, &h, data) {
+            // Torn (a batch never acknowledged) or damaged: count the valid records that
+            // follow; if there are any, this one was acknowledged and is damaged.
+            let (after, later_batch) =
+                count_valid_after(file, path, s, lsn + h.record_bytes, seq + 1, limit)?;
+            report.records_refused = after;
+            report.stopped = Some(if later_batch {
+                format!(
+                    "record seq {seq} at log offset {lsn} fails its checksum (damaged): it and the \
+                     {after} valid records after it are refused; acknowledged writes from seq {seq} on are lost"
+                )
+            } else {
+                format!(
+                    "record seq {seq} at log offset {lsn} is torn (its group commit never completed, \
+                     so nothing in it was acknowledged): it and the {after} records after it are dropped"
+                )
+            });
+            break;
+        }
+        lsn += h.record_bytes;
+        if !h.pad {
+            out.push(Logged {
+                seq,
+                offset: h.offset,
+                data: Bytes::copy_from_slice(data),
+                end_lsn: lsn,
+            });
+        }
+        seq += 1;
+    }
+    Ok((out, report))
+}
+
+/// Valid-looking records (right id, increasing seq) from `lsn` on, stopping at the first
+/// gap, and whether one of them belongs to a group commit after the one of seq `seq - 1`.
+fn count_valid_after(
+    file: &File,
+    path: &Path,
+    s: &Super,
+    mut lsn: u64,
+    mut seq: u64,
+    limit: u64,
+) -> Result<(u64, bool), WriteLogError> {
+    let bad = seq - 1;
+    let mut later_batch = false;
+    let mut n = 0;
+    let mut head = vec![0u8; BLOCK_BYTES as usize];
+    while lsn < limit {
+        file.read_exact_at(&mut head, RING_START + lsn % s.ring_bytes)
+            .map_err(io_err(path, "ring read"))?;
+        let Some(h) = format::decode_header(&head) else {
+            break;
+        };
+        if h.log_id != s.log_id || h.seq != seq {
+            break;
+        }
+        n += u64::from(!h.pad);
+        later_batch |= h.batch_first > bad;
+        lsn += h.record_bytes;
+        seq += 1;
+    }
+    Ok((n, later_batch))
+}
+
+impl<B: ObjectBackend> WriteLog<B> {
+    /// Opens (or creates) the log of `pool/image` in front of `layer`: replays whatever a
+    /// crash left unpublished into the image (before anything is served), then starts the
+    /// writer thread and the publisher. The caller holds the image's lock.
+    pub async fn open(
+        config: &WriteLogConfig,
+        pool: &str,
+        image: &str,
+        layer: Arc<BlockLayer<B>>,
+    ) -> Result<(WriteLog<B>, ReplayReport), ImageError> {
+        if config.ring_bytes < WRITE_LOG_BYTES_MIN || !config.ring_bytes.is_multiple_of(BLOCK_BYTES)
+        {
+            return Err(ImageError::InvalidConfig(format!(
+                "write log size must be a multiple of 4 KiB and at least {} MiB",
+                WRITE_LOG_BYTES_MIN >> 20
+            )));
+        }
+        std::fs::create_dir_all(&config.dir)
+            .map_err(io_err(&config.dir, "create the directory"))?;
+        let path = log_path(&config.dir, pool, image);
+        let name = format!("{pool}/{image}");
+        let mut sup = if path.exists() {
+            let f = File::open(&path).map_err(io_err(&path, "open"))?;
+            let s = read_super(&f, &path)?;
+            if s.name != name {
+                return Err(WriteLogError::Invalid(
+                    format!("belongs to {}, not {name}", s.name),
+                    path,
+                )
+                .into());
+            }
+            s
+        } else {
+            create(&path, &name, config.ring_bytes)?
+        };
+        if sup.ring_bytes != config.ring_bytes {
+            tracing::warn!(
+                "write log {}: keeps its ring of {} MiB (asked for {} MiB; remove the log after a clean stop to change it)",
+                path.display(),
+                sup.ring_bytes >> 20,
+                config.ring_bytes >> 20
+            );
+        }
+        // Replay: every valid unpublished record, in order, through the block layer.
+        let (records, mut report) = {
+            let f = File::open(&path).map_err(io_err(&path, "open"))?;
+            scan(&f, &path, &sup)?
+        };
+        if let Some(why) = &report.stopped {
+            tracing::warn!("write log {}: {why}", path.display());
+        }
+        let mut end_lsn = sup.published_lsn;
+        let mut end_seq = sup.published_seq;
+        if !records.is_empty() {
+            tracing::info!(
+                "write log {}: replaying {} unpublished records into {name}",
+                path.display(),
+                records.len()
+            );
+        }
+        for r in &records {
+            layer.write(r.offset, &r.data).await?;
+            report.records_applied += 1;
+            report.bytes_applied += r.data.len() as u64;
+            end_lsn = r.end_lsn;
+            end_seq = r.seq;
+        }
+        layer.flush().await?;
+        // Past the last valid record (also past a refused tail: its space is reused), under
+        // a new log id: records of this and earlier openings (a refused tail, earlier laps)
+        // can never be taken for new ones, whatever lands where they were.
+        sup.published_lsn = end_lsn;
+        sup.published_seq = end_seq;
+        sup.log_id = rand::random::<u64>() | 1;
+        sup.generation += 1;
+        {
+            let f = open_direct(&path)?;
+            write_super(&f, &path, &sup)?;
+        }
+
+        let (published_tx, _) = watch::channel(sup.published_seq);
+        let shared = Arc::new(Shared {
+            path: path.clone(),
+            name,
+            log_id: sup.log_id,
+            ring_bytes: sup.ring_bytes,
+            overlay: Mutex::new(Overlay::default()),
+            ring: Ring {
+                durable_published_lsn: Mutex::new(sup.published_lsn),
+                freed: Condvar::new(),
+                closing: AtomicBool::new(false),
+            },
+            counters: Counters::default(),
+            acked_seq: AtomicU64::new(sup.published_seq),
+            published_tx,
+            failed: Mutex::new(None),
+            head_lsn: AtomicU64::new(sup.published_lsn),
+        });
+        let (appends_tx, appends_rx) = std::sync::mpsc::channel::<Append>();
+        let (logged_tx, logged_rx) = mpsc::unbounded_channel::<Logged>();
+        let writer = {
+            let shared = shared.clone();
+            let file = open_direct(&path)?;
+            let (seq, lsn) = (sup.published_seq + 1, sup.published_lsn);
+            std::thread::Builder::new()
+                .name("spindle-wlog".into())
+                .spawn(move || writer_loop(shared, file, appends_rx, logged_tx, seq, lsn))
+                .map_err(|e| ImageError::Task(format!("cannot start the write log thread: {e}")))?
+        };
+        let publisher = {
+            let (shared, layer) = (shared.clone(), layer.clone());
+            let file = open_direct(&path)?;
+            if config.publish_paused {
+                tokio::spawn(async move {
+                    let _keep = logged_rx;
+                    std::future::pending::<()>().await
+                })
+            } else {
+                tokio::spawn(publisher_loop(shared, layer, file, sup, logged_rx))
+            }
+        };
+        Ok((
+            WriteLog {
+                shared,
+                layer,
+                appends: appends_tx,
+                writer: Some(writer),
+                publisher,
+                drain: tokio::sync::Mutex::new(()),
+            },
+            report,
+        ))
+    }
+
+    /// Logs `data` at `offset`; returns once it is durable in the log (and visible to
+    /// reads). `fua`: also wait until it is published.
+    pub async fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), ImageError> {
+        self.check_failed()?;
+        let data = Bytes::from(data);
+        let mut waits = Vec::with_capacity(data.len().div_ceil(RECORD_DATA_BYTES_MAX));
+        let mut at = 0usize;
+        while at < data.len() {
+            let n = (data.len() - at).min(RECORD_DATA_BYTES_MAX);
+            let (done, rx) = oneshot::channel();
+            self.appends
+                .send(Append {
+                    offset: offset + at as u64,
+                    data: data.slice(at..at + n),
+                    done,
+                })
+                .map_err(|_| ImageError::Task("the write log thread is gone".into()))?;
+            waits.push(rx);
+            at += n;
+        }
+        let mut last = 0;
+        for rx in waits {
+            match rx.await {
+                Ok(Ok(seq)) => last = last.max(seq),
+                Ok(Err(e)) => return Err(ImageError::WriteLog(e)),
+                Err(_) => return Err(ImageError::Task("the write log thread is gone".into())),
+            }
+        }
+        if fua {
+            self.wait_published(last).await?;
+        }
+        Ok(())
+    }
+
+    fn check_failed(&self) -> Result<(), ImageError> {
+        match lock(&self.shared.failed).clone() {
+            Some(why) => Err(ImageError::WriteLog(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until every record up to `seq` is durable in the cluster.
+    async fn wait_published(&self, seq: u64) -> Result<(), ImageError> {
+        let mut rx = self.shared.published_tx.subscribe();
+        loop {
+            if *rx.borrow_and_update() >= seq {
+                return Ok(());
+            }
+            self.check_failed()?;
+            if rx.changed().await.is_err() {
+                return Err(ImageError::Task("the write log publisher is gone".into()));
+            }
+        }
+    }
+
+    /// Reads `len` bytes at `offset`: unpublished writes over the block layer.
+    pub async fn read_pieces(&self, offset: u64, len: u64) -> Result<Vec<Bytes>, ImageError> {
+        let pieces = {
+            let o = lock(&self.shared.overlay);
+            if o.is_empty() {
+                None
+            } else {
+                Some(o.pieces(offset, len))
+            }
+        };
+        let Some(pieces) = pieces else {
+            return self.layer.read_pieces(offset, len).await;
+        };
+        let mut out = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            match p {
+                Piece::Logged(b) => out.push(b),
+                Piece::Gap { offset, len } => {
+                    out.extend(self.layer.read_pieces(offset, len).await?)
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Waits until everything acknowledged before this call is published, then flushes
+    /// the block layer (NBD FLUSH).
+    pub async fn flush(&self) -> Result<(), ImageError> {
+        let _one = self.drain.lock().await;
+        let seq = self.shared.acked_seq.load(Ordering::SeqCst);
+        self.wait_published(seq).await?;
+        self.layer.flush().await
+    }
+
+    /// Zeroes a range: the log is drained first, so the zeroing is ordered after every
+    /// logged write (trims are rare; they go around the log).
+    pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ImageError> {
+        self.flush().await?;
+        self.layer.write_zeroes(offset, len).await
+    }
+
+    pub fn stats(&self) -> WriteLogStats {
+        let c = &self.shared.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let durable = *lock(&self.shared.ring.durable_published_lsn);
+        WriteLogStats {
+            appended_records: g(&c.appended_records),
+            appended_bytes: g(&c.appended_bytes),
+            group_commits: g(&c.group_commits),
+            published_records: g(&c.published_records),
+            published_bytes: g(&c.published_bytes),
+            publish_writes: g(&c.publish_writes),
+            publish_chunks: g(&c.publish_chunks),
+            full_waits: g(&c.full_waits),
+            overlay_bytes: lock(&self.shared.overlay).bytes(),
+            ring_used_bytes: self
+                .shared
+                .head_lsn
+                .load(Ordering::Relaxed)
+                .saturating_sub(durable),
+            ring_bytes: self.shared.ring_bytes,
+        }
+    }
+
+    /// The log file.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+}
+
+/// The writer thread: takes whatever appends are queued (group commit), waits for ring
+/// space, writes them with one direct, synchronous write (two when the batch wraps), then
+/// makes them visible and acknowledges them.
+fn writer_loop(
+    shared: Arc<Shared>,
+    file: File,
+    rx: std::sync::mpsc::Receiver<Append>,
+    logged: mpsc::UnboundedSender<Logged>,
+    mut seq: u64,
+    mut lsn: u64,
+) {
+    let ring = shared.ring_bytes;
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        let mut bytes = format::record_bytes(batch[0].data.len());
+        while bytes < BATCH_BYTES_MAX {
+            match rx.try_recv() {
+                Ok(a) => {
+                    bytes += format::record_bytes(a.data.len());
+                    batch.push(a);
+                }
+                Err(_) => break,
+            }
+        }
+        // Lay the batch out: records in order, a pad where one would straddle the end.
+        let mut layout: Vec<(u64, u64, Option<usize>)> = Vec::new(); // (lsn, bytes, append index)
+        let mut at = lsn;
+        for (i, a) in batch.iter().enumerate() {
+            let n = format::record_bytes(a.data.len());
+            let room = ring - at % ring;
+            if n > room {
+                layout.push((at, room, None));
+                at += room;
+            }
+            layout.push((at, n, Some(i)));
+            at += n;
+        }
+        let need = at - lsn;
+        // Wait for the publisher to free enough of the ring (durably).
+        let mut waited = false;
+        {
+            let mut published = lock(&shared.ring.durable_published_lsn);
+            while at - *published > ring {
+                if shared.ring.closing.load(Ordering::SeqCst) {
+                    return;
+                }
+                waited = true;
+                published = shared
+                    .ring
+                    .freed
+                    .wait_timeout(published, Duration::from_millis(100))
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+            }
+        }
+        if waited {
+            shared.counters.full_waits.fetch_add(1, Ordering::Relaxed);
+        }
+        debug_assert!(need <= ring);
+        // Encode into one buffer per contiguous part of the ring (two if it wraps).
+        let mut parts: Vec<(u64, IoBuf)> = Vec::new();
+        let mut cur: Option<(u64, Vec<u8>)> = None;
+        let mut seqs = Vec::with_capacity(batch.len());
+        let batch_first = seq;
+        for &(l, n, idx) in &layout {
+            let off = l % ring;
+            if let Some((start, buf)) = &cur {
+                if start + buf.len() as u64 != off {
+                    let (s, b) = cur.take().unwrap_or_default();
+                    parts.push((s, IoBuf::aligned_copy(&b, b.len(), BLOCK_BYTES as usize)));
+                }
+            }
+            let (_, buf) = cur.get_or_insert_with(|| (off, Vec::new()));
+            let base = buf.len();
+            match idx {
+                None => {
+                    // A pad: only its header block is written.
+                    buf.resize(base + BLOCK_BYTES as usize, 0);
+                    format::encode_pad(&mut buf[base..], seq, batch_first, shared.log_id, n);
+                    seq += 1;
+                    if n > BLOCK_BYTES {
+                        let (s, b) = cur.take().unwrap_or_default();
+                        parts.push((s, IoBuf::aligned_copy(&b, b.len(), BLOCK_BYTES as usize)));
+                    }
+                }
+                Some(i) => {
+                    buf.resize(base + n as usize, 0);
+                    let a = &batch[i];
+                    format::encode_write(
+                        &mut buf[base..],
+                        seq,
+                        batch_first,
+                        shared.log_id,
+                        a.offset,
+                        &a.data,
+                    );
+                    seqs.push((seq, l + n));
+                    seq += 1;
+                }
+            }
+        }
+        if let Some((s, b)) = cur.take() {
+            parts.push((s, IoBuf::aligned_copy(&b, b.len(), BLOCK_BYTES as usize)));
+        }
+        let mut result = Ok(());
+        for (off, buf) in &parts {
+            if let Err(e) = file.write_all_at(buf, RING_START + off) {
+                result = Err(format!(
+                    "write log {}: write failed: {e}",
+                    shared.path.display()
+                ));
+                break;
+            }
+        }
+        if let Err(e) = result {
+            // Nothing of this batch is acknowledged; the log refuses everything after it
+            // (a later batch must not be durable after a hole).
+            *lock(&shared.failed) = Some(e.clone());
+            for a in batch {
+                let _ = a.done.send(Err(e.clone()));
+            }
+            while let Ok(a) = rx.recv() {
+                let _ = a.done.send(Err(e.clone()));
+            }
+            return;
+        }
+        lsn = at;
+        shared.head_lsn.store(lsn, Ordering::Relaxed);
+        shared
+            .counters
+            .group_commits
+            .fetch_add(1, Ordering::Relaxed);
+        let c = &shared.counters;
+        for (a, (s, end_lsn)) in batch.into_iter().zip(seqs) {
+            c.appended_records.fetch_add(1, Ordering::Relaxed);
+            c.appended_bytes
+                .fetch_add(a.data.len() as u64, Ordering::Relaxed);
+            lock(&shared.overlay).insert(a.offset, s, a.data.clone());
+            let _ = logged.send(Logged {
+                seq: s,
+                offset: a.offset,
+                data: a.data,
+                end_lsn,
+            });
+            shared.acked_seq.fetch_max(s, Ordering::SeqCst);
+            let _ = a.done.send(Ok(s));
+        }
+    }
+}
+
+/// The publisher: takes the logged records in chunks, coalesces overwrites within a chunk,
+/// writes the result through the block layer, then drops the chunk from the overlay and
+/// moves the superblock's published position (which frees ring space).
+async fn publisher_loop<B: ObjectBackend>(
+    shared: Arc<Shared>,
+    layer: Arc<BlockLayer<B>>,
+    file: File,
+    mut sup: Super,
+    mut rx: mpsc::UnboundedReceiver<Logged>,
+) {
+    let file = Arc::new(file);
+    while let Some(first) = rx.recv().await {
+        let mut chunk = vec![first];
+        let mut bytes = chunk[0].data.len() as u64;
+        while bytes < CHUNK_BYTES_MAX {
+            match rx.try_recv() {
+                Ok(r) => {
+                    bytes += r.data.len() as u64;
+                    chunk.push(r);
+                }
+                Err(_) => break,
+            }
+        }
+        let last = chunk.last().map(|r| (r.seq, r.end_lsn)).unwrap_or_default();
+        // Coalesce: the chunk's final bytes per range (later records win).
+        let mut merged = Overlay::default();
+        for r in &chunk {
+            merged.insert(r.offset, r.seq, r.data.clone());
+        }
+        let extents = coalesce(&merged, &chunk);
+        loop {
+            let writes = extents.iter().map(|(off, data)| layer.write(*off, data));
+            let results = futures::future::join_all(writes).await;
+            match results.into_iter().find(|r| r.is_err()) {
+                None => break,
+                Some(Err(ImageError::Backend(spindle_client::ClientError::Fenced(m)))) => {
+                    let why = format!("write log {}: publishing refused: {m}", shared.name);
+                    tracing::error!("{why}");
+                    *lock(&shared.failed) = Some(why);
+                    shared.published_tx.send_modify(|_| {});
+                    return;
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(
+                        "write log {}: publishing failed (retrying): {e}",
+                        shared.name
+                    );
+                    tokio::time::sleep(PUBLISH_RETRY).await;
+                }
+                Some(Ok(())) => break,
+            }
+        }
+        let c = &shared.counters;
+        c.publish_chunks.fetch_add(1, Ordering::Relaxed);
+        c.publish_writes
+            .fetch_add(extents.len() as u64, Ordering::Relaxed);
+        c.published_records
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        c.published_bytes.fetch_add(bytes, Ordering::Relaxed);
+        {
+            let mut o = lock(&shared.overlay);
+            for r in &chunk {
+                o.remove_published(r.offset, r.data.len() as u64, last.0);
+            }
+        }
+        shared.published_tx.send_replace(last.0);
+        // The superblock, so the ring space behind the chunk can be reused.
+        sup.published_seq = last.0;
+        sup.published_lsn = last.1;
+        sup.generation += 1;
+        let (f, s, path) = (file.clone(), sup.clone(), shared.path.clone());
+        match tokio::task::spawn_blocking(move || write_super(&f, &path, &s)).await {
+            Ok(Ok(())) => {
+                *lock(&shared.ring.durable_published_lsn) = last.1;
+                shared.ring.freed.notify_all();
+            }
+            Ok(Err(e)) => tracing::warn!("{e} (the ring space stays in use until the next one)"),
+            Err(e) => tracing::warn!("write log superblock task: {e}"),
+        }
+    }
+}
+
+/// The byte ranges a chunk covers, merged into runs, with their final bytes.
+fn coalesce(merged: &Overlay, chunk: &[Logged]) -> Vec<(u64, Vec<u8>)> {
+    let mut ranges: Vec<(u64, u64)> = chunk
+        .iter()
+        .map(|r| (r.offset, r.offset + r.data.len() as u64))
+        .collect();
+    ranges.sort_unstable();
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in ranges {
+        match runs.last_mut() {
+            Some((_, end)) if s <= *end => *end = (*end).max(e),
+            _ => runs.push((s, e)),
+        }
+    }
+    runs.into_iter()
+        .map(|(s, e)| {
+            let mut data = Vec::with_capacity((e - s) as usize);
+            for p in merged.pieces(s, e - s) {
+                if let Piece::Logged(b) = p {
+                    data.extend_from_slice(&b);
+                }
+            }
+            debug_assert_eq!(data.len() as u64, e - s);
+            (s, data)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
+
+/// For tests: the header of the record at `lsn` of the log at `path`.
+#[doc(hidden)]
+pub fn record_header_at(path: &Path, lsn: u64) -> Option<Header> {
+    let f = File::open(path).ok()?;
+    let s = read_super(&f, path).ok()?;
+    let mut b = vec![0u8; BLOCK_BYTES as usize];
+    f.read_exact_at(&mut b, RING_START + lsn % s.ring_bytes)
+        .ok()?;
+    format::decode_header(&b)
+}

@@ -1,0 +1,299 @@
+//! The write log against a byte model of the image, over the in-memory object backend:
+//! reads see unpublished writes, FLUSH publishes, a crash (the log dropped without a
+//! flush) loses no acknowledged write after replay, a damaged record stops the replay
+//! with everything after it refused, and a full ring makes writes wait.
+
+use super::*;
+use crate::block::BlockConfig;
+use crate::image::{Image, MemoryBackend};
+use rand::{Rng, SeedableRng};
+
+const POOL: &str = "p";
+const MIB: u64 = 1 << 20;
+
+struct Dir(PathBuf);
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn dir(tag: &str) -> Dir {
+    let base = std::env::var_os("SPINDLE_TEST_TMP")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let d = base.join(format!(
+        "spindle-wlog-{tag}-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    Dir(d)
+}
+
+async fn create_image(b: &Arc<MemoryBackend>, size: u64) {
+    Image::create(b.clone(), POOL, "vol", size, 4 * MIB)
+        .await
+        .unwrap();
+}
+
+async fn layer(b: &Arc<MemoryBackend>) -> Arc<BlockLayer<MemoryBackend>> {
+    let img = Image::open(b.clone(), POOL, "vol").await.unwrap();
+    Arc::new(BlockLayer::new(Arc::new(img), BlockConfig::default()).unwrap())
+}
+
+async fn read(log: &WriteLog<MemoryBackend>, off: u64, len: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in log.read_pieces(off, len).await.unwrap() {
+        out.extend_from_slice(&p);
+    }
+    out
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_see_unpublished_writes_and_flush_publishes_them() {
+    let d = dir("basic");
+    let b = Arc::new(MemoryBackend::with_latency(200, 200, 1));
+    create_image(&b, 64 * MIB).await;
+    let mut config = WriteLogConfig::new(&d.0, 32 * MIB);
+    config.publish_paused = true;
+    let (log, report) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+        .await
+        .unwrap();
+    assert_eq!(report, ReplayReport::default());
+    let data = pattern(1, 3 * 4096 + 100);
+    log.write(4096 * 5 + 7, data.clone(), false).await.unwrap();
+    // Visible at once, not yet in the image.
+    assert_eq!(read(&log, 4096 * 5 + 7, data.len() as u64).await, data);
+    assert_eq!(read(&log, 4096 * 5, 7).await, vec![0; 7]);
+    assert!(b.object_names(POOL).iter().all(|n| n.ends_with("header")));
+    drop(log);
+
+    // A publishing log: FLUSH returns once the image has it.
+    let (log, report) = WriteLog::open(
+        &WriteLogConfig::new(&d.0, 32 * MIB),
+        POOL,
+        "vol",
+        layer(&b).await,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.records_applied, 1, "{report:?}");
+    let more = pattern(2, 8192);
+    log.write(0, more.clone(), false).await.unwrap();
+    log.flush().await.unwrap();
+    let image = layer(&b).await;
+    assert_eq!(image.read(0, 8192).await.unwrap(), more);
+    assert_eq!(
+        image.read(4096 * 5 + 7, data.len() as u64).await.unwrap(),
+        data
+    );
+    let s = log.stats();
+    assert_eq!((s.appended_records, s.published_records), (1, 1));
+    assert_eq!(s.overlay_bytes, 0);
+}
+
+/// Writes of random sizes at random places, some FUA, with crashes (the log dropped with
+/// no flush, the publisher cut off mid-chunk) at random points and a ring small enough to
+/// wrap many times: after each reopen, the image (through the log) holds every
+/// acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_acknowledged_write_is_lost_across_crashes_and_ring_wraps() {
+    for seed in 0..4u64 {
+        let d = dir("crash");
+        let size = 48 * MIB;
+        let b = Arc::new(MemoryBackend::with_latency(300, 600, seed));
+        create_image(&b, size).await;
+        let mut model = vec![0u8; size as usize];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let config = WriteLogConfig::new(&d.0, 32 * MIB);
+        let mut appended = 0u64;
+        for round in 0..6 {
+            let (log, report) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+                .await
+                .unwrap();
+            assert_eq!(
+                report.stopped, None,
+                "seed {seed} round {round}: {report:?}"
+            );
+            // The image through the log equals the model.
+            for _ in 0..8 {
+                let off = rng.gen_range(0..size - 1);
+                let len = rng.gen_range(1..(size - off).min(3 * MIB));
+                let got = read(&log, off, len).await;
+                assert!(
+                    got == model[off as usize..(off + len) as usize],
+                    "seed {seed} round {round}: read {off}+{len} differs"
+                );
+            }
+            let writes = rng.gen_range(20..120);
+            let mut pending = Vec::new();
+            for w in 0..writes {
+                let len = if rng.gen_bool(0.3) {
+                    rng.gen_range(1..6) * MIB as usize
+                } else {
+                    rng.gen_range(1..64) * 4096
+                };
+                let off = rng.gen_range(0..(size - len as u64) / 4096) * 4096;
+                let data = pattern(seed * 1_000_000 + round * 1000 + w, len);
+                model[off as usize..off as usize + len].copy_from_slice(&data);
+                appended += len as u64;
+                pending.push(log.write(off, data, rng.gen_bool(0.05)));
+                if pending.len() >= 8 {
+                    for p in pending.drain(..) {
+                        p.await.unwrap();
+                    }
+                }
+            }
+            for p in pending.drain(..) {
+                p.await.unwrap();
+            }
+            drop(pending);
+            // Crash after a random pause (the publisher is somewhere in its work).
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(0..30))).await;
+            drop(log);
+        }
+        assert!(
+            appended > 3 * 32 * MIB,
+            "the ring wrapped only {appended} bytes"
+        );
+        let (log, _) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+            .await
+            .unwrap();
+        log.flush().await.unwrap();
+        drop(log);
+        let image = layer(&b).await;
+        for off in (0..size).step_by(4 * MIB as usize) {
+            let got = image.read(off, 4 * MIB).await.unwrap();
+            assert!(
+                got == model[off as usize..(off + 4 * MIB) as usize],
+                "seed {seed}: object at {off} differs"
+            );
+        }
+    }
+}
+
+/// Ten writes, each its own group commit, with the publisher stalled; then a byte of one
+/// record is flipped in the file. Replay applies the records before it and refuses it and
+/// everything after it, saying so; the ones refused are not in the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_record_stops_the_replay_and_everything_after_it_is_refused() {
+    for (victim, damaged) in [(4u64, true), (9, false)] {
+        let d = dir("flip");
+        let b = Arc::new(MemoryBackend::new());
+        create_image(&b, 16 * MIB).await;
+        let mut config = WriteLogConfig::new(&d.0, 32 * MIB);
+        config.publish_paused = true;
+        let (log, _) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+            .await
+            .unwrap();
+        for i in 0..10u64 {
+            log.write(i * 8192, vec![i as u8 + 1; 8192], false)
+                .await
+                .unwrap();
+        }
+        drop(log);
+        // Record i is at LSN i * 12 KiB (64-byte header + 8 KiB, padded).
+        let path = log_path(&d.0, POOL, "vol");
+        let rec = format::record_bytes(8192);
+        let h = record_header_at(&path, victim * rec).unwrap();
+        assert_eq!(h.offset, victim * 8192);
+        {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            let at = RING_START + victim * rec + HEADER_BYTES as u64 + 100;
+            let mut byte = [0u8; 1];
+            f.read_exact_at(&mut byte, at).unwrap();
+            f.write_all_at(&[byte[0] ^ 0x20], at).unwrap();
+        }
+        let config = WriteLogConfig::new(&d.0, 32 * MIB);
+        let (log, report) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+            .await
+            .unwrap();
+        assert_eq!(report.records_applied, victim, "{report:?}");
+        assert_eq!(report.records_refused, 9 - victim, "{report:?}");
+        let why = report.stopped.clone().unwrap();
+        assert!(
+            why.contains("checksum") == damaged && why.contains(&format!("seq {}", victim + 1)),
+            "{why}"
+        );
+        for i in 0..10u64 {
+            let want = if i < victim { i as u8 + 1 } else { 0 };
+            assert_eq!(
+                read(&log, i * 8192, 8192).await,
+                vec![want; 8192],
+                "block {i} ({why})"
+            );
+        }
+        // The log goes on: new writes after the refused tail replay fine.
+        log.write(0, vec![0xee; 4096], false).await.unwrap();
+        drop(log);
+        let (log, report) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+            .await
+            .unwrap();
+        assert_eq!(report.stopped, None, "{report:?}");
+        assert_eq!(read(&log, 0, 4096).await, vec![0xee; 4096]);
+    }
+}
+
+/// A ring far smaller than what is written, and a slow cluster: writers wait for space
+/// (counted), none fails, and everything is there in the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_ring_makes_writes_wait_not_fail() {
+    let d = dir("full");
+    let b = Arc::new(MemoryBackend::with_latency(3000, 1000, 5));
+    create_image(&b, 64 * MIB).await;
+    let (log, _) = WriteLog::open(
+        &WriteLogConfig::new(&d.0, 32 * MIB),
+        POOL,
+        "vol",
+        layer(&b).await,
+    )
+    .await
+    .unwrap();
+    let log = Arc::new(log);
+    let tasks: Vec<_> = (0..4u64)
+        .map(|t| {
+            let log = log.clone();
+            tokio::spawn(async move {
+                for i in 0..24u64 {
+                    let off = (t * 16 + (i % 16)) * MIB;
+                    log.write(off, vec![(t * 31 + i) as u8; MIB as usize], false)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    log.flush().await.unwrap();
+    let s = log.stats();
+    assert!(s.full_waits > 0, "{s:?}");
+    assert_eq!(s.appended_bytes, 96 * MIB);
+    let image = layer(&b).await;
+    for t in 0..4u64 {
+        for j in 0..16u64 {
+            // The last write to block j of task t was i = 16 + j (when j < 8) or j.
+            let i = if j < 8 { 16 + j } else { j };
+            let got = image.read((t * 16 + j) * MIB, 4096).await.unwrap();
+            assert_eq!(got, vec![(t * 31 + i) as u8; 4096], "task {t} block {j}");
+        }
+    }
+}
