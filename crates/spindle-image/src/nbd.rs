@@ -4,6 +4,7 @@
 //! image's exclusive lock taken on open (`crate::lock`).
 
 use crate::lock::{holder_description, ImageLock, LockOptions};
+use crate::wlog::{WriteLog, WriteLogConfig};
 use crate::{BlockConfig, BlockLayer, Image, ImageError};
 use bytes::Bytes;
 use spindle_client::{Client, ClientError};
@@ -110,6 +111,8 @@ pub struct ImageDevice {
     /// The image's exclusive lock, when the export holds one: once it is lost, every
     /// operation fails (no write reaches the daemons, no read is served from the cache).
     lock: Option<Arc<ImageLock>>,
+    /// The client write log in front of the block layer, when one is configured.
+    wlog: Option<Arc<WriteLog<Client>>>,
 }
 
 impl ImageDevice {
@@ -120,7 +123,19 @@ impl ImageDevice {
             name: name.to_string(),
             write_errors: WriteErrorLog::default(),
             lock: None,
+            wlog: None,
         }
+    }
+
+    /// The same, with writes acknowledged from `wlog` (persist and publish).
+    pub fn with_write_log(mut self, wlog: Arc<WriteLog<Client>>) -> Self {
+        self.wlog = Some(wlog);
+        self
+    }
+
+    /// The write log, if any.
+    pub fn write_log(&self) -> Option<&Arc<WriteLog<Client>>> {
+        self.wlog.as_ref()
     }
 
     /// The same, serving only while `lock` is held.
@@ -169,6 +184,17 @@ impl BlockDevice for ImageDevice {
 
     async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, DeviceError> {
         self.check_lock()?;
+        if let Some(w) = &self.wlog {
+            let pieces = w
+                .read_pieces(offset, u64::from(len))
+                .await
+                .map_err(|e| device_error(e, DeviceError::Invalid))?;
+            let mut out = Vec::with_capacity(len as usize);
+            for p in &pieces {
+                out.extend_from_slice(p);
+            }
+            return Ok(out);
+        }
         self.layer
             .read(offset, u64::from(len))
             .await
@@ -177,31 +203,64 @@ impl BlockDevice for ImageDevice {
 
     async fn read_pieces(&self, offset: u64, len: u32) -> Result<Vec<Bytes>, DeviceError> {
         self.check_lock()?;
+        if let Some(w) = &self.wlog {
+            return w
+                .read_pieces(offset, u64::from(len))
+                .await
+                .map_err(|e| device_error(e, DeviceError::Invalid));
+        }
         self.layer
             .read_pieces(offset, u64::from(len))
             .await
             .map_err(|e| device_error(e, DeviceError::Invalid))
     }
 
-    /// `fua` needs no extra work: a write completes only once durable on all up replicas.
-    async fn write(&self, offset: u64, data: Vec<u8>, _fua: bool) -> Result<(), DeviceError> {
+    /// Without a write log, `fua` needs no extra work: a write completes only once durable
+    /// on all up replicas. With one, a write completes once durable in the log, and `fua`
+    /// waits until it is published.
+    async fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), DeviceError> {
         self.check_lock()?;
+        let r = match &self.wlog {
+            Some(w) => {
+                // Range checks first: the log must not accept what the image refuses.
+                let size = self.layer.size_bytes();
+                if offset
+                    .checked_add(data.len() as u64)
+                    .is_none_or(|end| end > size)
+                {
+                    return Err(DeviceError::NoSpace(format!(
+                        "write {offset}+{} is outside the image (size {size} bytes)",
+                        data.len()
+                    )));
+                }
+                w.write(offset, data, fua).await
+            }
+            None => self.layer.write_owned(offset, data).await,
+        };
         let r = self
-            .observe(self.layer.write_owned(offset, data).await)
+            .observe(r)
             .map_err(|e| device_error(e, DeviceError::NoSpace));
         self.write_errors.observe(&self.name, "write", r)
     }
 
     async fn flush(&self) -> Result<(), DeviceError> {
         self.check_lock()?;
-        self.observe(self.layer.flush().await)
+        let r = match &self.wlog {
+            Some(w) => w.flush().await,
+            None => self.layer.flush().await,
+        };
+        self.observe(r)
             .map_err(|e| device_error(e, DeviceError::Invalid))
     }
 
     async fn trim(&self, offset: u64, len: u32) -> Result<(), DeviceError> {
         self.check_lock()?;
+        let r = match &self.wlog {
+            Some(w) => w.write_zeroes(offset, u64::from(len)).await,
+            None => self.layer.discard(offset, u64::from(len)).await,
+        };
         let r = self
-            .observe(self.layer.discard(offset, u64::from(len)).await)
+            .observe(r)
             .map_err(|e| device_error(e, DeviceError::NoSpace));
         self.write_errors.observe(&self.name, "trim", r)
     }
@@ -216,8 +275,12 @@ impl BlockDevice for ImageDevice {
         _fua: bool,
     ) -> Result<(), DeviceError> {
         self.check_lock()?;
+        let r = match &self.wlog {
+            Some(w) => w.write_zeroes(offset, u64::from(len)).await,
+            None => self.layer.write_zeroes(offset, u64::from(len)).await,
+        };
         let r = self
-            .observe(self.layer.write_zeroes(offset, u64::from(len)).await)
+            .observe(r)
             .map_err(|e| device_error(e, DeviceError::NoSpace));
         self.write_errors.observe(&self.name, "write zeroes", r)
     }
@@ -232,6 +295,8 @@ pub struct ImageExports {
     /// How each image's exclusive lock is taken on open (None: no lock, for read-only
     /// uses), and who we are as its holder.
     locking: Option<(LockOptions, String)>,
+    /// Where each image's client write log lives, if writes go through one.
+    write_log: Option<WriteLogConfig>,
     /// Image name -> its device (opened once; held across the open so concurrent first
     /// connections cannot create two block layers for one image).
     open: Mutex<HashMap<String, Arc<ImageDevice>>>,
@@ -245,8 +310,16 @@ impl ImageExports {
             pool: pool.into(),
             config,
             locking: Some((LockOptions::default(), holder_description("spindle nbd"))),
+            write_log: None,
             open: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Acknowledges writes from a client write log per image (`spindle nbd --write-log`).
+    /// Needs the image lock (a log is one writer's).
+    pub fn with_write_log(mut self, config: Option<WriteLogConfig>) -> Self {
+        self.write_log = config;
+        self
     }
 
     /// Takes each image's lock with `options` (e.g. `take_over` for `--break-lock`); None
@@ -360,9 +433,35 @@ impl Exports for ImageExports {
             )),
             None => None,
         };
-        let layer = BlockLayer::new(Arc::new(image), self.config.clone())
-            .map_err(|e| DeviceError::Io(e.to_string()))?;
-        let mut dev = ImageDevice::new(Arc::new(layer), &name);
+        let layer = Arc::new(
+            BlockLayer::new(Arc::new(image), self.config.clone())
+                .map_err(|e| DeviceError::Io(e.to_string()))?,
+        );
+        let mut dev = ImageDevice::new(layer.clone(), &name);
+        if let Some(config) = &self.write_log {
+            if lock.is_none() {
+                return Err(DeviceError::Io(
+                    "a write log needs the image lock (one writer per log)".into(),
+                ));
+            }
+            // Replays what a crash left in the log before anything is served.
+            let (wlog, report) = WriteLog::open(config, &self.pool, &name, layer)
+                .await
+                .map_err(open_error)?;
+            if report.records_applied > 0 || report.stopped.is_some() {
+                tracing::warn!(
+                    "export {name}: write log replay: {} records ({} bytes) applied{}",
+                    report.records_applied,
+                    report.bytes_applied,
+                    report
+                        .stopped
+                        .as_deref()
+                        .map(|s| format!("; {s}"))
+                        .unwrap_or_default()
+                );
+            }
+            dev = dev.with_write_log(Arc::new(wlog));
+        }
         if let Some(lock) = lock {
             dev = dev.with_lock(lock);
         }

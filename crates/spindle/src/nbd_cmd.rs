@@ -30,6 +30,7 @@ use spindle_cluster::Target;
 
 use spindle_image::lock::LockOptions;
 use spindle_image::nbd::ImageExports;
+use spindle_image::wlog::{WriteLogConfig, WRITE_LOG_BYTES_MIN};
 use spindle_image::{BlockConfig, Image};
 use spindle_nbd::{NbdServer, ServerConfig};
 use std::path::PathBuf;
@@ -71,6 +72,16 @@ pub struct NbdArgs {
     /// out, or a process of this host that is gone, is taken over without it.
     #[arg(long)]
     pub break_lock: bool,
+    /// Acknowledge writes once they are durable in a local write log in this directory
+    /// (one file per image), and publish them to the cluster in the background (LineFS's
+    /// persist and publish). FLUSH and FUA wait until everything before them is published.
+    /// After a crash, the log is replayed into the image before it is served again.
+    #[arg(long, value_name = "DIR")]
+    pub write_log: Option<PathBuf>,
+    /// Ring size of each image's write log (K/M/G suffixes; at least 32M). Unpublished
+    /// writes are also held in memory, so this bounds the memory they take too.
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub write_log_size: String,
     #[command(flatten)]
     pub target: Target,
 }
@@ -146,11 +157,27 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         .into_iter()
         .map(|i| i.name)
         .collect();
+    let write_log = match &args.write_log {
+        None => None,
+        Some(dir) => {
+            let ring_bytes = spindle_cluster::parse_size_bytes(&args.write_log_size)
+                .map_err(|e| anyhow::anyhow!("--write-log-size {}: {e}", args.write_log_size))?;
+            if ring_bytes < WRITE_LOG_BYTES_MIN || ring_bytes % 4096 != 0 {
+                bail!(
+                    "--write-log-size must be a multiple of 4K and at least {}M",
+                    WRITE_LOG_BYTES_MIN >> 20
+                );
+            }
+            Some(WriteLogConfig::new(dir, ring_bytes))
+        }
+    };
     let exports = Arc::new(
-        ImageExports::new(client, args.pool.clone(), config).with_locking(Some(LockOptions {
-            take_over: args.break_lock,
-            ..LockOptions::default()
-        })),
+        ImageExports::new(client, args.pool.clone(), config)
+            .with_locking(Some(LockOptions {
+                take_over: args.break_lock,
+                ..LockOptions::default()
+            }))
+            .with_write_log(write_log),
     );
     let mut server_config = ServerConfig::default();
     if let Some(mib) = std::env::var("SPINDLE_PAYLOAD_BUDGET_MIB")
@@ -272,6 +299,20 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             b.sched_whole_object_writes,
             b.sched_delay_total_us
         );
+        if let Some(w) = dev.write_log() {
+            let s = w.stats();
+            eprintln!(
+                "  {name}: write log: {} records ({} bytes) in {} group commits, {} published in \
+                 {} chunks ({} writes after coalescing), {} waits for ring space",
+                s.appended_records,
+                s.appended_bytes,
+                s.group_commits,
+                s.published_records,
+                s.publish_chunks,
+                s.publish_writes,
+                s.full_waits
+            );
+        }
     }
     if let Some(path) = &args.socket {
         let _ = std::fs::remove_file(path);

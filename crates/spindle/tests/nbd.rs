@@ -650,3 +650,184 @@ fn a_second_nbd_server_is_refused_and_break_lock_fences_a_stalled_first() {
     assert!(info["lock"].is_null(), "{info}");
     eprintln!("nbd_lock: {:?}", started.elapsed());
 }
+
+/// `spindle nbd --write-log`: writes are acknowledged from a local log and published in
+/// the background. Eight connections write 4 KiB-128 KiB pieces of their own regions (each
+/// 4 KiB block stamped with the write's id) with an occasional FLUSH, and the NBD server
+/// is killed with SIGKILL at a random point, ten times. After every restart (the log is
+/// replayed first), every block holds its last acknowledged write, or the write that was
+/// in flight on it when the server died; never an older one, never another.
+#[test]
+fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
+    const REGIONS: u64 = 8;
+    const REGION_BYTES: u64 = 4 * MIB;
+    const BLOCK: u64 = 4096;
+    let _serial = serial();
+    let started = Instant::now();
+    let c = Cluster::start("nbd-wlog", 3, 16);
+    create_image(&c, "disk", "32M");
+    let log_dir = c.dir.join("wlog");
+    let log_arg = log_dir.to_string_lossy().into_owned();
+    let args = ["--write-log", &log_arg, "--write-log-size", "32M"];
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Per block: the write ids it may hold (the last acknowledged one, then possibly the
+    // one in flight at the kill). 0 = never written (zeros).
+    let blocks = (REGIONS * REGION_BYTES / BLOCK) as usize;
+    let mut allowed: Vec<Vec<u64>> = vec![vec![0]; blocks];
+    let mut rng = 0x5eed_u64;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut write_id = 1u64;
+    let mut acked_total = 0u64;
+    for round in 0..=10u32 {
+        let mut nbd = NbdProc::start_with(&c, &args);
+        // Check every block, then settle the ambiguous ones to what they hold.
+        let addr = nbd.addr.clone();
+        let image = rt.block_on(async move {
+            let (mut s, _) = raw_nbd::connect(&addr, "disk").await.expect("connect");
+            let mut all = Vec::new();
+            for off in (0..REGIONS * REGION_BYTES).step_by(MIB as usize) {
+                let (e, b) = raw_nbd::request(&mut s, raw_nbd::CMD_READ, 1, off, MIB as u32, &[])
+                    .await
+                    .expect("read");
+                assert_eq!(e, 0, "read at {off}");
+                all.extend(b);
+            }
+            let _ = raw_nbd::request(&mut s, raw_nbd::CMD_DISC, 2, 0, 0, &[]).await;
+            all
+        });
+        for (i, ok) in allowed.iter_mut().enumerate() {
+            let b = &image[i * BLOCK as usize..(i + 1) * BLOCK as usize];
+            let id = u64::from_le_bytes(b[..8].try_into().unwrap());
+            let at = u64::from_le_bytes(b[8..16].try_into().unwrap());
+            assert!(
+                ok.contains(&id) && (id == 0 || at == i as u64 * BLOCK),
+                "round {round}: block {i} holds write {id} (stamped for {at}), expected one of {ok:?}; log: {}",
+                nbd.log()
+            );
+            *ok = vec![id];
+        }
+        if round == 10 {
+            nbd.terminate();
+            break;
+        }
+        // Writers: each owns a region, one write at a time, FLUSH now and then.
+        let plans: Vec<Vec<(u64, u64, u64, bool)>> = (0..REGIONS)
+            .map(|r| {
+                (0..400)
+                    .map(|_| {
+                        let len = (1 + next(32)) * BLOCK;
+                        let off = r * REGION_BYTES + next((REGION_BYTES - len) / BLOCK + 1) * BLOCK;
+                        let id = write_id;
+                        write_id += 1;
+                        (off, len, id, next(20) == 0)
+                    })
+                    .collect()
+            })
+            .collect();
+        let kill_after = Duration::from_millis(150 + next(600));
+        // Every third round a storage daemon dies too, while the publisher works.
+        let osd_down = (round % 3 == 1).then_some(round % c.osds);
+        let addr = nbd.addr.clone();
+        let pid = nbd.child.id();
+        let osd_dir = c.dir.clone();
+        let outcome = rt.block_on(async move {
+            let tasks: Vec<_> = plans
+                .into_iter()
+                .map(|plan| {
+                    let addr = addr.clone();
+                    tokio::spawn(async move {
+                        // (acknowledged writes in order, the one in flight when it failed)
+                        let mut acked = Vec::new();
+                        let Ok((mut s, _)) = raw_nbd::connect(&addr, "disk").await else {
+                            return (acked, None);
+                        };
+                        for (off, len, id, flush) in plan {
+                            let mut data = vec![0u8; len as usize];
+                            for (k, b) in data.chunks_mut(BLOCK as usize).enumerate() {
+                                b[..8].copy_from_slice(&id.to_le_bytes());
+                                b[8..16].copy_from_slice(&(off + k as u64 * BLOCK).to_le_bytes());
+                                b[16] = (id * 7) as u8;
+                            }
+                            match raw_nbd::request(
+                                &mut s,
+                                raw_nbd::CMD_WRITE,
+                                id,
+                                off,
+                                len as u32,
+                                &data,
+                            )
+                            .await
+                            {
+                                Ok((0, _)) => acked.push((off, len, id)),
+                                _ => return (acked, Some((off, len, id))),
+                            }
+                            if flush {
+                                if !matches!(
+                                    raw_nbd::request(&mut s, raw_nbd::CMD_FLUSH, id, 0, 0, &[])
+                                        .await,
+                                    Ok((0, _))
+                                ) {
+                                    return (acked, None);
+                                }
+                            }
+                        }
+                        (acked, None)
+                    })
+                })
+                .collect();
+            if let Some(osd) = osd_down {
+                tokio::time::sleep(kill_after / 3).await;
+                let pidfile = osd_dir.join(format!("osd.{osd}/pid"));
+                if let Ok(p) = std::fs::read_to_string(&pidfile) {
+                    if let Ok(p) = p.trim().parse::<i32>() {
+                        // SAFETY: kill(2) of a daemon this test's cluster started.
+                        unsafe { libc::kill(p, libc::SIGKILL) };
+                    }
+                }
+            }
+            tokio::time::sleep(kill_after).await;
+            // SAFETY: kill(2) of the test's own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.expect("writer task"));
+            }
+            out
+        });
+        nbd.kill9();
+        if let Some(osd) = osd_down {
+            c.start_osd(osd);
+            c.wait_clean();
+        }
+        for (acked, in_flight) in outcome {
+            acked_total += acked.len() as u64;
+            for (off, len, id) in acked {
+                for b in off / BLOCK..(off + len) / BLOCK {
+                    allowed[b as usize] = vec![id];
+                }
+            }
+            if let Some((off, len, id)) = in_flight {
+                for b in off / BLOCK..(off + len) / BLOCK {
+                    allowed[b as usize].push(id);
+                }
+            }
+        }
+    }
+    assert!(
+        acked_total > 1000,
+        "only {acked_total} writes were acknowledged"
+    );
+    eprintln!(
+        "nbd_wlog: {acked_total} acknowledged writes, {:?}",
+        started.elapsed()
+    );
+}

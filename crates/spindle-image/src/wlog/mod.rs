@@ -328,56 +328,113 @@ fn scan(file: &File, path: &Path, s: &Super) -> Result<(Vec<Logged>, ReplayRepor
     };
     while lsn < limit {
         read_at(&mut head, lsn)?;
-        let Some(h) = format::decode_header(&head) else {
-            break; // zeros or another lap's bytes: the clean end
+        // `None`: the record at `lsn` is what the scan expects; else why not.
+        let (h, problem) = match format::decode_header(&head) {
+            None => (None, Some("no record header")),
+            Some(h) if h.log_id != s.log_id || h.seq != seq => {
+                (Some(h), Some("not the next record"))
+            }
+            Some(h)
+                if lsn % s.ring_bytes + h.record_bytes > s.ring_bytes
+                    || lsn + h.record_bytes > limit =>
+            {
+                (Some(h), Some("a record running past the ring"))
+            }
+            Some(h) => (Some(h), None),
         };
-        if h.log_id != s.log_id || h.seq != seq {
-            break; // an earlier lap's record: the clean end
-        }
-        if lsn % s.ring_bytes + h.record_bytes > s.ring_bytes || lsn + h.record_bytes > limit {
-            report.stopped = Some(format!(
-                "record seq {seq} at log offset {lsn} runs past the ring"
-            ));
+        let mut rec = Vec::new();
+        let checked = match (h, problem) {
+            (Some(h), None) => {
+                rec = vec![0u8; h.record_bytes as usize];
+                if !h.pad {
+                    read_at(&mut rec, lsn)?;
+                } else {
+                    rec[..BLOCK_BYTES as usize].copy_from_slice(&head);
+                }
+                if format::record_ok(&rec, &h, &rec[HEADER_BYTES..HEADER_BYTES + h.data_len]) {
+                    None
+                } else {
+                    Some("a checksum mismatch")
+                }
+            }
+            (_, p) => p,
+        };
+        if let Some(what) = checked {
+            // The end of the log, a torn tail (a group commit that never completed: none
+            // of it was acknowledged) or damage (records of a later commit follow).
+            let followers = successor(file, path, s, lsn, seq, limit)?;
+            let torn_here = what == "a checksum mismatch";
+            if let Some((next_lsn, next)) = followers {
+                let (after, later) = count_valid_after(file, path, s, next_lsn, next.seq, limit)?;
+                let later_batch = later || next.batch_first > seq;
+                report.records_refused = after;
+                report.stopped = Some(if later_batch {
+                    format!(
+                        "record seq {seq} at log offset {lsn} is damaged ({what}): it and the {after} \
+                         valid records after it are refused; acknowledged writes from seq {seq} on are lost"
+                    )
+                } else {
+                    format!(
+                        "record seq {seq} at log offset {lsn} is torn ({what}; its group commit never \
+                         completed, so nothing in it was acknowledged): it and the {after} records \
+                         after it are dropped"
+                    )
+                });
+            } else if torn_here {
+                report.stopped = Some(format!(
+                    "record seq {seq} at log offset {lsn} is torn ({what}; the last group commit \
+                     never completed, so it was not acknowledged): dropped"
+                ));
+            }
             break;
         }
-        let mut rec = vec![0u8; h.record_bytes as usize];
-        if !h.pad {
-            read_at(&mut rec, lsn)?;
-        } else {
-            rec[..BLOCK_BYTES as usize].copy_from_slice(&head);
-        }
-        let data = &rec[HEADER_BYTES..HEADER_BYTES + h.data_len];
-        if !format::record_ok(&rec, &h, data) {
-            // Torn (a batch never acknowledged) or damaged: count the valid records that
-            // follow; if there are any, this one was acknowledged and is damaged.
-            let (after, later_batch) =
-                count_valid_after(file, path, s, lsn + h.record_bytes, seq + 1, limit)?;
-            report.records_refused = after;
-            report.stopped = Some(if later_batch {
-                format!(
-                    "record seq {seq} at log offset {lsn} fails its checksum (damaged): it and the \
-                     {after} valid records after it are refused; acknowledged writes from seq {seq} on are lost"
-                )
-            } else {
-                format!(
-                    "record seq {seq} at log offset {lsn} is torn (its group commit never completed, \
-                     so nothing in it was acknowledged): it and the {after} records after it are dropped"
-                )
-            });
-            break;
-        }
+        let Some(h) = h else { break };
         lsn += h.record_bytes;
         if !h.pad {
             out.push(Logged {
                 seq,
                 offset: h.offset,
-                data: Bytes::copy_from_slice(data),
+                data: Bytes::copy_from_slice(&rec[HEADER_BYTES..HEADER_BYTES + h.data_len]),
                 end_lsn: lsn,
             });
         }
         seq += 1;
     }
     Ok((out, report))
+}
+
+/// The first record of this log after the one expected at `lsn` (seq `seq`) that the scan
+/// could not take: a header of this log id with a higher seq, at a block boundary within
+/// the longest record's reach, or at the ring's start (after a pad). Records of earlier
+/// laps have lower seqs, so only records written after the expected one are found.
+fn successor(
+    file: &File,
+    path: &Path,
+    s: &Super,
+    lsn: u64,
+    seq: u64,
+    limit: u64,
+) -> Result<Option<(u64, Header)>, WriteLogError> {
+    let reach = format::record_bytes(RECORD_DATA_BYTES_MAX);
+    let mut candidates: Vec<u64> = (1..=reach / BLOCK_BYTES)
+        .map(|i| lsn + i * BLOCK_BYTES)
+        .filter(|l| *l < limit && l / s.ring_bytes == lsn / s.ring_bytes)
+        .collect();
+    let next_lap = (lsn / s.ring_bytes + 1) * s.ring_bytes;
+    if next_lap < limit {
+        candidates.push(next_lap);
+    }
+    let mut head = vec![0u8; BLOCK_BYTES as usize];
+    for l in candidates {
+        file.read_exact_at(&mut head, RING_START + l % s.ring_bytes)
+            .map_err(io_err(path, "ring read"))?;
+        if let Some(h) = format::decode_header(&head) {
+            if h.log_id == s.log_id && h.seq > seq {
+                return Ok(Some((l, h)));
+            }
+        }
+    }
+    Ok(None)
 }
 
 /// Valid-looking records (right id, increasing seq) from `lsn` on, stopping at the first

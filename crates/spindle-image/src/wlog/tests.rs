@@ -190,7 +190,12 @@ async fn no_acknowledged_write_is_lost_across_crashes_and_ring_wraps() {
 /// everything after it, saying so; the ones refused are not in the image.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_record_stops_the_replay_and_everything_after_it_is_refused() {
-    for (victim, damaged) in [(4u64, true), (9, false)] {
+    // (record, damaged rather than torn, byte flipped within the record: data or header seq)
+    for (victim, damaged, at) in [
+        (4u64, true, HEADER_BYTES as u64 + 100),
+        (4, true, 10),
+        (9, false, HEADER_BYTES as u64 + 100),
+    ] {
         let d = dir("flip");
         let b = Arc::new(MemoryBackend::new());
         create_image(&b, 16 * MIB).await;
@@ -216,7 +221,7 @@ async fn a_damaged_record_stops_the_replay_and_everything_after_it_is_refused() 
                 .write(true)
                 .open(&path)
                 .unwrap();
-            let at = RING_START + victim * rec + HEADER_BYTES as u64 + 100;
+            let at = RING_START + victim * rec + at;
             let mut byte = [0u8; 1];
             f.read_exact_at(&mut byte, at).unwrap();
             f.write_all_at(&[byte[0] ^ 0x20], at).unwrap();
@@ -229,7 +234,9 @@ async fn a_damaged_record_stops_the_replay_and_everything_after_it_is_refused() 
         assert_eq!(report.records_refused, 9 - victim, "{report:?}");
         let why = report.stopped.clone().unwrap();
         assert!(
-            why.contains("checksum") == damaged && why.contains(&format!("seq {}", victim + 1)),
+            why.contains("damaged") == damaged
+                && why.contains("torn") != damaged
+                && why.contains(&format!("seq {}", victim + 1)),
             "{why}"
         );
         for i in 0..10u64 {
@@ -296,4 +303,56 @@ async fn a_full_ring_makes_writes_wait_not_fail() {
             assert_eq!(got, vec![(t * 31 + i) as u8; 4096], "task {t} block {j}");
         }
     }
+}
+
+/// A bad record inside the *last* group commit, with valid records of the same commit
+/// after it: the commit never completed (nothing in it was acknowledged), so the replay
+/// calls it torn, not damage, and drops the rest of that commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_record_in_the_last_group_commit_is_a_torn_tail() {
+    let d = dir("torn");
+    let b = Arc::new(MemoryBackend::new());
+    create_image(&b, 16 * MIB).await;
+    let mut config = WriteLogConfig::new(&d.0, 32 * MIB);
+    config.publish_paused = true;
+    let (log, _) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+        .await
+        .unwrap();
+    // Many writes at once: the writer thread takes the queued ones as one commit.
+    for _ in 0..5 {
+        let writes = (0..16u64).map(|i| log.write(i * 8192, vec![i as u8 + 1; 8192], false));
+        for r in futures::future::join_all(writes).await {
+            r.unwrap();
+        }
+    }
+    drop(log);
+    let path = log_path(&d.0, POOL, "vol");
+    let rec = format::record_bytes(8192);
+    let headers: Vec<Header> = (0..80u64)
+        .map(|i| record_header_at(&path, i * rec).unwrap())
+        .collect();
+    let last_first = headers.last().unwrap().batch_first;
+    let victim = headers.iter().position(|h| h.seq == last_first).unwrap() as u64;
+    assert!(
+        victim < 79,
+        "the last commit holds one record: {:?}",
+        &headers[70..]
+    );
+    {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let at = RING_START + victim * rec + 10;
+        f.write_all_at(&[0xff], at).unwrap();
+    }
+    let config = WriteLogConfig::new(&d.0, 32 * MIB);
+    let (_log, report) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+        .await
+        .unwrap();
+    let why = report.stopped.clone().unwrap();
+    assert!(why.contains("torn"), "{why}");
+    assert_eq!(report.records_applied, victim);
+    assert_eq!(report.records_refused, 79 - victim);
 }
