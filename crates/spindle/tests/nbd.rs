@@ -770,14 +770,14 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
                                 Ok((0, _)) => acked.push((off, len, id)),
                                 _ => return (acked, Some((off, len, id))),
                             }
-                            if flush {
-                                if !matches!(
+                            if flush
+                                && !matches!(
                                     raw_nbd::request(&mut s, raw_nbd::CMD_FLUSH, id, 0, 0, &[])
                                         .await,
                                     Ok((0, _))
-                                ) {
-                                    return (acked, None);
-                                }
+                                )
+                            {
+                                return (acked, None);
                             }
                         }
                         (acked, None)
