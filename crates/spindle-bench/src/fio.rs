@@ -161,6 +161,13 @@ pub struct BenchFioArgs {
     /// Start `spindle nbd` with `--no-readahead` (no fetching ahead of sequential readers).
     #[arg(long)]
     pub no_readahead: bool,
+    /// Start `spindle nbd` with `--write-log DIR`: writes are acknowledged from a local
+    /// log and published in the background (compare with a run without it).
+    #[arg(long, value_name = "DIR")]
+    pub write_log: Option<PathBuf>,
+    /// `--write-log-size` of that log.
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    pub write_log_size: String,
     /// One JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -983,6 +990,13 @@ fn start_spindle_nbd(args: &BenchFioArgs) -> anyhow::Result<(ChildGuard, String)
     }
     if args.no_readahead {
         flags.push("--no-readahead");
+    }
+    let log_dir = args
+        .write_log
+        .as_ref()
+        .map(|d| d.to_string_lossy().into_owned());
+    if let Some(dir) = &log_dir {
+        flags.extend(["--write-log", dir, "--write-log-size", &args.write_log_size]);
     }
     spindle_nbd_child(&args.target, &args.pool, &args.image, &flags, "nbd")
 }
