@@ -356,3 +356,84 @@ async fn a_bad_record_in_the_last_group_commit_is_a_torn_tail() {
     assert_eq!(report.records_applied, victim);
     assert_eq!(report.records_refused, 79 - victim);
 }
+
+/// Unmounts (lazily) and removes a mount point however the test ends.
+struct Mount(PathBuf);
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The log's file system is full: the ring was preallocated and written at creation, so
+/// logged writes go on (waiting for the publisher when the ring is full), none fails and
+/// none is lost; a new log that cannot get its space is refused with a clear error.
+/// Needs root (a size-limited tmpfs mount); fails, does not skip, without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_file_system_under_the_log_makes_writes_wait_not_fail() {
+    let d = dir("fsfull");
+    let mnt = Mount(d.0.join("mnt"));
+    std::fs::create_dir_all(&mnt.0).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=40m", "tmpfs"])
+        .arg(&mnt.0)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "this test needs to mount a tmpfs (run it as root)");
+    let b = Arc::new(MemoryBackend::with_latency(500, 500, 3));
+    create_image(&b, 64 * MIB).await;
+    let (log, _) = WriteLog::open(
+        &WriteLogConfig::new(&mnt.0, 32 * MIB),
+        POOL,
+        "vol",
+        layer(&b).await,
+    )
+    .await
+    .unwrap();
+    // Fill the file system.
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(mnt.0.join("filler")).unwrap();
+        let chunk = vec![7u8; MIB as usize];
+        while f.write_all(&chunk).is_ok() {}
+    }
+    assert!(
+        std::fs::File::create(mnt.0.join("x"))
+            .and_then(|mut f| {
+                use std::io::Write;
+                f.write_all(&[0u8; 65536]).and_then(|_| f.sync_all())
+            })
+            .is_err(),
+        "the file system is not full"
+    );
+    let mut model = vec![0u8; 64 * MIB as usize];
+    for i in 0..96u64 {
+        let off = (i * 7 % 60) * MIB;
+        let data = pattern(i, MIB as usize);
+        model[off as usize..(off + MIB) as usize].copy_from_slice(&data);
+        log.write(off, data, false).await.unwrap();
+    }
+    log.flush().await.unwrap();
+    assert!(log.stats().full_waits > 0, "{:?}", log.stats());
+    let image = layer(&b).await;
+    let got = image.read(0, 64 * MIB).await.unwrap();
+    assert!(got == model, "the image differs from what was written");
+    // A second image's log cannot get its ring: a clear error at open.
+    Image::create(b.clone(), POOL, "vol2", 16 * MIB, 4 * MIB)
+        .await
+        .unwrap();
+    let img2 = Image::open(b.clone(), POOL, "vol2").await.unwrap();
+    let layer2 = Arc::new(BlockLayer::new(Arc::new(img2), BlockConfig::default()).unwrap());
+    let e = match WriteLog::open(&WriteLogConfig::new(&mnt.0, 32 * MIB), POOL, "vol2", layer2).await
+    {
+        Ok(_) => panic!("a log was created on a full file system"),
+        Err(e) => e.to_string(),
+    };
+    assert!(e.contains("file system full"), "{e}");
+    drop(log);
+}
