@@ -14,10 +14,13 @@ impl Drop for Scratch {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_answers_are_typed() {
+type Served = tokio::task::JoinHandle<Result<(), spindle_mon::MonError>>;
+
+/// A new monitor (3 daemons in its map, pool `default`) served in this process: its
+/// directory, address, stop switch and task.
+async fn monitor(tag: &str) -> (Scratch, String, tokio::sync::oneshot::Sender<()>, Served) {
     let dir =
-        Scratch(std::env::temp_dir().join(format!("spindle-client-admin-{}", std::process::id())));
+        Scratch(std::env::temp_dir().join(format!("spindle-client-{tag}-{}", std::process::id())));
     let spec = InitSpec {
         osd_count: 3,
         default_pool: Some(("default".into(), 3, 2, 8)),
@@ -29,6 +32,12 @@ async fn admin_answers_are_typed() {
     let served = tokio::spawn(mon.run(async move {
         let _ = stop_rx.await;
     }));
+    (dir, addr, stop_tx, served)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_answers_are_typed() {
+    let (_dir, addr, stop_tx, served) = monitor("admin").await;
     let client = Client::connect(ClientConfig::new(addr)).await.unwrap();
 
     let status: Status = client.admin(&Admin::status()).await.unwrap();
@@ -84,19 +93,7 @@ async fn image_locks_between_two_clients() {
         Admin::lock_release("p", "i", 7).args()
     );
 
-    let dir =
-        Scratch(std::env::temp_dir().join(format!("spindle-client-locks-{}", std::process::id())));
-    let spec = InitSpec {
-        osd_count: 3,
-        default_pool: Some(("default".into(), 3, 2, 8)),
-    };
-    spindle_mon::init(&dir.0, &spec).unwrap();
-    let mon = BoundMonitor::bind(MonConfig::new(&dir.0)).await.unwrap();
-    let addr = mon.addr.to_string();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(mon.run(async move {
-        let _ = stop_rx.await;
-    }));
+    let (_dir, addr, stop_tx, served) = monitor("locks").await;
     let a = Client::connect(ClientConfig::new(addr.clone()))
         .await
         .unwrap();

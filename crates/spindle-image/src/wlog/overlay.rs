@@ -40,6 +40,21 @@ impl Overlay {
         self.bytes
     }
 
+    /// Keeps the part of extent `e` (starting at `s`) at or after `from`, if any.
+    fn keep_tail(&mut self, s: u64, e: &Extent, from: u64) {
+        if e.end > from {
+            self.bytes += e.end - from;
+            self.extents.insert(
+                from,
+                Extent {
+                    end: e.end,
+                    seq: e.seq,
+                    data: e.data.slice((from - s) as usize..),
+                },
+            );
+        }
+    }
+
     /// Cuts every extent overlapping `[start, end)` back to what lies outside it.
     fn punch(&mut self, start: u64, end: u64) {
         // The extent that starts before `start` and may reach into the range.
@@ -50,23 +65,14 @@ impl Overlay {
             .filter(|(_, e)| e.end > start)
             .map(|(s, e)| (*s, e.clone()));
         if let Some((s, e)) = before {
-            self.bytes -= e.end - s;
+            self.bytes -= e.end - start;
             let head = Extent {
                 end: start,
                 seq: e.seq,
                 data: e.data.slice(..(start - s) as usize),
             };
-            self.bytes += start - s;
             self.extents.insert(s, head);
-            if e.end > end {
-                let tail = Extent {
-                    end: e.end,
-                    seq: e.seq,
-                    data: e.data.slice((end - s) as usize..),
-                };
-                self.bytes += e.end - end;
-                self.extents.insert(end, tail);
-            }
+            self.keep_tail(s, &e, end);
         }
         let inside: Vec<u64> = self.extents.range(start..end).map(|(s, _)| *s).collect();
         for s in inside {
@@ -74,15 +80,7 @@ impl Overlay {
                 continue;
             };
             self.bytes -= e.end - s;
-            if e.end > end {
-                let tail = Extent {
-                    end: e.end,
-                    seq: e.seq,
-                    data: e.data.slice((end - s) as usize..),
-                };
-                self.bytes += e.end - end;
-                self.extents.insert(end, tail);
-            }
+            self.keep_tail(s, &e, end);
         }
     }
 
