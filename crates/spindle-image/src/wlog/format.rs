@@ -133,8 +133,8 @@ pub fn record_bytes(data_len: usize) -> u64 {
     ((HEADER_BYTES + data_len) as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES
 }
 
-/// Encodes a write record into `out` (which must be `record_bytes(data.len())` long and
-/// zeroed past what is written).
+/// Encodes a write record into `out`, which must be `record_bytes(data.len())` long (its
+/// padding is zeroed here).
 pub fn encode_write(
     out: &mut [u8],
     seq: u64,
@@ -156,13 +156,16 @@ pub fn encode_write(
     );
     out[40..48].copy_from_slice(&batch_first.to_le_bytes());
     out[HEADER_BYTES..HEADER_BYTES + data.len()].copy_from_slice(data);
+    out[HEADER_BYTES + data.len()..].fill(0);
     let crc = record_crc(&out[..60], data);
     out[60..64].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Encodes a pad record covering `total` bytes (only its first block is written).
+/// Encodes a pad record covering `total` bytes into `out`, its first block (the only one
+/// written; zeroed past the header here).
 pub fn encode_pad(out: &mut [u8], seq: u64, batch_first: u64, log_id: u64, total: u64) {
     header(out, KIND_PAD, seq, log_id, 0, 0, total as u32);
+    out[HEADER_BYTES..].fill(0);
     out[40..48].copy_from_slice(&batch_first.to_le_bytes());
     let crc = record_crc(&out[..60], &[]);
     out[60..64].copy_from_slice(&crc.to_le_bytes());

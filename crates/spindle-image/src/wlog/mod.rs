@@ -783,6 +783,11 @@ fn writer_loop(
     mut lsn: u64,
 ) {
     let ring = shared.ring_bytes;
+    // One aligned buffer for every group commit: the largest batch, plus a pad's block.
+    let mut scratch = IoBuf::aligned(
+        (BATCH_BYTES_MAX + format::record_bytes(RECORD_DATA_BYTES_MAX) + BLOCK_BYTES) as usize,
+        BLOCK_BYTES as usize,
+    );
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         let mut bytes = format::record_bytes(batch[0].data.len());
@@ -830,54 +835,47 @@ fn writer_loop(
             shared.counters.full_waits.fetch_add(1, Ordering::Relaxed);
         }
         debug_assert!(need <= ring);
-        // Encode into one buffer per contiguous part of the ring (two if it wraps).
-        let mut parts: Vec<(u64, IoBuf)> = Vec::new();
-        let mut cur: Option<(u64, Vec<u8>)> = None;
+        // Encode into the reused buffer, in order; `parts` are its contiguous pieces of
+        // the ring (two when the batch wraps: the pad's header block ends the first).
+        let mut parts: Vec<(u64, std::ops::Range<usize>)> = Vec::with_capacity(2);
         let mut seqs = Vec::with_capacity(batch.len());
         let batch_first = seq;
+        let mut used = 0usize;
         for &(l, n, idx) in &layout {
             let off = l % ring;
-            if let Some((start, buf)) = &cur {
-                if start + buf.len() as u64 != off {
-                    let (s, b) = cur.take().unwrap_or_default();
-                    parts.push((s, IoBuf::aligned_copy(&b, b.len(), BLOCK_BYTES as usize)));
-                }
+            match parts.last_mut() {
+                Some((start, r)) if *start + r.len() as u64 == off => {}
+                _ => parts.push((off, used..used)),
             }
-            let (_, buf) = cur.get_or_insert_with(|| (off, Vec::new()));
-            let base = buf.len();
+            let written = if idx.is_some() { n } else { BLOCK_BYTES } as usize;
+            debug_assert!(used + written <= scratch.len());
+            let out = &mut scratch[used..used + written];
             match idx {
                 None => {
                     // A pad: only its header block is written.
-                    buf.resize(base + BLOCK_BYTES as usize, 0);
-                    format::encode_pad(&mut buf[base..], seq, batch_first, shared.log_id, n);
-                    seq += 1;
-                    if n > BLOCK_BYTES {
-                        let (s, b) = cur.take().unwrap_or_default();
-                        parts.push((s, IoBuf::aligned_copy(&b, b.len(), BLOCK_BYTES as usize)));
-                    }
+                    format::encode_pad(out, seq, batch_first, shared.log_id, n);
                 }
                 Some(i) => {
-                    buf.resize(base + n as usize, 0);
                     let a = &batch[i];
-                    format::encode_write(
-                        &mut buf[base..],
-                        seq,
-                        batch_first,
-                        shared.log_id,
-                        a.offset,
-                        &a.data,
-                    );
+                    format::encode_write(out, seq, batch_first, shared.log_id, a.offset, &a.data);
                     seqs.push((seq, l + n));
-                    seq += 1;
                 }
             }
+            seq += 1;
+            used += written;
+            if let Some((_, r)) = parts.last_mut() {
+                r.end = used;
+            }
+            if idx.is_none() && n > BLOCK_BYTES {
+                // The rest of the pad is not written: the next piece starts elsewhere.
+                parts.push((u64::MAX, used..used));
+            }
         }
-        if let Some((s, b)) = cur.take() {
-            parts.push((s, IoBuf::aligned_copy(&b, b.len(), BLOCK_BYTES as usize)));
-        }
+        parts.retain(|(start, r)| *start != u64::MAX || !r.is_empty());
         let mut result = Ok(());
-        for (off, buf) in &parts {
-            if let Err(e) = file.write_all_at(buf, RING_START + off) {
+        for (off, r) in &parts {
+            debug_assert!(*off != u64::MAX);
+            if let Err(e) = file.write_all_at(&scratch[r.clone()], RING_START + off) {
                 result = Err(format!(
                     "write log {}: write failed: {e}",
                     shared.path.display()
