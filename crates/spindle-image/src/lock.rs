@@ -60,11 +60,16 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// The start time of live process `pid` (None if there is none, or it is a zombie: it
+/// has exited and only waits to be reaped).
 fn process_start(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name (which may hold spaces) start at field 3.
-    let rest = stat.rsplit_once(')')?.1;
-    rest.split_whitespace().nth(19)?.parse().ok()
+    // Fields after the command name (which may hold spaces) start at field 3, the state.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether `holder` (a [`holder_description`]) names a process of this host that is gone.
@@ -249,6 +254,17 @@ mod tests {
         // A pid that does not exist (above the kernel's pid limit).
         let dead = format!("host {} pid 4294967 start 1 x", hostname());
         assert!(holder_is_gone(&dead));
+        // A child that exited and is not reaped yet (a zombie) is gone too.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let zombie_pid = child.id();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let zombie = format!("host {} pid {zombie_pid} start 1 x", hostname());
+        assert!(
+            process_start(zombie_pid).is_none(),
+            "a zombie has no start time"
+        );
+        assert!(holder_is_gone(&zombie));
+        child.wait().unwrap();
         // Another host, or a description without the fields: never taken as gone.
         assert!(!holder_is_gone("host elsewhere pid 4294967 start 1 x"));
         assert!(!holder_is_gone("someone"));
