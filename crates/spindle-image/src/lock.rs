@@ -134,7 +134,7 @@ impl ImageLock {
             .await;
         let grant = match first {
             Ok(g) => g,
-            Err(ClientError::Command(refusal)) => {
+            Err(ClientError::Command(refusal)) if refusal.contains("is locked by") => {
                 // Held by a live lease: take it over by ourselves only if the holder was a
                 // process of this host that is gone.
                 let map = client.map();

@@ -332,6 +332,8 @@ impl ClusterMap {
             .map(|p| p.id)
             .ok_or_else(|| MapError::NoSuchPool(name.to_string()))?;
         self.pools.remove(&id);
+        // Its images are gone with it: so are their locks (a later pool may get the id).
+        self.image_locks.retain(|(pool, _), _| *pool != id);
         Ok(id)
     }
 }

@@ -222,8 +222,9 @@ mod tests {
     #[test]
     fn locks_and_fences_round_trip_and_format_2_maps_still_decode() {
         let mut m = map(3);
+        let pool_id = *m.pools.keys().next().unwrap();
         m.image_locks.insert(
-            (0, "vm1".into()),
+            (pool_id, "vm1".into()),
             crate::ImageLock {
                 client: 0xfeed,
                 generation: 3,
@@ -237,6 +238,11 @@ mod tests {
         assert_eq!(back.image_locks, m.image_locks);
         assert_eq!(back.fenced, m.fenced);
         assert_eq!(back.encode(), bytes);
+        // A removed pool takes its images' locks with it (fenced clients stay fenced).
+        let mut gone = back.clone();
+        let pool = gone.pools.values().next().unwrap().name.clone();
+        gone.remove_pool(&pool).unwrap();
+        assert!(gone.image_locks.is_empty() && gone.fenced.len() == 1);
 
         // The same map as format 2: the format word, and no lock or fence sections.
         let plain = map(3).encode();

@@ -134,6 +134,8 @@ impl MonCore {
                     .filter(|le| le.client == l.client)
                     .map_or(0, |le| le.until_ms.saturating_sub(now_ms));
                 if left_ms > 0 && !take_over {
+                    // "is locked by" is what `spindle_image::lock` recognises a refusal by
+                    // (pinned by spindle-client's tests/admin.rs and spindle's tests/nbd.rs).
                     return Err(format!(
                         "image {pool}/{image} is locked by {} (client {:016x}, lock generation {}); \
                          its lease is live ({left_ms} ms left). Stop that client, or take the lock \

@@ -1051,8 +1051,8 @@ fn coalesce(merged: &Overlay, chunk: &[Logged]) -> Vec<(u64, Vec<u8>)> {
 mod tests;
 
 /// For tests: the header of the record at `lsn` of the log at `path`.
-#[doc(hidden)]
-pub fn record_header_at(path: &Path, lsn: u64) -> Option<Header> {
+#[cfg(test)]
+fn record_header_at(path: &Path, lsn: u64) -> Option<Header> {
     let f = File::open(path).ok()?;
     let s = read_super(&f, path).ok()?;
     let mut b = vec![0u8; BLOCK_BYTES as usize];

@@ -40,6 +40,16 @@ impl Overlay {
         self.bytes
     }
 
+    /// Where the extents touching `[offset, ..)` start: the one reaching over `offset`
+    /// from before it, else `offset`.
+    fn first_start(&self, offset: u64) -> u64 {
+        self.extents
+            .range(..offset)
+            .next_back()
+            .filter(|(_, e)| e.end > offset)
+            .map_or(offset, |(s, _)| *s)
+    }
+
     /// Keeps the part of extent `e` (starting at `s`) at or after `from`, if any.
     fn keep_tail(&mut self, s: u64, e: &Extent, from: u64) {
         if e.end > from {
@@ -58,13 +68,8 @@ impl Overlay {
     /// Cuts every extent overlapping `[start, end)` back to what lies outside it.
     fn punch(&mut self, start: u64, end: u64) {
         // The extent that starts before `start` and may reach into the range.
-        let before = self
-            .extents
-            .range(..start)
-            .next_back()
-            .filter(|(_, e)| e.end > start)
-            .map(|(s, e)| (*s, e.clone()));
-        if let Some((s, e)) = before {
+        let s = self.first_start(start);
+        if let Some(e) = (s < start).then(|| self.extents.get(&s).cloned()).flatten() {
             self.bytes -= e.end - start;
             let head = Extent {
                 end: start,
@@ -99,13 +104,7 @@ impl Overlay {
     /// `seq` (they are now published).
     pub fn remove_published(&mut self, offset: u64, len: u64, seq: u64) {
         let end = offset + len;
-        let first = self
-            .extents
-            .range(..offset)
-            .next_back()
-            .filter(|(_, e)| e.end > offset)
-            .map(|(s, _)| *s)
-            .unwrap_or(offset);
+        let first = self.first_start(offset);
         let doomed: Vec<u64> = self
             .extents
             .range(first..end)
@@ -124,13 +123,7 @@ impl Overlay {
         let end = offset + len;
         let mut out = Vec::new();
         let mut at = offset;
-        let first = self
-            .extents
-            .range(..offset)
-            .next_back()
-            .filter(|(_, e)| e.end > offset)
-            .map(|(s, _)| *s)
-            .unwrap_or(offset);
+        let first = self.first_start(offset);
         for (&s, e) in self.extents.range(first..end) {
             if s > at {
                 out.push(Piece::Gap {
