@@ -651,6 +651,49 @@ impl Client {
             .await
     }
 
+    /// Writes several extents of one object as one operation: `data` holds their bytes one
+    /// after the other; extents sorted and not overlapping. On a replicated pool this is one
+    /// request, one version and one journal record per copy (`Mutation::WriteExtents`); an
+    /// erasure-coded pool takes one partial write per extent (in parallel: they are
+    /// disjoint). Returns once every extent is durable on every copy.
+    pub async fn write_extents(
+        &self,
+        pool: &str,
+        name: &str,
+        extents: Vec<spindle_types::Extent>,
+        data: Vec<u8>,
+    ) -> Result<(), ClientError> {
+        let end = spindle_types::check_extents(&extents, data.len())
+            .map_err(|e| ClientError::Invalid(e.to_string()))?;
+        check_size(end, 0)?;
+        self.refuse_if_full(pool)?;
+        let erasure = self
+            .state()
+            .map
+            .pool_by_name(pool)
+            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?
+            .is_erasure();
+        if erasure {
+            let writes = spindle_types::extent_pieces(&extents, &data).map(|(offset, piece)| {
+                self.mutate(
+                    pool,
+                    name,
+                    Mutation::Write {
+                        offset,
+                        data: piece.to_vec(),
+                    },
+                )
+            });
+            for r in futures::future::join_all(writes).await {
+                r?;
+            }
+            return Ok(());
+        }
+        self.mutate(pool, name, Mutation::WriteExtents { extents, data })
+            .await
+            .map(|_| ())
+    }
+
     pub async fn truncate(
         &self,
         pool: &str,

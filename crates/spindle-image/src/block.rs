@@ -55,7 +55,7 @@
 //!    per object equals submission order of the batches, so overlapping writes are never
 //!    reordered and a read that overlaps a queued write sees it.
 
-use crate::image::{Image, ImageError, ObjectBackend};
+use crate::image::{Image, ImageError, ObjectBackend, ObjectWrite};
 use bytes::Bytes;
 use serde::Serialize;
 use std::borrow::Cow;
@@ -1226,6 +1226,28 @@ impl<B: ObjectBackend> BlockLayer<B> {
     pub async fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<(), ImageError> {
         let len = data.len() as u64;
         self.mutate(Dir::Write, offset, Cow::Owned(data), len).await
+    }
+
+    /// [`Image::object_writes`]: many ranges cut into one write per data object.
+    pub fn object_writes(&self, runs: &[(u64, Vec<u8>)]) -> Result<Vec<ObjectWrite>, ImageError> {
+        self.image.object_writes(runs)
+    }
+
+    /// Sends one [`ObjectWrite`], bypassing the scheduler (a write log's publisher: every
+    /// write of the image goes through it, so nothing queued here races with it). Cached
+    /// extents it touches are dropped, and fills racing with the write are refused.
+    pub async fn write_object(&self, w: &ObjectWrite) -> Result<(), ImageError> {
+        let mut guards = Vec::with_capacity(w.extents.len());
+        for e in &w.extents {
+            let offset = w.object_offset + e.offset;
+            let len = e.len_bytes as u64;
+            self.check_range(offset, len)?;
+            lock(&self.readahead).on_write(offset, len);
+            guards.push(self.write_guard(offset, len));
+        }
+        let r = self.image.write_object(w).await;
+        drop(guards);
+        r
     }
 
     /// Makes the range read as zeros (deallocating what it can, never creating objects).

@@ -175,6 +175,24 @@ pub trait ObjectBackend: Send + Sync + 'static {
         offset: u64,
         data: Vec<u8>,
     ) -> impl Future<Output = Result<(), ClientError>> + Send;
+    /// Writes several extents of the object as one operation (`data`: their bytes one
+    /// after the other; extents sorted, not overlapping). The default sends one write per
+    /// extent, in order (backends without a multi-extent operation, e.g. test doubles).
+    fn write_object_extents(
+        &self,
+        pool: &str,
+        name: &str,
+        extents: Vec<spindle_types::Extent>,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<(), ClientError>> + Send {
+        async move {
+            for (offset, piece) in spindle_types::extent_pieces(&extents, &data) {
+                self.write_object(pool, name, offset, piece.to_vec())
+                    .await?;
+            }
+            Ok(())
+        }
+    }
     /// Replaces the whole object.
     fn write_full_object(
         &self,
@@ -238,6 +256,16 @@ impl ObjectBackend for Client {
         data: Vec<u8>,
     ) -> Result<(), ClientError> {
         Client::write_full(self, pool, name, data).await.map(|_| ())
+    }
+
+    fn write_object_extents(
+        &self,
+        pool: &str,
+        name: &str,
+        extents: Vec<spindle_types::Extent>,
+        data: Vec<u8>,
+    ) -> impl Future<Output = Result<(), ClientError>> + Send {
+        Client::write_extents(self, pool, name, extents, data)
     }
 
     async fn truncate_object(
@@ -390,6 +418,19 @@ struct Chunk {
     buf_offset: u64,
     /// Bytes of the object that lie inside the image (the object's logical end).
     object_extent_bytes: u64,
+}
+
+/// One data object's share of a batch of writes ([`Image::object_writes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectWrite {
+    /// The data object's index in the image.
+    pub index: u64,
+    /// Where the object starts in the image (extents are relative to it).
+    pub object_offset: u64,
+    /// Sorted, non-overlapping ranges inside the object.
+    pub extents: Vec<spindle_types::Extent>,
+    /// The extents' bytes one after the other.
+    pub data: Vec<u8>,
 }
 
 /// Splits `[offset, offset + len)` of an image of `size_bytes` into per-object chunks.
@@ -753,6 +794,77 @@ impl<B: ObjectBackend> Image<B> {
             .collect();
         drop(ticket);
         run_bounded(futures).await.map(|_| ())
+    }
+
+    /// Splits many ranges of the image, `runs` of (image offset, bytes), into one write per
+    /// data object (a write log's publishing): the pieces that fall into one object become
+    /// one multi-extent write (more than `WRITE_EXTENTS_MAX` extents: several, in order).
+    /// Runs are sorted here; overlapping runs make an extent list the daemons refuse.
+    pub fn object_writes(&self, runs: &[(u64, Vec<u8>)]) -> Result<Vec<ObjectWrite>, ImageError> {
+        let h = self.header_snapshot();
+        let mut per_object: std::collections::BTreeMap<u64, (Vec<spindle_types::Extent>, Vec<u8>)> =
+            std::collections::BTreeMap::new();
+        let mut sorted: Vec<&(u64, Vec<u8>)> = runs.iter().filter(|r| !r.1.is_empty()).collect();
+        sorted.sort_unstable_by_key(|r| r.0);
+        for (offset, data) in sorted {
+            self.check_range(*offset, data.len() as u64)?;
+            for c in chunks(
+                *offset,
+                data.len() as u64,
+                h.object_size_bytes,
+                h.size_bytes,
+            ) {
+                let (extents, bytes) = per_object.entry(c.object_index).or_default();
+                let piece = &data[c.buf_offset as usize..(c.buf_offset + c.len) as usize];
+                // Touching pieces become one extent.
+                match extents.last_mut() {
+                    Some(last)
+                        if last.offset + last.len_bytes as u64 == c.offset
+                            && (last.len_bytes as u64 + c.len) <= u32::MAX as u64 =>
+                    {
+                        last.len_bytes += c.len as u32;
+                    }
+                    _ => extents.push(spindle_types::Extent {
+                        offset: c.offset,
+                        len_bytes: c.len as u32,
+                    }),
+                }
+                bytes.extend_from_slice(piece);
+            }
+        }
+        let mut out = Vec::with_capacity(per_object.len());
+        for (index, (extents, bytes)) in per_object {
+            let mut at = 0usize;
+            for head in extents.chunks(spindle_types::limits::WRITE_EXTENTS_MAX) {
+                let len: usize = head.iter().map(|e| e.len_bytes as usize).sum();
+                out.push(ObjectWrite {
+                    index,
+                    object_offset: index * h.object_size_bytes,
+                    extents: head.to_vec(),
+                    data: bytes[at..at + len].to_vec(),
+                });
+                at += len;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sends one [`ObjectWrite`] (a single extent as a plain write); returns once it is
+    /// durable on every copy. Counted by [`Image::flush`] like any write.
+    pub async fn write_object(&self, w: &ObjectWrite) -> Result<(), ImageError> {
+        let ticket = self.writes.begin();
+        let object = data_object_name(&self.name, w.index);
+        let r = if let [e] = w.extents.as_slice() {
+            self.backend
+                .write_object(&self.pool, &object, e.offset, w.data.clone())
+                .await
+        } else {
+            self.backend
+                .write_object_extents(&self.pool, &object, w.extents.clone(), w.data.clone())
+                .await
+        };
+        drop(ticket);
+        r.map_err(ImageError::Backend)
     }
 
     /// Makes `[offset, offset + len)` read as zeros without creating objects: whole

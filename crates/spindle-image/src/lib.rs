@@ -19,4 +19,4 @@ pub mod nbd;
 pub mod wlog;
 
 pub use block::{BlockConfig, BlockLayer, BlockStats};
-pub use image::{Image, ImageError, ImageInfo, ObjectBackend};
+pub use image::{Image, ImageError, ImageInfo, ObjectBackend, ObjectWrite};

@@ -40,6 +40,14 @@ pub enum Mutation {
         size_bytes: u64,
     },
     Delete,
+    /// Several writes to one object as one operation (one version, one journal record on
+    /// each copy): `data` holds the extents' bytes one after the other; extents sorted
+    /// and not overlapping (`spindle_types::check_extents`, checked when decoded).
+    /// Replicated pools only (a write log's publisher sends these).
+    WriteExtents {
+        extents: Vec<spindle_types::Extent>,
+        data: Vec<u8>,
+    },
     /// Client -> primary of an erasure-coded pool: the client-encoded shards of a byte range
     /// of stripes. `data` holds k + m segments of `shard_len` bytes each (shard i's bytes
     /// from `shard_offset`); the object's size becomes `object_size`. `full`: the segments
@@ -80,6 +88,7 @@ impl From<spindle_types::Mutation> for Mutation {
             M::Write { offset, data } => Mutation::Write { offset, data },
             M::Truncate { size_bytes } => Mutation::Truncate { size_bytes },
             M::Delete => Mutation::Delete,
+            M::WriteExtents { extents, data } => Mutation::WriteExtents { extents, data },
         }
     }
 }
@@ -99,6 +108,7 @@ impl TryFrom<Mutation> for spindle_types::Mutation {
             Mutation::Write { offset, data } => M::Write { offset, data },
             Mutation::Truncate { size_bytes } => M::Truncate { size_bytes },
             Mutation::Delete => M::Delete,
+            Mutation::WriteExtents { extents, data } => M::WriteExtents { extents, data },
             Mutation::EcWrite { .. } | Mutation::EcPatch { .. } => return Err(ShardMutation),
         })
     }
@@ -304,6 +314,7 @@ mod wire {
         match m {
             Mutation::WriteFull(d)
             | Mutation::Write { data: d, .. }
+            | Mutation::WriteExtents { data: d, .. }
             | Mutation::EcWrite { data: d, .. }
             | Mutation::EcPatch { data: d, .. } => Some(d),
             Mutation::Truncate { .. } | Mutation::Delete => None,
@@ -313,6 +324,7 @@ mod wire {
         match m {
             Mutation::WriteFull(d)
             | Mutation::Write { data: d, .. }
+            | Mutation::WriteExtents { data: d, .. }
             | Mutation::EcWrite { data: d, .. }
             | Mutation::EcPatch { data: d, .. } => Some(d),
             Mutation::Truncate { .. } | Mutation::Delete => None,
@@ -912,6 +924,12 @@ fn put_mutation(w: &mut Writer, m: &Mutation) {
         Mutation::Delete => {
             w.u8(3);
         }
+        Mutation::WriteExtents { extents, .. } => {
+            w.u8(6).u32(extents.len() as u32);
+            for e in extents {
+                w.u64(e.offset).u32(e.len_bytes);
+            }
+        }
         Mutation::EcWrite {
             object_size,
             shard_offset,
@@ -977,6 +995,31 @@ fn get_mutation(r: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<Mutation, 
             size_bytes: r.u64("size")?,
         },
         3 => Mutation::Delete,
+        6 => {
+            let n = r.u32("extent count")? as usize;
+            if n > spindle_types::limits::WRITE_EXTENTS_MAX {
+                return Err(CodecError::TooLong {
+                    what: "extent list",
+                    len: n as u64,
+                    max: spindle_types::limits::WRITE_EXTENTS_MAX as u64,
+                });
+            }
+            let mut extents = Vec::with_capacity(n);
+            for _ in 0..n {
+                let offset = r.u64("extent offset")?;
+                let len_bytes = r.u32("extent length")?;
+                extents.push(spindle_types::Extent { offset, len_bytes });
+            }
+            let data = take_bulk(bulk);
+            if let Err(e) = spindle_types::check_extents(&extents, data.len()) {
+                tracing::debug!("refused extent list: {e}");
+                return Err(CodecError::Invalid {
+                    what: "extent list",
+                    value: extents.len() as u64,
+                });
+            }
+            Mutation::WriteExtents { extents, data }
+        }
         4 => {
             let object_size = r.u64("object size")?;
             let shard_offset = r.u64("shard offset")?;

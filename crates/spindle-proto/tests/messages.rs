@@ -77,6 +77,25 @@ fn samples() -> Vec<Msg> {
             pool: 1,
             pg: 2,
             name: "obj".into(),
+            op: ObjOp::Mutate(Mutation::WriteExtents {
+                extents: vec![
+                    spindle_types::Extent {
+                        offset: 10,
+                        len_bytes: 2,
+                    },
+                    spindle_types::Extent {
+                        offset: 8192,
+                        len_bytes: 1,
+                    },
+                ],
+                data: vec![4, 5, 6],
+            }),
+            client: 7,
+        },
+        Msg::ObjRequest {
+            pool: 1,
+            pg: 2,
+            name: "obj".into(),
             op: ObjOp::Mutate(Mutation::Truncate { size_bytes: 10 }),
             client: 0,
         },
@@ -354,6 +373,37 @@ fn typed_structs_convert_to_and_from_their_variant() {
     let q = typed::PgQuery { pool: 1, pg: 2 };
     assert_eq!(Msg::from(q.clone()), Msg::PgQuery { pool: 1, pg: 2 });
     assert_eq!(typed::PgQuery::KIND.name(), "pg_query");
+}
+
+/// A multi-extent write whose extents do not match its bytes, overlap, or are too many is
+/// a decoding error (the daemon answers Invalid), never applied.
+#[test]
+fn bad_extent_lists_are_decoding_errors() {
+    let ext = |offset, len_bytes| spindle_types::Extent { offset, len_bytes };
+    let req = |extents, data| Msg::ObjRequest {
+        pool: 1,
+        pg: 2,
+        name: "obj".into(),
+        op: ObjOp::Mutate(Mutation::WriteExtents { extents, data }),
+        client: 0,
+    };
+    let ok = req(vec![ext(0, 2), ext(2, 1)], vec![1, 2, 3]);
+    assert_eq!(Msg::decode(ok.kind(), &ok.encode()).unwrap(), ok);
+    for bad in [
+        req(vec![ext(0, 2), ext(2, 1)], vec![1, 2]),
+        req(vec![ext(4, 2), ext(5, 1)], vec![1, 2, 3]),
+        req(vec![ext(0, 0)], vec![]),
+        req(vec![], vec![]),
+        req(vec![ext(u64::MAX, 1)], vec![1]),
+        req(
+            (0..spindle_types::limits::WRITE_EXTENTS_MAX as u64 + 1)
+                .map(|i| ext(i * 2, 1))
+                .collect(),
+            vec![0; spindle_types::limits::WRITE_EXTENTS_MAX + 1],
+        ),
+    ] {
+        assert!(Msg::decode(bad.kind(), &bad.encode()).is_err(), "{bad:?}");
+    }
 }
 
 #[test]

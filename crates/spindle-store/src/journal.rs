@@ -27,6 +27,8 @@ const KIND_PG_MARK: u8 = 5;
 const MUT_WRITE_FULL_DIRECT: u8 = 5;
 /// Apply's `mut` of a direct write written together with its record (`DirectCheck`).
 const MUT_WRITE_FULL_DIRECT_CHECKED: u8 = 6;
+/// A multi-extent write: u32 count, (u64 offset, u32 length) per extent, then the bytes.
+const MUT_WRITE_EXTENTS: u8 = 7;
 /// Recover's `has` of a direct recover, older format.
 const HAS_DIRECT: u8 = 2;
 /// Recover's `has` of a direct recover written together with its record.
@@ -169,6 +171,7 @@ impl Record {
                 64 + name.len()
                     + match mutation {
                         Mutation::WriteFull(d) | Mutation::Write { data: d, .. } => d.len(),
+                        Mutation::WriteExtents { extents, data } => data.len() + extents.len() * 12,
                         _ => 0,
                     }
             }
@@ -215,6 +218,15 @@ impl Record {
                         put_u64(b, *size_bytes);
                     }
                     Mutation::Delete => b.push(4),
+                    Mutation::WriteExtents { extents, data } => {
+                        b.push(MUT_WRITE_EXTENTS);
+                        b.extend_from_slice(&(extents.len() as u32).to_le_bytes());
+                        for e in extents {
+                            put_u64(b, e.offset);
+                            b.extend_from_slice(&e.len_bytes.to_le_bytes());
+                        }
+                        put_bytes(b, data);
+                    }
                 }
             }
             Record::Recover {
@@ -398,6 +410,21 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
                     size_bytes: c.u64()?,
                 },
                 4 => Mutation::Delete,
+                MUT_WRITE_EXTENTS => {
+                    let n = c.u32()? as usize;
+                    if n > spindle_types::limits::WRITE_EXTENTS_MAX {
+                        return None;
+                    }
+                    let mut extents = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let offset = c.u64()?;
+                        let len_bytes = c.u32()?;
+                        extents.push(spindle_types::Extent { offset, len_bytes });
+                    }
+                    let data = c.bytes()?;
+                    spindle_types::check_extents(&extents, data.len()).ok()?;
+                    Mutation::WriteExtents { extents, data }
+                }
                 m @ (MUT_WRITE_FULL_DIRECT | MUT_WRITE_FULL_DIRECT_CHECKED) => {
                     let size = c.u64()?;
                     let check = match m {

@@ -32,6 +32,6 @@ pub use limits::DIRECT_WRITE_BYTES_MIN;
 pub use sim_disk::{SimDisk, SimRng, SIM_BLOCK_BYTES, SIM_TORN_SECTOR_BYTES_DEFAULT};
 pub use store::Store;
 pub use types::{
-    LogEntry, LogOp, Mutation, ObjectMeta, PgId, PgInfo, SpaceInfo, StoreConfig, StoreStats,
-    Version, RESERVE_BYTES_DEFAULT,
+    Extent, LogEntry, LogOp, Mutation, ObjectMeta, PgId, PgInfo, SpaceInfo, StoreConfig,
+    StoreStats, Version, RESERVE_BYTES_DEFAULT,
 };

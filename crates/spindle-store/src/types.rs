@@ -111,7 +111,7 @@ pub struct ObjectMeta {
 }
 
 /// A change to one object (defined in `spindle-types`: the protocol carries it too).
-pub use spindle_types::Mutation;
+pub use spindle_types::{Extent, Mutation};
 
 /// Summary of a placement group.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -72,7 +72,25 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn random_mutation(rng: &mut SimRng) -> Mutation {
-    match rng.below(10) {
+    match rng.below(11) {
+        10 => {
+            // A multi-extent write: sorted, non-overlapping extents (some share a block).
+            let mut extents = Vec::new();
+            let mut at = rng.below(8_000);
+            for _ in 0..1 + rng.below(6) {
+                let len_bytes = 1 + rng.below(3_000) as u32;
+                extents.push(spindle_store::Extent {
+                    offset: at,
+                    len_bytes,
+                });
+                at += len_bytes as u64 + rng.below(5_000);
+            }
+            let total = extents.iter().map(|e| e.len_bytes as usize).sum();
+            Mutation::WriteExtents {
+                extents,
+                data: pattern(total, rng.next_u64()),
+            }
+        }
         0..=2 => {
             let len = if rng.below(5) == 0 {
                 DIRECT_WRITE_BYTES_MIN + rng.below(80_000) as usize

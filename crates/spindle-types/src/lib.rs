@@ -27,4 +27,4 @@ pub use spindle_crc as crc;
 
 pub use error_code::ErrorCode;
 pub use ids::{shard_pg, split_shard_pg, Epoch, OsdId, PgId, PoolId, ShardPos, Version};
-pub use mutation::Mutation;
+pub use mutation::{check_extents, extent_pieces, Extent, ExtentsError, Mutation};

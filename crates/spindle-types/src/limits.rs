@@ -35,9 +35,17 @@ pub const OBJECT_BYTES_MAX: u64 = 32 << 20;
 /// 2+1 and 4+2; wider ratios write large objects in parts).
 pub const MESSAGE_DATA_BYTES_MAX: usize = 48 << 20;
 /// Largest non-data part of a message: the object name, the block checksums of a maximal
-/// payload (4 bytes per 4 KiB), and the fixed fields with room to spare.
-pub const MESSAGE_OVERHEAD_BYTES_MAX: usize =
-    OBJECT_NAME_BYTES_MAX + MESSAGE_DATA_BYTES_MAX / CRC_BLOCK_BYTES * 4 + (64 << 10);
+/// payload (4 bytes per 4 KiB), the extent list of a multi-extent write (12 bytes per
+/// extent), and the fixed fields with room to spare.
+pub const MESSAGE_OVERHEAD_BYTES_MAX: usize = OBJECT_NAME_BYTES_MAX
+    + MESSAGE_DATA_BYTES_MAX / CRC_BLOCK_BYTES * 4
+    + WRITE_EXTENTS_MAX * 12
+    + (64 << 10);
+/// Most extents in one multi-extent write (`Mutation::WriteExtents`): a write log
+/// publishing 512-byte sector writes into a 4 MiB object never has more separate
+/// (non-touching) extents in it than 4 MiB / 512 / 2 = 4096. Bounds the journal record's
+/// header and the work one request asks of a daemon.
+pub const WRITE_EXTENTS_MAX: usize = 4096;
 /// Largest frame payload a receiver accepts (checked before anything is allocated).
 pub const FRAME_PAYLOAD_BYTES_MAX: usize = 64 << 20;
 /// Largest object the local store accepts (offsets are u64 in its format; 1 TiB keeps

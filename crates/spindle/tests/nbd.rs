@@ -654,7 +654,7 @@ fn a_second_nbd_server_is_refused_and_break_lock_fences_a_stalled_first() {
 /// `spindle nbd --write-log`: writes are acknowledged from a local log and published in
 /// the background. Eight connections write 4 KiB-128 KiB pieces of their own regions (each
 /// 4 KiB block stamped with the write's id) with an occasional FLUSH, and the NBD server
-/// is killed with SIGKILL at a random point, ten times. After every restart (the log is
+/// is killed with SIGKILL at a random point, twenty times. After every restart (the log is
 /// replayed first), every block holds its last acknowledged write, or the write that was
 /// in flight on it when the server died; never an older one, never another.
 #[test]
@@ -687,7 +687,8 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
     };
     let mut write_id = 1u64;
     let mut acked_total = 0u64;
-    for round in 0..=10u32 {
+    const KILLS: u32 = 20;
+    for round in 0..=KILLS {
         let mut nbd = NbdProc::start_with(&c, &args);
         // Check every block, then settle the ambiguous ones to what they hold.
         let addr = nbd.addr.clone();
@@ -715,7 +716,7 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
             );
             *ok = vec![id];
         }
-        if round == 10 {
+        if round == KILLS {
             nbd.terminate();
             break;
         }

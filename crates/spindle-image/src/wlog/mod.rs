@@ -37,6 +37,7 @@ use bytes::Bytes;
 use format::{Header, Super, BLOCK_BYTES, HEADER_BYTES, RECORD_DATA_BYTES_MAX, RING_START};
 use overlay::{Overlay, Piece};
 use spindle_io::IoBuf;
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -55,6 +56,10 @@ const BATCH_BYTES_MAX: u64 = 8 << 20;
 const CHUNK_BYTES_MAX: u64 = 16 << 20;
 /// Bytes per write when a new ring is written once at creation.
 const ZERO_FILL_BYTES: u64 = 8 << 20;
+/// Object writes in flight at once while a log is replayed at open.
+const REPLAY_WRITES_IN_FLIGHT: usize = 32;
+/// Chunks published at once (see `publisher_loop`).
+const PUBLISH_CHUNKS_IN_FLIGHT: usize = 3;
 /// How long a failing publish waits before it tries again.
 const PUBLISH_RETRY: Duration = Duration::from_millis(500);
 /// Publishing is lazy: it starts once the ring is this full (as a fraction: used * 4 >=
@@ -128,8 +133,10 @@ pub struct WriteLogStats {
     pub group_commits: u64,
     pub published_records: u64,
     pub published_bytes: u64,
-    /// Block-layer writes the publisher issued (after coalescing).
+    /// Object writes the publisher sent (one multi-extent write per data object per chunk).
     pub publish_writes: u64,
+    /// Extents those writes carried (after coalescing overwrites and adjacent writes).
+    pub publish_extents: u64,
     pub publish_chunks: u64,
     /// Appends that waited for ring space.
     pub full_waits: u64,
@@ -146,6 +153,7 @@ struct Counters {
     published_records: AtomicU64,
     published_bytes: AtomicU64,
     publish_writes: AtomicU64,
+    publish_extents: AtomicU64,
     publish_chunks: AtomicU64,
     full_waits: AtomicU64,
 }
@@ -556,12 +564,38 @@ impl<B: ObjectBackend> WriteLog<B> {
                 records.len()
             );
         }
-        for r in &records {
-            layer.write(r.offset, &r.data).await?;
-            report.records_applied += 1;
-            report.bytes_applied += r.data.len() as u64;
-            end_lsn = r.end_lsn;
-            end_seq = r.seq;
+        // In chunks, as the publisher sends them: coalesced, one write per data object
+        // (objects in parallel, chunks in order).
+        let mut at = 0;
+        while at < records.len() {
+            let mut end = at;
+            let mut bytes = 0u64;
+            while end < records.len() && (end == at || bytes < CHUNK_BYTES_MAX) {
+                bytes += records[end].data.len() as u64;
+                end += 1;
+            }
+            let chunk = &records[at..end];
+            let mut merged = Overlay::default();
+            for r in chunk {
+                merged.insert(r.offset, r.seq, r.data.clone());
+            }
+            let writes = layer.object_writes(&coalesce(&merged, chunk))?;
+            use futures::stream::{StreamExt, TryStreamExt};
+            let ops = writes.into_iter().map(|w| {
+                let layer = layer.clone();
+                async move { layer.write_object(&w).await }
+            });
+            futures::stream::iter(ops)
+                .buffer_unordered(REPLAY_WRITES_IN_FLIGHT)
+                .try_collect::<Vec<()>>()
+                .await?;
+            for r in chunk {
+                report.records_applied += 1;
+                report.bytes_applied += r.data.len() as u64;
+                end_lsn = r.end_lsn;
+                end_seq = r.seq;
+            }
+            at = end;
         }
         layer.flush().await?;
         // Past the last valid record (also past a refused tail: its space is reused), under
@@ -753,6 +787,7 @@ impl<B: ObjectBackend> WriteLog<B> {
             published_records: g(&c.published_records),
             published_bytes: g(&c.published_bytes),
             publish_writes: g(&c.publish_writes),
+            publish_extents: g(&c.publish_extents),
             publish_chunks: g(&c.publish_chunks),
             full_waits: g(&c.full_waits),
             overlay_bytes: lock(&self.shared.overlay).bytes(),
@@ -935,8 +970,12 @@ fn publish_due(shared: &Shared) -> bool {
 }
 
 /// The publisher: takes the logged records in chunks, coalesces overwrites within a chunk,
-/// writes the result through the block layer, then drops the chunk from the overlay and
-/// moves the superblock's published position (which frees ring space).
+/// cuts the result into one multi-extent write per data object and sends those; up to
+/// `PUBLISH_CHUNKS_IN_FLIGHT` chunks are on their way at once (LineFS's pipeline: while
+/// one chunk's writes travel to the copies, the next is coalesced and sent). A write to an
+/// object starts only after the previous chunk's write to that object was acknowledged
+/// (per-object order survives retries). Chunks complete in order: each then leaves the
+/// overlay and moves the superblock's published position (which frees ring space).
 async fn publisher_loop<B: ObjectBackend>(
     shared: Arc<Shared>,
     layer: Arc<BlockLayer<B>>,
@@ -944,78 +983,178 @@ async fn publisher_loop<B: ObjectBackend>(
     mut sup: Super,
     mut rx: mpsc::UnboundedReceiver<Logged>,
 ) {
+    use futures::stream::{FuturesOrdered, StreamExt};
     let file = Arc::new(file);
-    while let Some(first) = rx.recv().await {
-        while !publish_due(&shared) {
-            let _ = tokio::time::timeout(PUBLISH_IDLE / 5, shared.wake_publisher.notified()).await;
-        }
-        let mut chunk = vec![first];
-        let mut bytes = chunk[0].data.len() as u64;
-        while bytes < CHUNK_BYTES_MAX {
-            match rx.try_recv() {
-                Ok(r) => {
-                    bytes += r.data.len() as u64;
-                    chunk.push(r);
+    let mut in_flight = FuturesOrdered::new();
+    // The last write sent to each data object: the next one to it waits for it.
+    let mut tails: HashMap<u64, oneshot::Receiver<()>> = HashMap::new();
+    let mut pending: Option<Logged> = None;
+    let mut rx_open = true;
+    loop {
+        if pending.is_some() && in_flight.len() < PUBLISH_CHUNKS_IN_FLIGHT && publish_due(&shared) {
+            let first = pending.take().expect("checked above");
+            let mut chunk = vec![first];
+            let mut bytes = chunk[0].data.len() as u64;
+            while bytes < CHUNK_BYTES_MAX {
+                match rx.try_recv() {
+                    Ok(r) => {
+                        bytes += r.data.len() as u64;
+                        chunk.push(r);
+                    }
+                    Err(_) => break,
                 }
-                Err(_) => break,
             }
+            match start_chunk(&shared, &layer, chunk, bytes, &mut tails) {
+                Ok(f) => in_flight.push_back(f),
+                Err(why) => return fail(&shared, why),
+            }
+            continue;
         }
-        let last = chunk.last().map(|r| (r.seq, r.end_lsn)).unwrap_or_default();
-        // Coalesce: the chunk's final bytes per range (later records win).
-        let mut merged = Overlay::default();
-        for r in &chunk {
-            merged.insert(r.offset, r.seq, r.data.clone());
+        if !rx_open && pending.is_none() && in_flight.is_empty() {
+            return;
         }
-        let extents = coalesce(&merged, &chunk);
-        loop {
-            let writes = extents.iter().map(|(off, data)| layer.write(*off, data));
-            let results = futures::future::join_all(writes).await;
-            match results.into_iter().find(|r| r.is_err()) {
-                None => break,
-                Some(Err(ImageError::Backend(spindle_client::ClientError::Fenced(m)))) => {
-                    let why = format!("write log {}: publishing refused: {m}", shared.name);
-                    tracing::error!("{why}");
-                    *lock(&shared.failed) = Some(why);
-                    shared.published_tx.send_modify(|_| {});
-                    return;
+        let waiting = pending.is_some() && in_flight.len() < PUBLISH_CHUNKS_IN_FLIGHT;
+        tokio::select! {
+            done = in_flight.next(), if !in_flight.is_empty() => {
+                let Some(done) = done else { continue };
+                match done {
+                    Ok(done) => {
+                        finish_chunk(&shared, &file, &mut sup, done).await;
+                        tails.retain(|_, t| !matches!(t.try_recv(), Ok(())));
+                    }
+                    Err(why) => return fail(&shared, why),
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(
-                        "write log {}: publishing failed (retrying): {e}",
-                        shared.name
-                    );
-                    tokio::time::sleep(PUBLISH_RETRY).await;
+            }
+            r = rx.recv(), if rx_open && pending.is_none() => match r {
+                Some(r) => pending = Some(r),
+                None => rx_open = false,
+            },
+            _ = tokio::time::timeout(PUBLISH_IDLE / 5, shared.wake_publisher.notified()), if waiting => {}
+        }
+    }
+}
+
+/// Publishing stopped for good (e.g. this client was fenced): flushes report `why`.
+fn fail(shared: &Shared, why: String) {
+    tracing::error!("{why}");
+    *lock(&shared.failed) = Some(why);
+    shared.published_tx.send_modify(|_| {});
+}
+
+/// A chunk whose writes are all durable on every copy.
+struct ChunkDone {
+    records: Vec<Logged>,
+    bytes: u64,
+    object_writes: u64,
+    extents: u64,
+}
+
+/// Coalesces a chunk and starts its object writes (each chained behind the previous
+/// write to its object); the future resolves once all are acknowledged. Err: a write
+/// failed for good (fenced), or the chunk does not fit the image (never for records the
+/// log accepted).
+#[allow(clippy::type_complexity)]
+fn start_chunk<B: ObjectBackend>(
+    shared: &Arc<Shared>,
+    layer: &Arc<BlockLayer<B>>,
+    records: Vec<Logged>,
+    bytes: u64,
+    tails: &mut HashMap<u64, oneshot::Receiver<()>>,
+) -> Result<
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<ChunkDone, String>> + Send>>,
+    String,
+> {
+    // Coalesce: the chunk's final bytes per range (later records win).
+    let mut merged = Overlay::default();
+    for r in &records {
+        merged.insert(r.offset, r.seq, r.data.clone());
+    }
+    let runs = coalesce(&merged, &records);
+    let extents = runs.len() as u64;
+    let writes = layer
+        .object_writes(&runs)
+        .map_err(|e| format!("write log {}: cannot publish: {e}", shared.name))?;
+    let object_writes = writes.len() as u64;
+    let mut ops = Vec::with_capacity(writes.len());
+    for w in writes {
+        let prev = tails.remove(&w.index);
+        let (tx, rx) = oneshot::channel();
+        tails.insert(w.index, rx);
+        let (layer, shared) = (layer.clone(), shared.clone());
+        ops.push(async move {
+            if let Some(prev) = prev {
+                prev.await
+                    .map_err(|_| "an earlier write to the same object failed".to_string())?;
+            }
+            loop {
+                match layer.write_object(&w).await {
+                    Ok(()) => break,
+                    Err(ImageError::Backend(spindle_client::ClientError::Fenced(m))) => {
+                        return Err(format!(
+                            "write log {}: publishing refused: {m}",
+                            shared.name
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "write log {}: publishing failed (retrying): {e}",
+                            shared.name
+                        );
+                        tokio::time::sleep(PUBLISH_RETRY).await;
+                    }
                 }
-                Some(Ok(())) => break,
             }
+            let _ = tx.send(());
+            Ok::<(), String>(())
+        });
+    }
+    Ok(Box::pin(async move {
+        for r in futures::future::join_all(ops).await {
+            r?;
         }
-        let c = &shared.counters;
-        c.publish_chunks.fetch_add(1, Ordering::Relaxed);
-        c.publish_writes
-            .fetch_add(extents.len() as u64, Ordering::Relaxed);
-        c.published_records
-            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-        c.published_bytes.fetch_add(bytes, Ordering::Relaxed);
-        {
-            let mut o = lock(&shared.overlay);
-            for r in &chunk {
-                o.remove_published(r.offset, r.data.len() as u64, last.0);
-            }
+        Ok(ChunkDone {
+            records,
+            bytes,
+            object_writes,
+            extents,
+        })
+    }))
+}
+
+/// A published chunk leaves the overlay; the superblock's published position moves past it
+/// (durably), which frees its ring space.
+async fn finish_chunk(shared: &Shared, file: &Arc<File>, sup: &mut Super, done: ChunkDone) {
+    let last = done
+        .records
+        .last()
+        .map(|r| (r.seq, r.end_lsn))
+        .unwrap_or_default();
+    let c = &shared.counters;
+    c.publish_chunks.fetch_add(1, Ordering::Relaxed);
+    c.publish_writes
+        .fetch_add(done.object_writes, Ordering::Relaxed);
+    c.publish_extents.fetch_add(done.extents, Ordering::Relaxed);
+    c.published_records
+        .fetch_add(done.records.len() as u64, Ordering::Relaxed);
+    c.published_bytes.fetch_add(done.bytes, Ordering::Relaxed);
+    {
+        let mut o = lock(&shared.overlay);
+        for r in &done.records {
+            o.remove_published(r.offset, r.data.len() as u64, last.0);
         }
-        shared.published_tx.send_replace(last.0);
-        // The superblock, so the ring space behind the chunk can be reused.
-        sup.published_seq = last.0;
-        sup.published_lsn = last.1;
-        sup.generation += 1;
-        let (f, s, path) = (file.clone(), sup.clone(), shared.path.clone());
-        match tokio::task::spawn_blocking(move || write_super(&f, &path, &s)).await {
-            Ok(Ok(())) => {
-                *lock(&shared.ring.durable_published_lsn) = last.1;
-                shared.ring.freed.notify_all();
-            }
-            Ok(Err(e)) => tracing::warn!("{e} (the ring space stays in use until the next one)"),
-            Err(e) => tracing::warn!("write log superblock task: {e}"),
+    }
+    shared.published_tx.send_replace(last.0);
+    sup.published_seq = last.0;
+    sup.published_lsn = last.1;
+    sup.generation += 1;
+    let (f, s, path) = (file.clone(), sup.clone(), shared.path.clone());
+    match tokio::task::spawn_blocking(move || write_super(&f, &path, &s)).await {
+        Ok(Ok(())) => {
+            *lock(&shared.ring.durable_published_lsn) = last.1;
+            shared.ring.freed.notify_all();
         }
+        Ok(Err(e)) => tracing::warn!("{e} (the ring space stays in use until the next one)"),
+        Err(e) => tracing::warn!("write log superblock task: {e}"),
     }
 }
 

@@ -183,7 +183,25 @@ impl DataWorld {
                 };
                 Mutation::WriteFull(bytes(r, len))
             }
-            4..=6 => {
+            4 => {
+                // A multi-extent write (what a write log's publisher sends).
+                let mut extents = Vec::new();
+                let mut at = r.below(8_000);
+                for _ in 0..r.range(1, 5) {
+                    let len_bytes = r.range(1, 3_000) as u32;
+                    extents.push(spindle_types::Extent {
+                        offset: at,
+                        len_bytes,
+                    });
+                    at += len_bytes as u64 + r.below(4_000);
+                }
+                let total = extents.iter().map(|e| e.len_bytes as u64).sum();
+                Mutation::WriteExtents {
+                    extents,
+                    data: bytes(r, total),
+                }
+            }
+            5 | 6 => {
                 let offset = r.below(20_000);
                 let len = r.range(1, 6_000);
                 Mutation::Write {

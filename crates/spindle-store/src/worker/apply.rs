@@ -92,6 +92,9 @@ impl Worker {
                     }
                     Mutation::Truncate { size_bytes } => *size_bytes,
                     Mutation::Delete => 0,
+                    Mutation::WriteExtents { extents, .. } => {
+                        cur_size.max(extents.last().map_or(0, |e| e.offset + e.len_bytes as u64))
+                    }
                 };
                 let whole = matches!(mutation, Mutation::WriteFull(_));
                 let file_id = match (&mutation, existing) {
@@ -118,6 +121,11 @@ impl Worker {
                             (0, cur_size.max(offset + data.len() as u64))
                         }
                         Mutation::Write { offset, data } => (*offset, offset + data.len() as u64),
+                        Mutation::WriteExtents { .. } if relocating => (0, new_size),
+                        Mutation::WriteExtents { extents, .. } => (
+                            extents.first().map_or(0, |e| e.offset),
+                            extents.last().map_or(0, |e| e.offset + e.len_bytes as u64),
+                        ),
                         Mutation::Truncate { size_bytes } if relocating => {
                             (0, cur_size.min(*size_bytes))
                         }
@@ -242,7 +250,10 @@ impl Worker {
                     } else {
                         match mutation {
                             Mutation::WriteFull(data) => self.write_full(&e, data)?,
-                            Mutation::Write { offset, data } => self.write_at(&e, offset, data)?,
+                            Mutation::Write { offset, data } => self.write_at(&e, offset, &data)?,
+                            Mutation::WriteExtents { extents, data } => {
+                                self.write_extents(&e, &extents, &data)?
+                            }
                             Mutation::Truncate { size_bytes } => self.truncate(&e, size_bytes)?,
                             Mutation::Delete => {}
                         }
@@ -473,12 +484,12 @@ impl Worker {
         &mut self,
         file: &FileRef,
         offset: u64,
-        data: Vec<u8>,
+        data: &[u8],
     ) -> Result<(), StoreError> {
         if data.is_empty() {
             return Ok(());
         }
-        file.write_all_at(&data, offset)?;
+        file.write_all_at(data, offset)?;
         Ok(())
     }
 
@@ -528,7 +539,7 @@ impl Worker {
         &mut self,
         e: &Arc<ObjEntry>,
         offset: u64,
-        data: Vec<u8>,
+        data: &[u8],
     ) -> Result<(), StoreError> {
         let file_id = e.lock().file_id;
         let file = self.sh.file(file_id, true)?;
@@ -571,6 +582,20 @@ impl Worker {
             file.set_len(new)?;
         }
         self.submit_write(&file, offset, data)
+    }
+
+    /// A multi-extent write: one `write_at` per extent, in order (each reads the block
+    /// bytes the one before wrote, where they share a block).
+    pub(super) fn write_extents(
+        &mut self,
+        e: &Arc<ObjEntry>,
+        extents: &[spindle_types::Extent],
+        data: &[u8],
+    ) -> Result<(), StoreError> {
+        for (offset, piece) in spindle_types::extent_pieces(extents, data) {
+            self.write_at(e, offset, piece)?;
+        }
+        Ok(())
     }
 
     pub(super) fn truncate(&mut self, e: &Arc<ObjEntry>, new: u64) -> Result<(), StoreError> {
@@ -616,6 +641,6 @@ impl Worker {
             st.crcs = crcs_of(&data);
             st.size = new;
         }
-        self.submit_write(&file, 0, data)
+        self.submit_write(&file, 0, &data)
     }
 }

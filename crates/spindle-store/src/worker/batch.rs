@@ -206,6 +206,9 @@ impl Worker {
                             TxnMutation::FullShared(d) => data(d.len(), true),
                             TxnMutation::Plain(Mutation::WriteFull(d)) => data(d.len(), true),
                             TxnMutation::Plain(Mutation::Write { data: d, .. }) => d.len(),
+                            TxnMutation::Plain(Mutation::WriteExtents { extents, data }) => {
+                                data.len() + extents.len() * 12
+                            }
                             TxnMutation::Plain(_) => 0,
                         }
                 }

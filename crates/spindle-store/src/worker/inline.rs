@@ -80,7 +80,7 @@ impl Worker {
         file.set_len(0)?;
         if let Some(d) = data {
             file.set_len(d.len() as u64)?;
-            self.submit_write(&file, 0, d.as_ref().clone())?;
+            self.submit_write(&file, 0, d.as_ref())?;
         }
         Ok(())
     }
@@ -94,11 +94,11 @@ impl Worker {
         m: Mutation,
     ) -> Result<(), StoreError> {
         let too_large = || StoreError::InvalidArgument("inline object too large".into());
-        // The byte range the mutation rewrites (its blocks get new CRCs).
+        // The byte ranges the mutation rewrites (their blocks get new CRCs).
         let (data, changed) = match m {
             Mutation::WriteFull(d) => {
                 let n = d.len();
-                (d, 0..n)
+                (d, std::iter::once(0..n).collect())
             }
             Mutation::Delete => return Ok(()),
             Mutation::Write { offset, data: part } => {
@@ -109,13 +109,30 @@ impl Worker {
                     d.resize(to, 0);
                 }
                 d[from..to].copy_from_slice(&part);
-                (d, from..to)
+                (d, std::iter::once(from..to).collect())
+            }
+            Mutation::WriteExtents {
+                extents,
+                data: parts,
+            } => {
+                let mut d = self.take_inline(pg, name, e)?;
+                let mut changed = Vec::with_capacity(extents.len());
+                for (offset, part) in spindle_types::extent_pieces(&extents, &parts) {
+                    let from = usize::try_from(offset).map_err(|_| too_large())?;
+                    let to = from.checked_add(part.len()).ok_or_else(too_large)?;
+                    if d.len() < to {
+                        d.resize(to, 0);
+                    }
+                    d[from..to].copy_from_slice(part);
+                    changed.push(from..to);
+                }
+                (d, changed)
             }
             Mutation::Truncate { size_bytes } => {
                 let n = usize::try_from(size_bytes).map_err(|_| too_large())?;
                 let mut d = self.take_inline(pg, name, e)?;
                 d.resize(n, 0);
-                (d, 0..0)
+                (d, Vec::new())
             }
         };
         self.inline_mem += data.len() as u64;
@@ -129,7 +146,7 @@ impl Worker {
             .map(|(b, chunk)| {
                 let (bs, be) = (b * BLOCK_BYTES as usize, (b + 1) * BLOCK_BYTES as usize);
                 let b = b as u64;
-                let touched = changed.start < be && changed.end > bs;
+                let touched = changed.iter().any(|c| c.start < be && c.end > bs);
                 let same_len = block_len(old, b) == block_len(new, b);
                 match st.crcs.get(b as usize) {
                     Some(c) if !touched && same_len => *c,

@@ -536,6 +536,9 @@ fn txn_bytes_hint(k: &TxnKind) -> usize {
             TxnMutation::Plain(Mutation::WriteFull(d) | Mutation::Write { data: d, .. }) => {
                 d.len() + 64
             }
+            TxnMutation::Plain(Mutation::WriteExtents { extents, data }) => {
+                data.len() + extents.len() * 12 + 64
+            }
             TxnMutation::FullShared(d) => d.len() + 64,
             TxnMutation::Plain(_) => 64,
         },

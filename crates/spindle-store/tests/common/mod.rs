@@ -49,6 +49,9 @@ impl Model {
                         obj.0[*offset as usize..end].copy_from_slice(data);
                     }
                     Mutation::Truncate { size_bytes } => obj.0.resize(*size_bytes as usize, 0),
+                    Mutation::WriteExtents { .. } => {
+                        obj.0 = other.apply_to(Some(&obj.0)).unwrap_or_default();
+                    }
                     Mutation::Delete => unreachable!(),
                 }
                 obj.1 = version;
