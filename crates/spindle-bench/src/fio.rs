@@ -43,6 +43,7 @@
 mod ceph;
 mod published;
 mod targets;
+mod wlog;
 
 use crate::common::BenchResult;
 use crate::proc_cpu;
@@ -161,13 +162,23 @@ pub struct BenchFioArgs {
     /// Start `spindle nbd` with `--no-readahead` (no fetching ahead of sequential readers).
     #[arg(long)]
     pub no_readahead: bool,
-    /// Start `spindle nbd` with `--write-log DIR`: writes are acknowledged from a local
-    /// log and published in the background (compare with a run without it).
+    /// The client write log's report instead of the matrix: `spindle nbd` with and
+    /// without `--write-log` (logs in a temporary directory under DIR, removed afterwards)
+    /// on 4k randwrite QD16 (burst and sustained), 4k randwrite QD1, 512k write QD16 and
+    /// FLUSH latency, beside nbdkit memory and a local 4k write + fdatasync in DIR.
     #[arg(long, value_name = "DIR")]
     pub write_log: Option<PathBuf>,
     /// `--write-log-size` of that log.
-    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    #[arg(long, default_value = "256M", value_name = "SIZE")]
     pub write_log_size: String,
+    /// With `--write-log`: seconds of each burst point (measured from an empty log).
+    #[arg(long, default_value_t = 10)]
+    pub burst_seconds: u64,
+    /// With `--write-log`: seconds of the sustained 4k randwrite QD16 run (long enough for
+    /// the log to wrap several times).
+    #[arg(long, default_value_t = 120)]
+    pub sustained_seconds: u64,
+
     /// One JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -991,13 +1002,6 @@ fn start_spindle_nbd(args: &BenchFioArgs) -> anyhow::Result<(ChildGuard, String)
     if args.no_readahead {
         flags.push("--no-readahead");
     }
-    let log_dir = args
-        .write_log
-        .as_ref()
-        .map(|d| d.to_string_lossy().into_owned());
-    if let Some(dir) = &log_dir {
-        flags.extend(["--write-log", dir, "--write-log-size", &args.write_log_size]);
-    }
     spindle_nbd_child(&args.target, &args.pool, &args.image, &flags, "nbd")
 }
 
@@ -1122,6 +1126,9 @@ pub fn run(args: BenchFioArgs) -> anyhow::Result<()> {
     }
     if args.runtime_seconds == 0 {
         bail!("--runtime-seconds must be > 0");
+    }
+    if args.write_log.is_some() {
+        return wlog::run(&args);
     }
     // Everything --ceph needs is checked before the long Spindle run.
     let ceph_scripts = if args.ceph {

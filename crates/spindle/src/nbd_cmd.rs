@@ -209,6 +209,22 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             }
         }))
     };
+    // With a write log: its counters, every half second, in `<log>.stats.json` (for
+    // operators and `spindle bench fio --write-log`), written whole (temporary + rename).
+    let _log_stats = args.write_log.is_some().then(|| {
+        let exports = exports.clone();
+        spindle_proto::net::AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tick.tick().await;
+                for (_, dev) in exports.opened().await {
+                    if let Some(w) = dev.write_log() {
+                        write_log_stats_file(w.path(), &w.stats());
+                    }
+                }
+            }
+        }))
+    });
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let serving = if let Some(path) = &args.socket {
@@ -342,4 +358,19 @@ async fn listen_tcp(addr: &str) -> std::io::Result<tokio::net::TcpListener> {
         }
     }
     Err(last.unwrap_or_else(|| std::io::Error::other(format!("{addr}: no address to listen on"))))
+}
+
+/// Writes `<log>.stats.json`: the log's counters and the time they were taken.
+fn write_log_stats_file(log: &std::path::Path, stats: &spindle_image::wlog::WriteLogStats) {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut v = serde_json::to_value(stats).unwrap_or_default();
+    v["unix_ms"] = serde_json::json!(now_ms);
+    let path = spindle_image::wlog::stats_path(log);
+    let tmp = path.with_extension("json.tmp");
+    let written = std::fs::write(&tmp, v.to_string()).and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::debug!("cannot write {}: {e}", path.display());
+    }
 }

@@ -249,6 +249,13 @@ pub fn log_path(dir: &Path, pool: &str, image: &str) -> PathBuf {
 }
 
 /// Opens for direct, synchronous writes.
+/// Where `spindle nbd` publishes a log's counters (`<log>.stats.json`, every 500 ms).
+pub fn stats_path(log: &Path) -> PathBuf {
+    let mut p = log.as_os_str().to_owned();
+    p.push(".stats.json");
+    PathBuf::from(p)
+}
+
 fn open_direct(path: &Path) -> Result<File, WriteLogError> {
     std::fs::OpenOptions::new()
         .read(true)
