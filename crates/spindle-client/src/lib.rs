@@ -66,6 +66,10 @@ pub struct ClientConfig {
     pub op_timeout_ms: u64,
     /// TCP, or an in-process network in tests.
     pub net: spindle_proto::transport::Net,
+    /// The id this client's writes carry (what fencing names); None: a random one. A
+    /// write log's offload agent takes its front end's id, so that fencing the front end
+    /// fences the agent's writes too.
+    pub client_id: Option<u64>,
 }
 
 impl ClientConfig {
@@ -74,6 +78,7 @@ impl ClientConfig {
             mon_addr: mon_addr.into(),
             op_timeout_ms: 30_000,
             net: spindle_proto::transport::Net::Tcp,
+            client_id: None,
         }
     }
 }
@@ -143,6 +148,9 @@ enum Attempt {
 impl Client {
     /// Connects to the monitor, fetches the map and subscribes to new epochs.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
+        let client_id = config
+            .client_id
+            .unwrap_or_else(|| rand::random::<u64>() | 1);
         let (push_tx, push_rx) = mpsc::unbounded_channel();
         let mon = RpcConn::connect_via(&config.net, &config.mon_addr, 3000, Some(push_tx.clone()))
             .await
@@ -182,7 +190,7 @@ impl Client {
         let client = Client {
             inner: Arc::new(Inner {
                 config,
-                client_id: rand::random::<u64>() | 1,
+                client_id,
                 map: RwLock::new(Arc::new(state)),
                 map_tx,
                 mon: Mutex::new(None),

@@ -1228,6 +1228,16 @@ impl<B: ObjectBackend> BlockLayer<B> {
         self.mutate(Dir::Write, offset, Cow::Owned(data), len).await
     }
 
+    /// Drops the cached extents `[offset, offset + len)` touches, and refuses fills of them
+    /// that started before (the range was written around this layer).
+    pub fn invalidate(&self, offset: u64, len: u64) {
+        if len == 0 || self.check_range(offset, len).is_err() {
+            return;
+        }
+        lock(&self.readahead).on_write(offset, len);
+        drop(self.write_guard(offset, len));
+    }
+
     /// [`Image::object_writes`]: many ranges cut into one write per data object.
     pub fn object_writes(&self, runs: &[(u64, Vec<u8>)]) -> Result<Vec<ObjectWrite>, ImageError> {
         self.image.object_writes(runs)

@@ -318,7 +318,11 @@ impl ImageExports {
     /// Acknowledges writes from a client write log per image (`spindle nbd --write-log`).
     /// Needs the image lock (a log is one writer's).
     pub fn with_write_log(mut self, config: Option<WriteLogConfig>) -> Self {
-        self.write_log = config;
+        self.write_log = config.map(|mut c| {
+            // An offload agent's writes carry this client's id (fencing covers them).
+            c.client_id = self.client.client_id();
+            c
+        });
         self
     }
 

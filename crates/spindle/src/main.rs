@@ -1,6 +1,7 @@
 //! `spindle`: the command-line entry point. Each subcommand lives in its own module;
 //! this file only parses arguments and dispatches.
 
+mod agent_cmd;
 mod cluster_cmd;
 mod crush_cmd;
 mod daemon;
@@ -124,6 +125,9 @@ enum Command {
     },
     /// Serve every image of a pool over NBD (nbdinfo, qemu-img, fio, nbd-client).
     Nbd(nbd_cmd::NbdArgs),
+    /// The write log's offload agent: publishes the logs of `spindle nbd --write-log DIR`
+    /// from its own CPUs (start it before the NBD server).
+    Agent(agent_cmd::AgentArgs),
     /// Deterministic whole-cluster simulation: one seed, simulated network and time,
     /// faults; prints a trace hash per seed and replays failures by seed.
     Sim(sim_cmd::SimArgs),
@@ -223,6 +227,7 @@ fn main() {
                 ..
             }
             | Command::Nbd(_)
+            | Command::Agent(_)
             | Command::Up(_)
             | Command::Bench { .. }
     );
@@ -263,6 +268,7 @@ fn main() {
         Command::Scrub(args) => cluster_cmd::scrub(args),
         Command::Image { command, target } => image_cmd::run(command, target),
         Command::Nbd(args) => nbd_cmd::run(args),
+        Command::Agent(args) => agent_cmd::run(args),
         Command::Sim(args) => sim_cmd::run(args),
         Command::Bench { command } => match command {
             BenchCommand::Objects(args) => spindle_bench::objects::run(args),

@@ -659,12 +659,79 @@ fn a_second_nbd_server_is_refused_and_break_lock_fences_a_stalled_first() {
 /// in flight on it when the server died; never an older one, never another.
 #[test]
 fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
+    write_log_survives_sigkills("nbd-wlog", 20, false);
+}
+
+/// The same with the publisher in `spindle agent` (pinned to CPU 1): the agent is killed
+/// with the NBD server, or alone in the middle of a round (the NBD server then publishes
+/// itself), ten times.
+#[test]
+fn the_write_log_with_an_offload_agent_loses_no_acknowledged_write_across_sigkills() {
+    write_log_survives_sigkills("nbd-wlog-agent", 10, true);
+}
+
+/// A running `spindle agent` (killed with SIGKILL when dropped).
+struct AgentProc {
+    child: std::process::Child,
+}
+
+impl AgentProc {
+    fn start(c: &Cluster, log_dir: &std::path::Path) -> AgentProc {
+        use std::io::BufRead;
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(c.dir.join("agent.log"))
+            .expect("agent log");
+        let mut child = spindle()
+            .args(["agent", "--cpus", "1", "--write-log"])
+            .arg(log_dir)
+            .arg("--dir")
+            .arg(&c.dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(out)
+            .spawn()
+            .expect("spawn spindle agent");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("agent banner");
+        assert!(
+            line.starts_with("spindle agent: serving"),
+            "agent said {line:?}"
+        );
+        // The rest of its output goes to the log.
+        let log = c.dir.join("agent.log");
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new().append(true).open(log).ok();
+            for l in stdout.lines().map_while(Result::ok) {
+                if let Some(f) = f.as_mut() {
+                    use std::io::Write;
+                    let _ = writeln!(f, "{l}");
+                }
+            }
+        });
+        AgentProc { child }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn write_log_survives_sigkills(tag: &str, kills: u32, with_agent: bool) {
     const REGIONS: u64 = 8;
     const REGION_BYTES: u64 = 4 * MIB;
     const BLOCK: u64 = 4096;
     let _serial = serial();
     let started = Instant::now();
-    let c = Cluster::start("nbd-wlog", 3, 16);
+    let c = Cluster::start(tag, 3, 16);
     create_image(&c, "disk", "32M");
     let log_dir = c.dir.join("wlog");
     let log_arg = log_dir.to_string_lossy().into_owned();
@@ -687,8 +754,11 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
     };
     let mut write_id = 1u64;
     let mut acked_total = 0u64;
-    const KILLS: u32 = 20;
-    for round in 0..=KILLS {
+    let mut agent: Option<AgentProc> = None;
+    for round in 0..=kills {
+        if with_agent && agent.is_none() {
+            agent = Some(AgentProc::start(&c, &log_dir));
+        }
         let mut nbd = NbdProc::start_with(&c, &args);
         // Check every block, then settle the ambiguous ones to what they hold.
         let addr = nbd.addr.clone();
@@ -716,7 +786,7 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
             );
             *ok = vec![id];
         }
-        if round == KILLS {
+        if round == kills {
             nbd.terminate();
             break;
         }
@@ -740,6 +810,10 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
         let addr = nbd.addr.clone();
         let pid = nbd.child.id();
         let osd_dir = c.dir.clone();
+        // With an agent: every other round it dies alone, half way (the NBD server then
+        // publishes itself), else with the NBD server.
+        let agent_pid = agent.as_ref().map(|a| a.child.id() as i32);
+        let agent_alone = round % 2 == 1;
         let outcome = rt.block_on(async move {
             let tasks: Vec<_> = plans
                 .into_iter()
@@ -795,9 +869,20 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
                     }
                 }
             }
-            tokio::time::sleep(kill_after).await;
+            if let (Some(a), true) = (agent_pid, agent_alone) {
+                tokio::time::sleep(kill_after / 2).await;
+                // SAFETY: kill(2) of the test's own child.
+                unsafe { libc::kill(a, libc::SIGKILL) };
+                tokio::time::sleep(kill_after / 2).await;
+            } else {
+                tokio::time::sleep(kill_after).await;
+            }
             // SAFETY: kill(2) of the test's own child.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            if let (Some(a), false) = (agent_pid, agent_alone) {
+                // SAFETY: as above.
+                unsafe { libc::kill(a, libc::SIGKILL) };
+            }
             let mut out = Vec::new();
             for t in tasks {
                 out.push(t.await.expect("writer task"));
@@ -805,6 +890,9 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
             out
         });
         nbd.kill9();
+        if let Some(mut a) = agent.take() {
+            a.kill9();
+        }
         if let Some(osd) = osd_down {
             c.start_osd(osd);
             c.wait_clean();
@@ -827,8 +915,24 @@ fn the_write_log_loses_no_acknowledged_write_across_sigkills() {
         acked_total > 1000,
         "only {acked_total} writes were acknowledged"
     );
+    if with_agent {
+        let agent_log = std::fs::read_to_string(c.dir.join("agent.log")).unwrap_or_default();
+        let nbd_log = std::fs::read_to_string(c.dir.join("nbd.log")).unwrap_or_default();
+        assert!(
+            agent_log.contains("publishing default/disk"),
+            "the agent never published: {agent_log}"
+        );
+        assert!(
+            nbd_log.contains("publishing through the offload agent"),
+            "the NBD server never used the agent: {nbd_log}"
+        );
+        assert!(
+            nbd_log.contains("the offload agent stopped; publishing in this process"),
+            "the NBD server never took over from a dead agent: {nbd_log}"
+        );
+    }
     eprintln!(
-        "nbd_wlog: {acked_total} acknowledged writes, {:?}",
+        "{tag}: {acked_total} acknowledged writes, {:?}",
         started.elapsed()
     );
 }

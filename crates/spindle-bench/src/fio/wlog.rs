@@ -129,7 +129,10 @@ fn wait_drained(stats: &Path) -> anyhow::Result<f64> {
 
 /// Mean microseconds of a 4 KiB `O_DIRECT` write + `fdatasync` on a file in `dir`.
 fn local_fdatasync_us(dir: &Path, seconds: u64) -> anyhow::Result<f64> {
-    let file = dir.join(format!("spindle-bench-fdatasync-{}.dat", std::process::id()));
+    let file = dir.join(format!(
+        "spindle-bench-fdatasync-{}.dat",
+        std::process::id()
+    ));
     let args: Vec<String> = vec![
         "--name=fdatasync".into(),
         format!("--filename={}", file.display()),
@@ -180,10 +183,7 @@ fn flush_latency(engine: &Engine, seconds: u64) -> anyhow::Result<(f64, f64)> {
     let v = fio_json(&args, &engine.env)?;
     let sync = &v["jobs"][0]["sync"]["lat_ns"];
     let mean = sync["mean"].as_f64().unwrap_or(f64::NAN) / 1e3;
-    let p99 = sync["percentile"]["99.000000"]
-        .as_f64()
-        .unwrap_or(f64::NAN)
-        / 1e3;
+    let p99 = sync["percentile"]["99.000000"].as_f64().unwrap_or(f64::NAN) / 1e3;
     if !mean.is_finite() || v["jobs"][0]["sync"]["total_ios"].as_u64().unwrap_or(0) == 0 {
         bail!("fio reported no FLUSH: {v}");
     }
@@ -222,7 +222,11 @@ fn measure_side(
             .with_context(|| format!("{who}: {what}"))?
             .figures)
     };
-    let burst_qd16 = one("4k randwrite QD16 (burst)", point("4k", "randwrite", 16), burst)?;
+    let burst_qd16 = one(
+        "4k randwrite QD16 (burst)",
+        point("4k", "randwrite", 16),
+        burst,
+    )?;
     let qd1 = one("4k randwrite QD1", point("4k", "randwrite", 1), burst)?;
     let seq_512k = one("512k write QD16", point("512k", "write", 16), burst)?;
     drain("FLUSH")?;
@@ -302,7 +306,10 @@ pub(super) fn run(args: &BenchFioArgs) -> anyhow::Result<()> {
     }
 
     if !args.json {
-        eprintln!("bench fio: local 4k O_DIRECT write + fdatasync in {}", log_parent.display());
+        eprintln!(
+            "bench fio: local 4k O_DIRECT write + fdatasync in {}",
+            log_parent.display()
+        );
     }
     let fdatasync_us = local_fdatasync_us(log_parent, args.burst_seconds.min(5))?;
 
@@ -311,11 +318,16 @@ pub(super) fn run(args: &BenchFioArgs) -> anyhow::Result<()> {
     } else {
         let addr = free_port()?;
         let mut cmd = Command::new("nbdkit");
-        cmd.args(["--foreground", "--exit-with-parent", "--ipaddr", "127.0.0.1"])
-            .arg("--port")
-            .arg(addr.port().to_string())
-            .arg("memory")
-            .arg(args.size.to_string());
+        cmd.args([
+            "--foreground",
+            "--exit-with-parent",
+            "--ipaddr",
+            "127.0.0.1",
+        ])
+        .arg("--port")
+        .arg(addr.port().to_string())
+        .arg("memory")
+        .arg(args.size.to_string());
         let mut kit = ChildGuard::start(cmd, "nbdkit memory", "nbdkit")?;
         kit.wait_listening(addr)?;
         if !args.json {
@@ -352,9 +364,19 @@ pub(super) fn run(args: &BenchFioArgs) -> anyhow::Result<()> {
 
     let dir_arg = log_dir.0.to_string_lossy().into_owned();
     let mut log_flags = flags.clone();
-    log_flags.extend(["--write-log", &dir_arg, "--write-log-size", &args.write_log_size]);
-    let (mut nbd, uri) =
-        spindle_nbd_child(&args.target, &args.pool, &args.image, &log_flags, "nbd-wlog")?;
+    log_flags.extend([
+        "--write-log",
+        &dir_arg,
+        "--write-log-size",
+        &args.write_log_size,
+    ]);
+    let (mut nbd, uri) = spindle_nbd_child(
+        &args.target,
+        &args.pool,
+        &args.image,
+        &log_flags,
+        "nbd-wlog",
+    )?;
     let stats = spindle_image::wlog::stats_path(&spindle_image::wlog::log_path(
         &log_dir.0,
         &args.pool,
@@ -451,17 +473,37 @@ fn print_report(r: &Report) {
             b / a
         );
     };
-    row("4k randwrite QD16 burst IOPS", wt.burst_qd16.iops, log.burst_qd16.iops, "");
+    row(
+        "4k randwrite QD16 burst IOPS",
+        wt.burst_qd16.iops,
+        log.burst_qd16.iops,
+        "",
+    );
     row(
         "4k randwrite QD16 sustained IOPS",
         wt.sustained_qd16.iops,
         log.sustained_qd16.iops,
         "",
     );
-    row("4k randwrite QD1 mean us", wt.qd1.clat_mean_us, log.qd1.clat_mean_us, "");
+    row(
+        "4k randwrite QD1 mean us",
+        wt.qd1.clat_mean_us,
+        log.qd1.clat_mean_us,
+        "",
+    );
     row("4k randwrite QD1 IOPS", wt.qd1.iops, log.qd1.iops, "");
-    row("512k write QD16 MB/s", wt.seq_512k.mb_per_s, log.seq_512k.mb_per_s, "");
-    row("FLUSH mean us (every 8 writes)", wt.flush_mean_us, log.flush_mean_us, "");
+    row(
+        "512k write QD16 MB/s",
+        wt.seq_512k.mb_per_s,
+        log.seq_512k.mb_per_s,
+        "",
+    );
+    row(
+        "FLUSH mean us (every 8 writes)",
+        wt.flush_mean_us,
+        log.flush_mean_us,
+        "",
+    );
     row("FLUSH p99 us", wt.flush_p99_us, log.flush_p99_us, "");
     println!();
     if let (Some(p), Some(a), Some(w), Some(e), Some(d)) = (
@@ -476,7 +518,10 @@ fn print_report(r: &Report) {
              {w:.0} object writes/s, {e:.1} extents per write; drained {d:.1} s after it"
         );
     }
-    println!("local 4k O_DIRECT write + fdatasync: {:.0} us", r.local_fdatasync_4k_us);
+    println!(
+        "local 4k O_DIRECT write + fdatasync: {:.0} us",
+        r.local_fdatasync_4k_us
+    );
     if let Some(k) = &r.nbdkit_memory_4k_randwrite_qd16 {
         println!("nbdkit memory 4k randwrite QD16: {:.0} IOPS", k.iops);
     }

@@ -28,6 +28,7 @@
 //! preallocated at creation, so a full file system cannot fail a log write later.
 //! File layout: [`format`].
 
+pub mod agent;
 pub mod format;
 pub mod overlay;
 
@@ -53,21 +54,21 @@ pub const WRITE_LOG_BYTES_MIN: u64 = 32 << 20;
 /// Most bytes one group commit writes (the writer takes whatever is queued, up to this).
 const BATCH_BYTES_MAX: u64 = 8 << 20;
 /// Most bytes the publisher takes as one chunk.
-const CHUNK_BYTES_MAX: u64 = 16 << 20;
+pub(super) const CHUNK_BYTES_MAX: u64 = 16 << 20;
 /// Bytes per write when a new ring is written once at creation.
 const ZERO_FILL_BYTES: u64 = 8 << 20;
 /// Object writes in flight at once while a log is replayed at open.
 const REPLAY_WRITES_IN_FLIGHT: usize = 32;
 /// Chunks published at once (see `publisher_loop`).
-const PUBLISH_CHUNKS_IN_FLIGHT: usize = 3;
+pub(super) const PUBLISH_CHUNKS_IN_FLIGHT: usize = 3;
 /// How long a failing publish waits before it tries again.
 const PUBLISH_RETRY: Duration = Duration::from_millis(500);
 /// Publishing is lazy: it starts once the ring is this full (as a fraction: used * 4 >=
 /// ring), when a FLUSH or FUA waits for it, or when no write came for `PUBLISH_IDLE`. A
 /// burst then costs only the log appends (the publishing work, three copies' worth, does
 /// not compete with it for the same cores), and more overwrites coalesce.
-const PUBLISH_FILL_QUARTERS: u64 = 1;
-const PUBLISH_IDLE: Duration = Duration::from_millis(50);
+pub(super) const PUBLISH_FILL_QUARTERS: u64 = 1;
+pub(super) const PUBLISH_IDLE: Duration = Duration::from_millis(50);
 
 const _: () = assert!(WRITE_LOG_BYTES_MIN >= 4 * (RECORD_DATA_BYTES_MAX as u64 + BLOCK_BYTES));
 const _: () = assert!(BATCH_BYTES_MAX <= WRITE_LOG_BYTES_MIN / 2);
@@ -99,6 +100,13 @@ pub struct WriteLogConfig {
     pub ring_bytes: u64,
     /// For tests: no publisher runs, so records stay in the log (a stalled publisher).
     pub publish_paused: bool,
+    /// Publish through an offload agent (`spindle agent` on this directory; see
+    /// [`agent`]): this process only appends. None: if an agent serves the directory
+    /// when the log opens ([`agent::agent_serving`]).
+    pub agent: Option<bool>,
+    /// The client id the agent's writes carry (the front end's, so that fencing it
+    /// fences them too).
+    pub client_id: u64,
 }
 
 impl WriteLogConfig {
@@ -108,6 +116,8 @@ impl WriteLogConfig {
             dir: dir.into(),
             ring_bytes,
             publish_paused: false,
+            agent: None,
+            client_id: 0,
         }
     }
 }
@@ -159,12 +169,12 @@ struct Counters {
 }
 
 /// A record durable in the log, on its way to the publisher.
-struct Logged {
-    seq: u64,
-    offset: u64,
-    data: Bytes,
+pub(super) struct Logged {
+    pub(super) seq: u64,
+    pub(super) offset: u64,
+    pub(super) data: Bytes,
     /// LSN just past this record (and any pad before it).
-    end_lsn: u64,
+    pub(super) end_lsn: u64,
 }
 
 /// One append for the writer thread.
@@ -218,6 +228,8 @@ pub struct WriteLog<B: ObjectBackend> {
     appends: std::sync::mpsc::Sender<Append>,
     writer: Option<std::thread::JoinHandle<()>>,
     publisher: tokio::task::JoinHandle<()>,
+    /// The control page shared with the offload agent, when one publishes.
+    ctl: Option<Arc<agent::Ctl>>,
     /// One FLUSH-style drain at a time (trim and write-zeroes go around the log).
     drain: tokio::sync::Mutex<()>,
 }
@@ -227,6 +239,12 @@ impl<B: ObjectBackend> Drop for WriteLog<B> {
         self.shared.ring.closing.store(true, Ordering::SeqCst);
         self.shared.ring.freed.notify_all();
         self.publisher.abort();
+        if let Some(ctl) = &self.ctl {
+            // The agent detaches once it sees this (everything asked for is published by
+            // then after a clean close); a later opening makes a new page.
+            ctl.set(agent::F::Stop, 1);
+            let _ = std::fs::remove_file(ctl.path());
+        }
         // The writer thread ends when the append channel closes (this value's sender).
         if let Some(w) = self.writer.take() {
             drop(std::mem::replace(
@@ -248,7 +266,12 @@ pub fn log_path(dir: &Path, pool: &str, image: &str) -> PathBuf {
     dir.join(format!("{pool}.{image}.wlog"))
 }
 
-/// Opens for direct, synchronous writes.
+/// The `pool/image` the log at `log` belongs to (from its superblock).
+pub fn log_name(log: &Path) -> Result<String, WriteLogError> {
+    let f = File::open(log).map_err(io_err(log, "open"))?;
+    Ok(read_super(&f, log)?.name)
+}
+
 /// Where `spindle nbd` publishes a log's counters (`<log>.stats.json`, every 500 ms).
 pub fn stats_path(log: &Path) -> PathBuf {
     let mut p = log.as_os_str().to_owned();
@@ -256,6 +279,7 @@ pub fn stats_path(log: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
+/// Opens for direct, synchronous writes.
 fn open_direct(path: &Path) -> Result<File, WriteLogError> {
     std::fs::OpenOptions::new()
         .read(true)
@@ -335,7 +359,7 @@ fn create(path: &Path, name: &str, ring_bytes: u64) -> Result<Super, WriteLogErr
 }
 
 /// The newest valid superblock of `file`.
-fn read_super(file: &File, path: &Path) -> Result<Super, WriteLogError> {
+pub(super) fn read_super(file: &File, path: &Path) -> Result<Super, WriteLogError> {
     let mut best: Option<Super> = None;
     let mut why = Vec::new();
     for slot in 0..2u64 {
@@ -649,10 +673,50 @@ impl<B: ObjectBackend> WriteLog<B> {
                 .spawn(move || writer_loop(shared, file, appends_rx, logged_tx, seq, lsn))
                 .map_err(|e| ImageError::Task(format!("cannot start the write log thread: {e}")))?
         };
+        let use_agent = config
+            .agent
+            .unwrap_or_else(|| agent::agent_serving(&config.dir));
+        let ctl = if use_agent && !config.publish_paused {
+            let pid = agent::own_pid();
+            let ctl = agent::Ctl::create(
+                &agent::ctl_path(&path),
+                &[
+                    (agent::F::LogId, sup.log_id),
+                    (agent::F::ClientId, config.client_id),
+                    (agent::F::FrontPid, pid),
+                    (agent::F::FrontBeatMs, agent::now_ms()),
+                    (agent::F::HeadSeq, sup.published_seq),
+                    (agent::F::HeadLsn, sup.published_lsn),
+                    (agent::F::PublishedSeq, sup.published_seq),
+                    (agent::F::PublishedLsn, sup.published_lsn),
+                ],
+            )
+            .map_err(io_err(
+                &agent::ctl_path(&path),
+                "create the agent control page",
+            ))?;
+            tracing::info!(
+                "write log {}: publishing through the offload agent of {}",
+                path.display(),
+                config.dir.display()
+            );
+            Some(Arc::new(ctl))
+        } else {
+            None
+        };
         let publisher = {
             let (shared, layer) = (shared.clone(), layer.clone());
             let file = open_direct(&path)?;
-            if config.publish_paused {
+            if let Some(ctl) = &ctl {
+                drop(file);
+                tokio::spawn(agent_watcher(
+                    shared,
+                    layer,
+                    ctl.clone(),
+                    logged_rx,
+                    path.clone(),
+                ))
+            } else if config.publish_paused {
                 tokio::spawn(async move {
                     let _keep = logged_rx;
                     std::future::pending::<()>().await
@@ -668,6 +732,7 @@ impl<B: ObjectBackend> WriteLog<B> {
                 appends: appends_tx,
                 writer: Some(writer),
                 publisher,
+                ctl,
                 drain: tokio::sync::Mutex::new(()),
             },
             report,
@@ -1011,7 +1076,7 @@ async fn publisher_loop<B: ObjectBackend>(
                     Err(_) => break,
                 }
             }
-            match start_chunk(&shared, &layer, chunk, bytes, &mut tails) {
+            match start_chunk(&shared.name, &layer, chunk, bytes, &mut tails) {
                 Ok(f) => in_flight.push_back(f),
                 Err(why) => return fail(&shared, why),
             }
@@ -1041,6 +1106,126 @@ async fn publisher_loop<B: ObjectBackend>(
     }
 }
 
+/// How long a front end waits for the agent to attach before it publishes itself.
+const AGENT_ATTACH_WAIT: Duration = Duration::from_secs(5);
+
+/// Aborts a task when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The front end's side of publishing through an agent: moves the control page's head as
+/// records become durable, asks for publishing when a FLUSH waits, beats, and when the
+/// published position moves drops those records from the overlay (and the cached extents
+/// they touch: the agent wrote around this process's cache) and frees their ring space.
+/// When no agent attaches in `AGENT_ATTACH_WAIT`, or the agent stops beating, this
+/// process publishes from the file itself ([`agent::publish_from_file`]).
+async fn agent_watcher<B: ObjectBackend>(
+    shared: Arc<Shared>,
+    layer: Arc<BlockLayer<B>>,
+    ctl: Arc<agent::Ctl>,
+    mut rx: mpsc::UnboundedReceiver<Logged>,
+    log: PathBuf,
+) {
+    use agent::F;
+    let mut pending: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
+    let mut published = ctl.get(F::PublishedSeq);
+    let started = std::time::Instant::now();
+    let mut local: Option<AbortOnDrop<Result<agent::Stopped, String>>> = None;
+    let mut last_beat = started - agent::BEAT_EVERY;
+    let mut tick = tokio::time::interval(agent::POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        while let Ok(r) = rx.try_recv() {
+            pending.push_back((r.seq, r.offset, r.data.len() as u64));
+            ctl.set(F::HeadLsn, r.end_lsn);
+            ctl.set(F::HeadSeq, r.seq);
+        }
+        if shared.flush_waiters.load(Ordering::SeqCst) > 0 {
+            ctl.fetch_max(F::FlushSeq, shared.acked_seq.load(Ordering::SeqCst));
+        }
+        if last_beat.elapsed() >= agent::BEAT_EVERY {
+            last_beat = std::time::Instant::now();
+            ctl.set(F::FrontBeatMs, agent::now_ms());
+            let holder = ctl.get(F::AgentPid);
+            let waited = started.elapsed() >= AGENT_ATTACH_WAIT;
+            if local.is_none()
+                && !ctl.alive(F::AgentPid, F::AgentBeatMs)
+                && (holder != 0 || waited)
+                && ctl.swap_if(F::AgentPid, holder, agent::own_pid())
+            {
+                tracing::warn!(
+                    "write log {}: {}; publishing in this process",
+                    shared.name,
+                    if holder == 0 {
+                        "no offload agent attached"
+                    } else {
+                        "the offload agent stopped"
+                    }
+                );
+                ctl.set(F::AgentBeatMs, agent::now_ms());
+                let (log, ctl, layer) = (log.clone(), ctl.clone(), layer.clone());
+                local = Some(AbortOnDrop(tokio::spawn(async move {
+                    agent::publish_from_file(&log, ctl, layer, agent::own_pid()).await
+                })));
+            }
+        }
+        if let Some(h) = &mut local {
+            if h.0.is_finished() {
+                let why = match (&mut h.0).await {
+                    Ok(Ok(stopped)) => format!("the publisher stopped ({stopped:?})"),
+                    Ok(Err(why)) => why,
+                    Err(e) => format!("the publisher task failed: {e}"),
+                };
+                local = None;
+                if ctl.get(F::Failed) == 0 {
+                    tracing::warn!("write log {}: {why}", shared.name);
+                } else {
+                    return fail(&shared, why);
+                }
+            }
+        }
+        if ctl.get(F::Failed) != 0 && local.is_none() {
+            return fail(
+                &shared,
+                format!(
+                    "write log {}: the offload agent could not publish (see its log); writes \
+                     stay in the log and are replayed at the next start",
+                    shared.name
+                ),
+            );
+        }
+        let p = ctl.get(F::PublishedSeq);
+        if p > published {
+            let plsn = ctl.get(F::PublishedLsn);
+            let (mut records, mut bytes) = (0u64, 0u64);
+            while let Some(&(seq, offset, len)) = pending.front() {
+                if seq > p {
+                    break;
+                }
+                // The cache first: a read between the two finds the overlay still.
+                layer.invalidate(offset, len);
+                lock(&shared.overlay).remove_published(offset, len, p);
+                pending.pop_front();
+                records += 1;
+                bytes += len;
+            }
+            let c = &shared.counters;
+            c.published_records.fetch_add(records, Ordering::Relaxed);
+            c.published_bytes.fetch_add(bytes, Ordering::Relaxed);
+            published = p;
+            shared.published_tx.send_replace(p);
+            *lock(&shared.ring.durable_published_lsn) = plsn;
+            shared.ring.freed.notify_all();
+        }
+    }
+}
+
 /// Publishing stopped for good (e.g. this client was fenced): flushes report `why`.
 fn fail(shared: &Shared, why: String) {
     tracing::error!("{why}");
@@ -1049,8 +1234,8 @@ fn fail(shared: &Shared, why: String) {
 }
 
 /// A chunk whose writes are all durable on every copy.
-struct ChunkDone {
-    records: Vec<Logged>,
+pub(super) struct ChunkDone {
+    pub(super) records: Vec<Logged>,
     bytes: u64,
     object_writes: u64,
     extents: u64,
@@ -1061,8 +1246,8 @@ struct ChunkDone {
 /// failed for good (fenced), or the chunk does not fit the image (never for records the
 /// log accepted).
 #[allow(clippy::type_complexity)]
-fn start_chunk<B: ObjectBackend>(
-    shared: &Arc<Shared>,
+pub(super) fn start_chunk<B: ObjectBackend>(
+    name: &str,
     layer: &Arc<BlockLayer<B>>,
     records: Vec<Logged>,
     bytes: u64,
@@ -1080,14 +1265,14 @@ fn start_chunk<B: ObjectBackend>(
     let extents = runs.len() as u64;
     let writes = layer
         .object_writes(&runs)
-        .map_err(|e| format!("write log {}: cannot publish: {e}", shared.name))?;
+        .map_err(|e| format!("write log {name}: cannot publish: {e}"))?;
     let object_writes = writes.len() as u64;
     let mut ops = Vec::with_capacity(writes.len());
     for w in writes {
         let prev = tails.remove(&w.index);
         let (tx, rx) = oneshot::channel();
         tails.insert(w.index, rx);
-        let (layer, shared) = (layer.clone(), shared.clone());
+        let (layer, name) = (layer.clone(), name.to_string());
         ops.push(async move {
             if let Some(prev) = prev {
                 prev.await
@@ -1097,16 +1282,10 @@ fn start_chunk<B: ObjectBackend>(
                 match layer.write_object(&w).await {
                     Ok(()) => break,
                     Err(ImageError::Backend(spindle_client::ClientError::Fenced(m))) => {
-                        return Err(format!(
-                            "write log {}: publishing refused: {m}",
-                            shared.name
-                        ));
+                        return Err(format!("write log {name}: publishing refused: {m}"));
                     }
                     Err(e) => {
-                        tracing::warn!(
-                            "write log {}: publishing failed (retrying): {e}",
-                            shared.name
-                        );
+                        tracing::warn!("write log {name}: publishing failed (retrying): {e}");
                         tokio::time::sleep(PUBLISH_RETRY).await;
                     }
                 }
@@ -1151,17 +1330,31 @@ async fn finish_chunk(shared: &Shared, file: &Arc<File>, sup: &mut Super, done: 
         }
     }
     shared.published_tx.send_replace(last.0);
-    sup.published_seq = last.0;
-    sup.published_lsn = last.1;
-    sup.generation += 1;
-    let (f, s, path) = (file.clone(), sup.clone(), shared.path.clone());
-    match tokio::task::spawn_blocking(move || write_super(&f, &path, &s)).await {
-        Ok(Ok(())) => {
+    match finish_super(file, &shared.path, sup, last.0, last.1).await {
+        Ok(()) => {
             *lock(&shared.ring.durable_published_lsn) = last.1;
             shared.ring.freed.notify_all();
         }
-        Ok(Err(e)) => tracing::warn!("{e} (the ring space stays in use until the next one)"),
-        Err(e) => tracing::warn!("write log superblock task: {e}"),
+        Err(e) => tracing::warn!("{e} (the ring space stays in use until the next one)"),
+    }
+}
+
+/// Moves the superblock's published position to (`seq`, `lsn`), durably.
+pub(super) async fn finish_super(
+    file: &Arc<File>,
+    path: &Path,
+    sup: &mut Super,
+    seq: u64,
+    lsn: u64,
+) -> Result<(), String> {
+    sup.published_seq = seq;
+    sup.published_lsn = lsn;
+    sup.generation += 1;
+    let (f, s, path) = (file.clone(), sup.clone(), path.to_path_buf());
+    match tokio::task::spawn_blocking(move || write_super(&f, &path, &s)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("write log superblock task: {e}")),
     }
 }
 
