@@ -178,6 +178,17 @@ pub struct BenchFioArgs {
     /// the log to wrap several times).
     #[arg(long, default_value_t = 120)]
     pub sustained_seconds: u64,
+    /// With `--write-log`: also measure offloading (LineFS): a CPU-bound co-runner on the
+    /// application CPUs beside a rate-limited 4k randwrite stream, write-through against
+    /// the log with `spindle agent` on these CPUs (the cluster's daemons run there too).
+    #[arg(long, value_name = "LIST")]
+    pub agent_cpus: Option<String>,
+    /// With `--agent-cpus`: the application CPUs (`spindle nbd`, fio and the co-runner).
+    #[arg(long, value_name = "LIST", default_value = "0")]
+    pub app_cpus: String,
+    /// With `--agent-cpus`: the 4k randwrite stream's rate (both sides sustain it).
+    #[arg(long, default_value_t = 2000)]
+    pub stream_iops: u64,
 
     /// One JSON object instead of the table.
     #[arg(long)]

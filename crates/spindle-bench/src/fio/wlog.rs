@@ -57,6 +57,7 @@ struct Report {
     nbdkit_memory_4k_randwrite_qd16: Option<Figures>,
     write_through: Side,
     write_log: Side,
+    offload: Option<offload::Offload>,
     results: Vec<crate::common::BenchResult>,
 }
 
@@ -300,7 +301,7 @@ pub(super) fn run(args: &BenchFioArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&log_dir.0)
         .with_context(|| format!("cannot create {}", log_dir.0.display()))?;
     catch_interrupts();
-    let (shape, _) = runtime()?.block_on(ensure_image(args))?;
+    let (shape, cluster_procs) = runtime()?.block_on(ensure_image(args))?;
     if shape.erasure && !args.json {
         eprintln!("bench fio: the image's pool is erasure-coded (the log publishes partial writes one extent at a time there)");
     }
@@ -385,8 +386,22 @@ pub(super) fn run(args: &BenchFioArgs) -> anyhow::Result<()> {
     let write_log = measure_side("write log", &Engine::nbd(&uri), Some(&stats), args)?;
     nbd.stop();
 
-    let results = results(&write_log, &write_through, nbdkit.as_ref(), fdatasync_us);
+    let offload = match &args.agent_cpus {
+        Some(agent_cpus) => Some(offload::measure(args, agent_cpus, log_parent, &cluster_procs)?),
+        None => None,
+    };
+    let mut results = results(&write_log, &write_through, nbdkit.as_ref(), fdatasync_us);
+    if let Some(o) = &offload {
+        results.push(crate::common::BenchResult::lower_is_better(
+            "write log + agent: co-runner slowdown",
+            "%",
+            o.slowdown_log_pct,
+            "write-through",
+            o.slowdown_write_through_pct,
+        ));
+    }
     let report = Report {
+        offload: offload.clone(),
         bench: "fio --write-log",
         log_bytes,
         burst_seconds: args.burst_seconds,
@@ -545,4 +560,308 @@ fn print_report(r: &Report) {
         "  QD1 write latency <= 2 x local write+fdatasync:  {x:.2} x  {}",
         verdict(x <= 2.0)
     );
+    if let Some(o) = &r.offload {
+        println!(
+            "  co-runner slowdown with agent <= 1/2 write-through's: {:.1} % vs {:.1} %  {}",
+            o.slowdown_log_pct,
+            o.slowdown_write_through_pct,
+            verdict(o.slowdown_log_pct <= o.slowdown_write_through_pct / 2.0)
+        );
+        println!();
+        println!(
+            "offload (app CPUs {}, agent + daemons on CPUs {}, stream {} IOPS 4k randwrite QD16, {} s):",
+            o.app_cpus, o.agent_cpus, o.stream_iops, o.seconds
+        );
+        println!(
+            "  co-runner alone {:.0} loops/s; with write-through {:.0} ({:.1} % slower); with the log + agent {:.0} ({:.1} % slower)",
+            o.corunner_alone_per_s,
+            o.corunner_write_through_per_s,
+            o.slowdown_write_through_pct,
+            o.corunner_log_per_s,
+            o.slowdown_log_pct
+        );
+        println!(
+            "  spindle nbd CPU per write: write-through {:.1} us, log {:.1} us; agent {:.1} us per write; stream achieved {:.0} / {:.0} IOPS",
+            o.nbd_cpu_us_per_write_write_through,
+            o.nbd_cpu_us_per_write_log,
+            o.agent_cpu_us_per_write,
+            o.stream_iops_write_through,
+            o.stream_iops_log
+        );
+    }
+}
+
+/// The offload measurement (LineFS): a co-runner's slowdown beside a write stream.
+mod offload {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::sync::atomic::AtomicU64;
+
+    #[derive(Debug, Clone, Serialize)]
+    pub(super) struct Offload {
+        pub(super) app_cpus: String,
+        pub(super) agent_cpus: String,
+        pub(super) stream_iops: u64,
+        pub(super) seconds: u64,
+        pub(super) corunner_alone_per_s: f64,
+        pub(super) corunner_write_through_per_s: f64,
+        pub(super) corunner_log_per_s: f64,
+        pub(super) slowdown_write_through_pct: f64,
+        pub(super) slowdown_log_pct: f64,
+        pub(super) nbd_cpu_us_per_write_write_through: f64,
+        pub(super) nbd_cpu_us_per_write_log: f64,
+        pub(super) agent_cpu_us_per_write: f64,
+        pub(super) stream_iops_write_through: f64,
+        pub(super) stream_iops_log: f64,
+    }
+
+    fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+        // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it (numbers
+        // were checked when parsed).
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for &c in cpus {
+                libc::CPU_SET(c, &mut set);
+            }
+            set
+        }
+    }
+
+    fn parse(list: &str) -> anyhow::Result<Vec<usize>> {
+        let mut out = Vec::new();
+        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let (a, b): (usize, usize) = (a.trim().parse()?, b.trim().parse()?);
+            if a > b || b >= libc::CPU_SETSIZE as usize {
+                bail!("bad CPU range {part:?}");
+            }
+            out.extend(a..=b);
+        }
+        if out.is_empty() {
+            bail!("empty CPU list {list:?}");
+        }
+        Ok(out)
+    }
+
+    /// Pins every thread of process `pid` to `cpus`.
+    fn pin_process(pid: u32, cpus: &[usize]) -> anyhow::Result<()> {
+        let set = cpu_set(cpus);
+        for t in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+            let tid: i32 = t?.file_name().to_string_lossy().parse()?;
+            // SAFETY: sched_setaffinity reads `set`; a thread that just exited fails
+            // harmlessly.
+            unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        }
+        Ok(())
+    }
+
+    /// A command that starts pinned to `cpus` (every thread it makes inherits the mask).
+    fn pinned(mut cmd: Command, cpus: &[usize]) -> Command {
+        let set = cpu_set(cpus);
+        // SAFETY: the closure runs between fork and exec and only calls
+        // sched_setaffinity(2), which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
+    /// The co-runner: a fixed compute loop on `cpus` for `seconds`; loops per second.
+    fn corunner(cpus: Vec<usize>, seconds: f64, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<f64> {
+        std::thread::spawn(move || {
+            let set = cpu_set(&cpus);
+            // SAFETY: pins this thread only.
+            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+            let loops = AtomicU64::new(0);
+            let start = Instant::now();
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            while start.elapsed().as_secs_f64() < seconds && !stop.load(Ordering::Relaxed) {
+                for _ in 0..10_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                }
+                loops.fetch_add(1, Ordering::Relaxed);
+            }
+            std::hint::black_box(x);
+            loops.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+        })
+    }
+
+    /// The stream beside the co-runner: (co-runner loops/s, stream IOPS, nbd CPU us/write,
+    /// agent CPU us/write).
+    fn side(
+        args: &BenchFioArgs,
+        app: &[usize],
+        uri: &str,
+        nbd_pid: u32,
+        agent_pid: Option<u32>,
+        seconds: u64,
+    ) -> anyhow::Result<(f64, f64, f64, f64)> {
+        let cpu = |pid: Option<u32>| pid.map_or(Ok(0), proc_cpu::process_cpu_us);
+        let (nbd0, agent0) = (cpu(Some(nbd_pid))?, cpu(agent_pid)?);
+        let stop = Arc::new(AtomicBool::new(false));
+        let co = corunner(app.to_vec(), seconds as f64 + 1.0, stop.clone());
+        std::thread::sleep(Duration::from_millis(500));
+        let cpus_allowed = app.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+        let fio_args: Vec<String> = vec![
+            "--name=stream".into(),
+            "--ioengine=nbd".into(),
+            format!("--uri={uri}"),
+            "--bs=4k".into(),
+            "--rw=randwrite".into(),
+            "--iodepth=16".into(),
+            "--direct=1".into(),
+            format!("--rate_iops={}", args.stream_iops),
+            format!("--cpus_allowed={cpus_allowed}"),
+            "--time_based=1".into(),
+            format!("--runtime={seconds}"),
+            "--norandommap=1".into(),
+            "--randrepeat=0".into(),
+        ];
+        let v = fio_json(&fio_args, &[]);
+        stop.store(true, Ordering::Relaxed);
+        let loops_per_s = co.join().map_err(|_| anyhow::anyhow!("co-runner panicked"))?;
+        let v = v?;
+        let w = &v["jobs"][0]["write"];
+        let ios = w["total_ios"].as_u64().unwrap_or(0) as f64;
+        let iops = w["iops"].as_f64().unwrap_or(f64::NAN);
+        if ios == 0.0 {
+            bail!("the stream wrote nothing: {v}");
+        }
+        let (nbd1, agent1) = (cpu(Some(nbd_pid))?, cpu(agent_pid)?);
+        Ok((
+            loops_per_s,
+            iops,
+            nbd1.saturating_sub(nbd0) as f64 / ios,
+            agent1.saturating_sub(agent0) as f64 / ios,
+        ))
+    }
+
+    fn nbd_cmd(args: &BenchFioArgs, addr: SocketAddr, extra: &[&str]) -> anyhow::Result<Command> {
+        let exe = std::env::current_exe().context("cannot find the spindle binary")?;
+        let mut cmd = Command::new(exe);
+        cmd.arg("nbd")
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--pool")
+            .arg(&args.pool)
+            .arg("--dir")
+            .arg(&args.target.dir)
+            .args(extra);
+        if let Some(mon) = &args.target.mon {
+            cmd.arg("--mon").arg(mon);
+        }
+        Ok(cmd)
+    }
+
+    pub(super) fn measure(
+        args: &BenchFioArgs,
+        agent_cpus: &str,
+        log_parent: &Path,
+        cluster: &[Proc],
+    ) -> anyhow::Result<Offload> {
+        let (app, agent) = (parse(&args.app_cpus)?, parse(agent_cpus)?);
+        if app.iter().any(|c| agent.contains(c)) {
+            bail!("--app-cpus and --agent-cpus overlap");
+        }
+        let seconds = args.burst_seconds.max(10);
+        // The cluster stands for the remote side: its daemons move to the agent's CPUs
+        // (and back to every CPU afterwards).
+        for p in cluster {
+            pin_process(p.pid, &agent)?;
+        }
+        let all: Vec<usize> = (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+        let restore = || {
+            for p in cluster {
+                let _ = pin_process(p.pid, &all);
+            }
+        };
+        let r = (|| -> anyhow::Result<Offload> {
+            if !args.json {
+                eprintln!("bench fio: offload: the co-runner alone on CPUs {}", args.app_cpus);
+            }
+            let alone = corunner(app.clone(), seconds as f64, Arc::new(AtomicBool::new(false)))
+                .join()
+                .map_err(|_| anyhow::anyhow!("co-runner panicked"))?;
+
+            if !args.json {
+                eprintln!("bench fio: offload: write-through stream + co-runner");
+            }
+            let addr = free_port()?;
+            let mut nbd = ChildGuard::start(pinned(nbd_cmd(args, addr, &[])?, &app), "spindle nbd", "nbd-offload")?;
+            nbd.wait_listening(addr)?;
+            let uri = format!("nbd://{addr}/{}", args.image);
+            let (co_wt, iops_wt, nbd_wt, _) = side(args, &app, &uri, nbd.child.id(), None, seconds)?;
+            nbd.stop();
+
+            if !args.json {
+                eprintln!("bench fio: offload: write log + agent stream + co-runner");
+            }
+            let dir = TempDir(log_parent.join(format!("spindle-bench-agent-{}", std::process::id())));
+            std::fs::create_dir_all(&dir.0)?;
+            let exe = std::env::current_exe().context("cannot find the spindle binary")?;
+            let mut agent_cmd = Command::new(exe);
+            agent_cmd
+                .arg("agent")
+                .arg("--write-log")
+                .arg(&dir.0)
+                .arg("--cpus")
+                .arg(agent_cpus)
+                .arg("--dir")
+                .arg(&args.target.dir);
+            if let Some(mon) = &args.target.mon {
+                agent_cmd.arg("--mon").arg(mon);
+            }
+            let mut agent_proc = ChildGuard::start(agent_cmd, "spindle agent", "agent")?;
+            let lock = spindle_image::wlog::agent::agent_lock_path(&dir.0);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !spindle_image::wlog::agent::agent_serving(&dir.0) {
+                if Instant::now() > deadline {
+                    bail!("spindle agent did not take {} in 30 s", lock.display());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let dir_arg = dir.0.to_string_lossy().into_owned();
+            let addr = free_port()?;
+            let mut nbd = ChildGuard::start(
+                pinned(
+                    nbd_cmd(args, addr, &["--write-log", &dir_arg, "--write-log-size", &args.write_log_size])?,
+                    &app,
+                ),
+                "spindle nbd",
+                "nbd-offload-log",
+            )?;
+            nbd.wait_listening(addr)?;
+            let uri = format!("nbd://{addr}/{}", args.image);
+            let (co_log, iops_log, nbd_log, agent_log) =
+                side(args, &app, &uri, nbd.child.id(), Some(agent_proc.child.id()), seconds)?;
+            nbd.stop();
+            agent_proc.stop();
+            let slow = |x: f64| 100.0 * (1.0 - x / alone);
+            Ok(Offload {
+                app_cpus: args.app_cpus.clone(),
+                agent_cpus: agent_cpus.to_string(),
+                stream_iops: args.stream_iops,
+                seconds,
+                corunner_alone_per_s: alone,
+                corunner_write_through_per_s: co_wt,
+                corunner_log_per_s: co_log,
+                slowdown_write_through_pct: slow(co_wt),
+                slowdown_log_pct: slow(co_log),
+                nbd_cpu_us_per_write_write_through: nbd_wt,
+                nbd_cpu_us_per_write_log: nbd_log,
+                agent_cpu_us_per_write: agent_log,
+                stream_iops_write_through: iops_wt,
+                stream_iops_log: iops_log,
+            })
+        })();
+        restore();
+        r
+    }
 }
