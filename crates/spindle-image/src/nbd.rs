@@ -321,6 +321,7 @@ impl ImageExports {
         self.write_log = config.map(|mut c| {
             // An offload agent's writes carry this client's id (fencing covers them).
             c.client_id = self.client.client_id();
+            c.cluster_id = self.client.map().cluster_id;
             c
         });
         self

@@ -136,6 +136,8 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     // Control page path -> its publishing task.
     let mut serving: HashMap<PathBuf, tokio::task::JoinHandle<()>> = HashMap::new();
     let mut clients: HashMap<u64, Arc<Client>> = HashMap::new();
+    // Pages of another cluster's images (a new front end makes a new page: checked again).
+    let mut refused: std::collections::HashSet<(PathBuf, u64)> = Default::default();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("SIGTERM handler")?;
     loop {
@@ -147,15 +149,19 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             let Ok(Some(ctl)) = Ctl::open(&ctl_file) else {
                 continue;
             };
+            if refused.contains(&(ctl_file.clone(), ctl.get(F::LogId))) {
+                continue;
+            }
             let holder = ctl.get(F::AgentPid);
             let attachable = ctl.get(F::Stop) == 0
                 && ctl.get(F::Failed) == 0
                 && ctl.alive(F::FrontPid, F::FrontBeatMs)
-                && (holder == 0 || !ctl.alive(F::AgentPid, F::AgentBeatMs));
+                && ctl.publisher_gone();
             if !attachable || !ctl.swap_if(F::AgentPid, holder, pid) {
                 continue;
             }
             ctl.set(F::AgentBeatMs, agent::now_ms());
+            ctl.set(F::AgentCpus, agent::own_cpu_mask());
             let client_id = ctl.get(F::ClientId);
             let client = match clients.get(&client_id) {
                 Some(c) => c.clone(),
@@ -176,6 +182,18 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
                     }
                 }
             };
+            let cluster = client.map().cluster_id;
+            if ctl.get(F::ClusterId) != cluster {
+                eprintln!(
+                    "spindle agent: {}: its image lives in another cluster (id {:x}; this agent \
+                     serves {cluster:x}); not publishing it",
+                    ctl_file.display(),
+                    ctl.get(F::ClusterId)
+                );
+                ctl.swap_if(F::AgentPid, pid, 0);
+                refused.insert((ctl_file, ctl.get(F::LogId)));
+                continue;
+            }
             let log = log_of(&ctl_file);
             let ctl = Arc::new(ctl);
             let task = tokio::spawn(async move {

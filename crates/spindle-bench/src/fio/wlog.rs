@@ -387,7 +387,12 @@ pub(super) fn run(args: &BenchFioArgs) -> anyhow::Result<()> {
     nbd.stop();
 
     let offload = match &args.agent_cpus {
-        Some(agent_cpus) => Some(offload::measure(args, agent_cpus, log_parent, &cluster_procs)?),
+        Some(agent_cpus) => Some(offload::measure(
+            args,
+            agent_cpus,
+            log_parent,
+            &cluster_procs,
+        )?),
         None => None,
     };
     let mut results = results(&write_log, &write_through, nbdkit.as_ref(), fdatasync_us);
@@ -581,12 +586,16 @@ fn print_report(r: &Report) {
             o.slowdown_log_pct
         );
         println!(
-            "  spindle nbd CPU per write: write-through {:.1} us, log {:.1} us; agent {:.1} us per write; stream achieved {:.0} / {:.0} IOPS",
+            "  spindle nbd CPU per write: write-through {:.1} us, log {:.1} us (its NBD thread, on the application CPUs: {:.1} / {:.1} us; the log writer thread runs on the agent's CPUs); agent {:.1} us per write",
             o.nbd_cpu_us_per_write_write_through,
             o.nbd_cpu_us_per_write_log,
+            o.nbd_main_thread_us_per_write_write_through,
+            o.nbd_main_thread_us_per_write_log,
             o.agent_cpu_us_per_write,
-            o.stream_iops_write_through,
-            o.stream_iops_log
+        );
+        println!(
+            "  stream achieved {:.0} (write-through) / {:.0} (log) IOPS",
+            o.stream_iops_write_through, o.stream_iops_log
         );
     }
 }
@@ -610,6 +619,8 @@ mod offload {
         pub(super) slowdown_log_pct: f64,
         pub(super) nbd_cpu_us_per_write_write_through: f64,
         pub(super) nbd_cpu_us_per_write_log: f64,
+        pub(super) nbd_main_thread_us_per_write_write_through: f64,
+        pub(super) nbd_main_thread_us_per_write_log: f64,
         pub(super) agent_cpu_us_per_write: f64,
         pub(super) stream_iops_write_through: f64,
         pub(super) stream_iops_log: f64,
@@ -672,7 +683,11 @@ mod offload {
     }
 
     /// The co-runner: a fixed compute loop on `cpus` for `seconds`; loops per second.
-    fn corunner(cpus: Vec<usize>, seconds: f64, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<f64> {
+    fn corunner(
+        cpus: Vec<usize>,
+        seconds: f64,
+        stop: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<f64> {
         std::thread::spawn(move || {
             let set = cpu_set(&cpus);
             // SAFETY: pins this thread only.
@@ -693,8 +708,28 @@ mod offload {
         })
     }
 
-    /// The stream beside the co-runner: (co-runner loops/s, stream IOPS, nbd CPU us/write,
-    /// agent CPU us/write).
+    /// What one side of the offload measurement found.
+    struct SideCpu {
+        corunner_per_s: f64,
+        iops: f64,
+        /// The whole `spindle nbd` process, and its main thread (the one that serves NBD:
+        /// it stays on the application's CPUs).
+        nbd_us_per_write: f64,
+        nbd_main_us_per_write: f64,
+        agent_us_per_write: f64,
+    }
+
+    /// User + system time of process `pid`'s main thread.
+    fn main_thread_cpu_us(pid: u32) -> anyhow::Result<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/stat"))?;
+        let ticks = proc_cpu::stat_cpu_ticks(&stat)?;
+        Ok(proc_cpu::ticks_to_us(
+            ticks,
+            proc_cpu::clock_ticks_per_second(),
+        ))
+    }
+
+    /// The stream beside the co-runner.
     fn side(
         args: &BenchFioArgs,
         app: &[usize],
@@ -702,13 +737,18 @@ mod offload {
         nbd_pid: u32,
         agent_pid: Option<u32>,
         seconds: u64,
-    ) -> anyhow::Result<(f64, f64, f64, f64)> {
+    ) -> anyhow::Result<SideCpu> {
         let cpu = |pid: Option<u32>| pid.map_or(Ok(0), proc_cpu::process_cpu_us);
         let (nbd0, agent0) = (cpu(Some(nbd_pid))?, cpu(agent_pid)?);
+        let main0 = main_thread_cpu_us(nbd_pid)?;
         let stop = Arc::new(AtomicBool::new(false));
         let co = corunner(app.to_vec(), seconds as f64 + 1.0, stop.clone());
         std::thread::sleep(Duration::from_millis(500));
-        let cpus_allowed = app.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(",");
+        let cpus_allowed = app
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         let fio_args: Vec<String> = vec![
             "--name=stream".into(),
             "--ioengine=nbd".into(),
@@ -726,7 +766,9 @@ mod offload {
         ];
         let v = fio_json(&fio_args, &[]);
         stop.store(true, Ordering::Relaxed);
-        let loops_per_s = co.join().map_err(|_| anyhow::anyhow!("co-runner panicked"))?;
+        let loops_per_s = co
+            .join()
+            .map_err(|_| anyhow::anyhow!("co-runner panicked"))?;
         let v = v?;
         let w = &v["jobs"][0]["write"];
         let ios = w["total_ios"].as_u64().unwrap_or(0) as f64;
@@ -735,12 +777,14 @@ mod offload {
             bail!("the stream wrote nothing: {v}");
         }
         let (nbd1, agent1) = (cpu(Some(nbd_pid))?, cpu(agent_pid)?);
-        Ok((
-            loops_per_s,
+        let main1 = main_thread_cpu_us(nbd_pid)?;
+        Ok(SideCpu {
+            corunner_per_s: loops_per_s,
             iops,
-            nbd1.saturating_sub(nbd0) as f64 / ios,
-            agent1.saturating_sub(agent0) as f64 / ios,
-        ))
+            nbd_us_per_write: nbd1.saturating_sub(nbd0) as f64 / ios,
+            nbd_main_us_per_write: main1.saturating_sub(main0) as f64 / ios,
+            agent_us_per_write: agent1.saturating_sub(agent0) as f64 / ios,
+        })
     }
 
     fn nbd_cmd(args: &BenchFioArgs, addr: SocketAddr, extra: &[&str]) -> anyhow::Result<Command> {
@@ -776,7 +820,8 @@ mod offload {
         for p in cluster {
             pin_process(p.pid, &agent)?;
         }
-        let all: Vec<usize> = (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+        let all: Vec<usize> =
+            (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
         let restore = || {
             for p in cluster {
                 let _ = pin_process(p.pid, &all);
@@ -784,26 +829,38 @@ mod offload {
         };
         let r = (|| -> anyhow::Result<Offload> {
             if !args.json {
-                eprintln!("bench fio: offload: the co-runner alone on CPUs {}", args.app_cpus);
+                eprintln!(
+                    "bench fio: offload: the co-runner alone on CPUs {}",
+                    args.app_cpus
+                );
             }
-            let alone = corunner(app.clone(), seconds as f64, Arc::new(AtomicBool::new(false)))
-                .join()
-                .map_err(|_| anyhow::anyhow!("co-runner panicked"))?;
+            let alone = corunner(
+                app.clone(),
+                seconds as f64,
+                Arc::new(AtomicBool::new(false)),
+            )
+            .join()
+            .map_err(|_| anyhow::anyhow!("co-runner panicked"))?;
 
             if !args.json {
                 eprintln!("bench fio: offload: write-through stream + co-runner");
             }
             let addr = free_port()?;
-            let mut nbd = ChildGuard::start(pinned(nbd_cmd(args, addr, &[])?, &app), "spindle nbd", "nbd-offload")?;
+            let mut nbd = ChildGuard::start(
+                pinned(nbd_cmd(args, addr, &[])?, &app),
+                "spindle nbd",
+                "nbd-offload",
+            )?;
             nbd.wait_listening(addr)?;
             let uri = format!("nbd://{addr}/{}", args.image);
-            let (co_wt, iops_wt, nbd_wt, _) = side(args, &app, &uri, nbd.child.id(), None, seconds)?;
+            let wt = side(args, &app, &uri, nbd.child.id(), None, seconds)?;
             nbd.stop();
 
             if !args.json {
                 eprintln!("bench fio: offload: write log + agent stream + co-runner");
             }
-            let dir = TempDir(log_parent.join(format!("spindle-bench-agent-{}", std::process::id())));
+            let dir =
+                TempDir(log_parent.join(format!("spindle-bench-agent-{}", std::process::id())));
             std::fs::create_dir_all(&dir.0)?;
             let exe = std::env::current_exe().context("cannot find the spindle binary")?;
             let mut agent_cmd = Command::new(exe);
@@ -831,7 +888,16 @@ mod offload {
             let addr = free_port()?;
             let mut nbd = ChildGuard::start(
                 pinned(
-                    nbd_cmd(args, addr, &["--write-log", &dir_arg, "--write-log-size", &args.write_log_size])?,
+                    nbd_cmd(
+                        args,
+                        addr,
+                        &[
+                            "--write-log",
+                            &dir_arg,
+                            "--write-log-size",
+                            &args.write_log_size,
+                        ],
+                    )?,
                     &app,
                 ),
                 "spindle nbd",
@@ -839,8 +905,14 @@ mod offload {
             )?;
             nbd.wait_listening(addr)?;
             let uri = format!("nbd://{addr}/{}", args.image);
-            let (co_log, iops_log, nbd_log, agent_log) =
-                side(args, &app, &uri, nbd.child.id(), Some(agent_proc.child.id()), seconds)?;
+            let lg = side(
+                args,
+                &app,
+                &uri,
+                nbd.child.id(),
+                Some(agent_proc.child.id()),
+                seconds,
+            )?;
             nbd.stop();
             agent_proc.stop();
             let slow = |x: f64| 100.0 * (1.0 - x / alone);
@@ -850,15 +922,17 @@ mod offload {
                 stream_iops: args.stream_iops,
                 seconds,
                 corunner_alone_per_s: alone,
-                corunner_write_through_per_s: co_wt,
-                corunner_log_per_s: co_log,
-                slowdown_write_through_pct: slow(co_wt),
-                slowdown_log_pct: slow(co_log),
-                nbd_cpu_us_per_write_write_through: nbd_wt,
-                nbd_cpu_us_per_write_log: nbd_log,
-                agent_cpu_us_per_write: agent_log,
-                stream_iops_write_through: iops_wt,
-                stream_iops_log: iops_log,
+                corunner_write_through_per_s: wt.corunner_per_s,
+                corunner_log_per_s: lg.corunner_per_s,
+                slowdown_write_through_pct: slow(wt.corunner_per_s),
+                slowdown_log_pct: slow(lg.corunner_per_s),
+                nbd_cpu_us_per_write_write_through: wt.nbd_us_per_write,
+                nbd_cpu_us_per_write_log: lg.nbd_us_per_write,
+                nbd_main_thread_us_per_write_write_through: wt.nbd_main_us_per_write,
+                nbd_main_thread_us_per_write_log: lg.nbd_main_us_per_write,
+                agent_cpu_us_per_write: lg.agent_us_per_write,
+                stream_iops_write_through: wt.iops,
+                stream_iops_log: lg.iops,
             })
         })();
         restore();

@@ -12,11 +12,13 @@
 //!
 //! The control page ([`Ctl`]) is one 4 KiB file mapped shared by both processes: a few
 //! 64-bit words, each written by one side only. Who publishes is decided by a
-//! compare-and-swap of `agent_pid`; a front end whose agent stops beating (or never
-//! attaches) publishes from the file itself, with the same code ([`publish_from_file`]).
-//! An agent stops when its front end stops beating: the next front end replays the log
-//! first, and the agent's writes carry the front end's client id, so fencing the front end
-//! (a takeover of the image lock) fences its agent too.
+//! compare-and-swap of `agent_pid`; a front end whose agent never attaches, or whose
+//! agent's process is gone, publishes from the file itself, with the same code
+//! ([`publish_from_file`]). An agent that exists but stopped beating is waited for, never
+//! published over: its requests could still land after newer ones. An agent lets go when
+//! its front end stops beating: a front end that comes back takes over; one that crashed
+//! is replayed by the next, and the agent's writes carry the front end's client id, so
+//! fencing the front end (a takeover of the image lock) fences its agent too.
 //!
 //! Invariants: `published` moves only after the superblock saying so is durable; the
 //! front end drops a record from its overlay (and the cached extents it touches) only
@@ -79,6 +81,47 @@ pub enum F {
     Failed,
     /// Front end: 1 when it closes the log (the agent detaches).
     Stop,
+    /// Front end: the cluster its image lives in (`ClusterMap::cluster_id`): an agent
+    /// connected to another cluster must not publish there.
+    ClusterId,
+    /// Publisher: the CPUs it runs on (bit i = CPU i, for CPUs below 64; 0 = unknown). The
+    /// front end moves its log writer thread there, so that the application's CPUs only
+    /// hand records over.
+    AgentCpus,
+}
+
+/// This thread's CPU mask as a bit set of the CPUs below 64 (0 if it has none there).
+pub fn own_cpu_mask() -> u64 {
+    // SAFETY: sched_getaffinity fills a zeroed cpu_set_t of the size given.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return 0;
+    }
+    (0..64).fold(0u64, |m, c| {
+        // SAFETY: CPU_ISSET reads inside `set` (c < CPU_SETSIZE).
+        if unsafe { libc::CPU_ISSET(c, &set) } {
+            m | 1 << c
+        } else {
+            m
+        }
+    })
+}
+
+/// Moves thread `tid` to the CPUs of `mask` (bit i = CPU i).
+pub fn pin_thread(tid: i32, mask: u64) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it (c < 64).
+    let r = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in (0..64).filter(|c| mask & (1 << c) != 0) {
+            libc::CPU_SET(c, &mut set);
+        }
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The control page of the log at `log`: `<log>.ctl`.
@@ -196,6 +239,14 @@ impl Ctl {
             && process_exists(p)
             && now_ms().saturating_sub(self.get(beat)) < BEAT_STALE.as_millis() as u64
     }
+
+    /// Whether the publisher named by `AgentPid` is gone: nobody, or a process that no
+    /// longer exists. A publisher that exists but stopped beating (stalled) is *not* gone:
+    /// its requests may still land, so nobody else may publish until it is.
+    pub fn publisher_gone(&self) -> bool {
+        let p = self.get(F::AgentPid);
+        p == 0 || !process_exists(p)
+    }
 }
 
 impl Drop for Ctl {
@@ -205,7 +256,8 @@ impl Drop for Ctl {
     }
 }
 
-fn process_exists(pid: u64) -> bool {
+/// Whether process `pid` exists (a zombie does not).
+pub fn process_exists(pid: u64) -> bool {
     let Ok(pid) = i32::try_from(pid) else {
         return false;
     };
@@ -320,6 +372,9 @@ pub async fn publish_from_file<B: ObjectBackend>(
     if r.is_err() {
         ctl.set(F::Failed, 1);
     }
+    // Let go, so that the front end (or another agent) can publish: a stalled front end
+    // that comes back finds nobody publishing and takes over.
+    ctl.swap_if(F::AgentPid, pid, 0);
     r
 }
 
@@ -336,7 +391,11 @@ async fn publish_inner<B: ObjectBackend>(
         .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
         .open(log)
         .map_err(|e| format!("write log {}: cannot open: {e}", log.display()))?;
-    let mut sup = read_super(&file, log).map_err(|e| e.to_string())?;
+    let mut sup = {
+        let f = File::open(log)
+            .map_err(|e| format!("write log {}: cannot open: {e}", log.display()))?;
+        read_super(&f, log).map_err(|e| e.to_string())?
+    };
     if sup.log_id != ctl.get(F::LogId) {
         return Err(format!(
             "write log {}: the control page belongs to another opening of the log",
@@ -345,15 +404,19 @@ async fn publish_inner<B: ObjectBackend>(
     }
     let name = sup.name.clone();
     let file = Arc::new(file);
-    // Where reading continues (ahead of the durable published position while chunks are
-    // in flight).
-    let (mut lsn, mut seq) = (ctl.get(F::PublishedLsn), ctl.get(F::PublishedSeq) + 1);
-    if (lsn, seq - 1) != (sup.published_lsn, sup.published_seq) {
+    // The superblock is the truth: a publisher that died between writing it and the
+    // control page left the page behind it (never ahead).
+    if sup.published_seq < ctl.get(F::PublishedSeq) {
         return Err(format!(
-            "write log {}: the control page and the superblock disagree on the published position",
+            "write log {}: the control page is ahead of the superblock",
             log.display()
         ));
     }
+    ctl.set(F::PublishedLsn, sup.published_lsn);
+    ctl.set(F::PublishedSeq, sup.published_seq);
+    // Where reading continues (ahead of the durable published position while chunks are
+    // in flight).
+    let (mut lsn, mut seq) = (sup.published_lsn, sup.published_seq + 1);
     let mut in_flight = FuturesOrdered::new();
     let mut tails: HashMap<u64, tokio::sync::oneshot::Receiver<()>> = HashMap::new();
     let mut last_beat = Instant::now() - BEAT_EVERY;

@@ -47,6 +47,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
+/// Writes at least this large go around the log, straight through the block layer (once
+/// any unpublished record under them is published): a large write costs the log its bytes
+/// once more on the same disk and gains little (it is one request either way); measured
+/// 512 KiB sequential writes at 0.28-0.38x of write-through through the log
+/// (docs/benchmarks.md).
+pub const WRITE_THROUGH_BYTES_MIN: usize = 256 << 10;
 /// Default ring size of a write log (`spindle nbd --write-log-size`).
 pub const WRITE_LOG_BYTES_DEFAULT: u64 = 1 << 30;
 /// Smallest ring: room for a few of the largest records at once.
@@ -107,6 +113,11 @@ pub struct WriteLogConfig {
     /// The client id the agent's writes carry (the front end's, so that fencing it
     /// fences them too).
     pub client_id: u64,
+    /// The cluster the image lives in (`ClusterMap::cluster_id`; the agent checks it).
+    pub cluster_id: u64,
+    /// Writes of at least this many bytes go around the log (`WRITE_THROUGH_BYTES_MIN`;
+    /// `usize::MAX`: none).
+    pub write_through_bytes_min: usize,
 }
 
 impl WriteLogConfig {
@@ -118,6 +129,8 @@ impl WriteLogConfig {
             publish_paused: false,
             agent: None,
             client_id: 0,
+            cluster_id: 0,
+            write_through_bytes_min: WRITE_THROUGH_BYTES_MIN,
         }
     }
 }
@@ -150,6 +163,8 @@ pub struct WriteLogStats {
     pub publish_chunks: u64,
     /// Appends that waited for ring space.
     pub full_waits: u64,
+    /// Large writes that went around the log (`WRITE_THROUGH_BYTES_MIN`).
+    pub written_through: u64,
     pub overlay_bytes: u64,
     pub ring_used_bytes: u64,
     pub ring_bytes: u64,
@@ -166,6 +181,7 @@ struct Counters {
     publish_extents: AtomicU64,
     publish_chunks: AtomicU64,
     full_waits: AtomicU64,
+    written_through: AtomicU64,
 }
 
 /// A record durable in the log, on its way to the publisher.
@@ -215,6 +231,11 @@ struct Shared {
     wake_publisher: tokio::sync::Notify,
     /// When the last append was acknowledged (for `PUBLISH_IDLE`).
     last_append: Mutex<std::time::Instant>,
+    /// The writer thread's kernel thread id (0 until it runs): moved to the offload
+    /// agent's CPUs when one publishes.
+    writer_tid: std::sync::atomic::AtomicI32,
+    /// An offload agent (or this process for it, from the file) publishes.
+    agent_mode: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -230,6 +251,7 @@ pub struct WriteLog<B: ObjectBackend> {
     publisher: tokio::task::JoinHandle<()>,
     /// The control page shared with the offload agent, when one publishes.
     ctl: Option<Arc<agent::Ctl>>,
+    write_through_bytes_min: usize,
     /// One FLUSH-style drain at a time (trim and write-zeroes go around the log).
     drain: tokio::sync::Mutex<()>,
 }
@@ -661,6 +683,8 @@ impl<B: ObjectBackend> WriteLog<B> {
             flush_waiters: AtomicU64::new(0),
             wake_publisher: tokio::sync::Notify::new(),
             last_append: Mutex::new(std::time::Instant::now()),
+            writer_tid: std::sync::atomic::AtomicI32::new(0),
+            agent_mode: AtomicBool::new(false),
         });
         let (appends_tx, appends_rx) = std::sync::mpsc::channel::<Append>();
         let (logged_tx, logged_rx) = mpsc::unbounded_channel::<Logged>();
@@ -683,6 +707,7 @@ impl<B: ObjectBackend> WriteLog<B> {
                 &[
                     (agent::F::LogId, sup.log_id),
                     (agent::F::ClientId, config.client_id),
+                    (agent::F::ClusterId, config.cluster_id),
                     (agent::F::FrontPid, pid),
                     (agent::F::FrontBeatMs, agent::now_ms()),
                     (agent::F::HeadSeq, sup.published_seq),
@@ -709,6 +734,7 @@ impl<B: ObjectBackend> WriteLog<B> {
             let file = open_direct(&path)?;
             if let Some(ctl) = &ctl {
                 drop(file);
+                shared.agent_mode.store(true, Ordering::SeqCst);
                 tokio::spawn(agent_watcher(
                     shared,
                     layer,
@@ -733,6 +759,7 @@ impl<B: ObjectBackend> WriteLog<B> {
                 writer: Some(writer),
                 publisher,
                 ctl,
+                write_through_bytes_min: config.write_through_bytes_min,
                 drain: tokio::sync::Mutex::new(()),
             },
             report,
@@ -740,9 +767,24 @@ impl<B: ObjectBackend> WriteLog<B> {
     }
 
     /// Logs `data` at `offset`; returns once it is durable in the log (and visible to
-    /// reads). `fua`: also wait until it is published.
+    /// reads). `fua`: also wait until it is published. A write of at least
+    /// `write_through_bytes_min` goes around the log instead (`WRITE_THROUGH_BYTES_MIN`).
     pub async fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), ImageError> {
         self.check_failed()?;
+        if data.len() >= self.write_through_bytes_min {
+            // Unpublished records under the range reach the cluster first: publishing them
+            // later, or replaying them after a crash, would put older bytes over these.
+            let newest = lock(&self.shared.overlay).newest_seq_in(offset, data.len() as u64);
+            if let Some(seq) = newest {
+                self.wait_published(seq).await?;
+            }
+            self.shared
+                .counters
+                .written_through
+                .fetch_add(1, Ordering::Relaxed);
+            // Durable on every copy when it returns (FUA needs nothing more).
+            return self.layer.write_owned(offset, data).await;
+        }
         let data = Bytes::from(data);
         let mut waits = Vec::with_capacity(data.len().div_ceil(RECORD_DATA_BYTES_MAX));
         let mut at = 0usize;
@@ -862,6 +904,7 @@ impl<B: ObjectBackend> WriteLog<B> {
             publish_extents: g(&c.publish_extents),
             publish_chunks: g(&c.publish_chunks),
             full_waits: g(&c.full_waits),
+            written_through: g(&c.written_through),
             overlay_bytes: lock(&self.shared.overlay).bytes(),
             ring_used_bytes: self
                 .shared
@@ -890,6 +933,10 @@ fn writer_loop(
     mut lsn: u64,
 ) {
     let ring = shared.ring_bytes;
+    // SAFETY: gettid(2) has no preconditions.
+    shared
+        .writer_tid
+        .store(unsafe { libc::gettid() }, Ordering::SeqCst);
     // One aligned buffer for every group commit: the largest batch, plus a pad's block.
     let mut scratch = IoBuf::aligned(
         (BATCH_BYTES_MAX + format::record_bytes(RECORD_DATA_BYTES_MAX) + BLOCK_BYTES) as usize,
@@ -1024,7 +1071,11 @@ fn writer_loop(
             shared.acked_seq.fetch_max(s, Ordering::SeqCst);
             let _ = a.done.send(Ok(s));
         }
-        if (lsn - *lock(&shared.ring.durable_published_lsn)) * 4 >= ring * PUBLISH_FILL_QUARTERS {
+        // (An offload agent watches the fill itself: waking this process for it would
+        // cost the application's CPU on every commit.)
+        if !shared.agent_mode.load(Ordering::Relaxed)
+            && (lsn - *lock(&shared.ring.durable_published_lsn)) * 4 >= ring * PUBLISH_FILL_QUARTERS
+        {
             shared.wake_publisher.notify_one();
         }
     }
@@ -1106,6 +1157,18 @@ async fn publisher_loop<B: ObjectBackend>(
     }
 }
 
+/// How often the front end looks at the control page when nobody waits for publishing.
+const WATCH_IDLE: Duration = Duration::from_millis(10);
+
+/// Whether the ring is (nearly) full: writers wait for publishing.
+fn ring_full(shared: &Shared) -> bool {
+    let used = shared
+        .head_lsn
+        .load(Ordering::Relaxed)
+        .saturating_sub(*lock(&shared.ring.durable_published_lsn));
+    used + BATCH_BYTES_MAX >= shared.ring_bytes
+}
+
 /// How long a front end waits for the agent to attach before it publishes itself.
 const AGENT_ATTACH_WAIT: Duration = Duration::from_secs(5);
 
@@ -1134,13 +1197,19 @@ async fn agent_watcher<B: ObjectBackend>(
     use agent::F;
     let mut pending: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
     let mut published = ctl.get(F::PublishedSeq);
+    let front_cpus = agent::own_cpu_mask();
     let started = std::time::Instant::now();
     let mut local: Option<AbortOnDrop<Result<agent::Stopped, String>>> = None;
     let mut last_beat = started - agent::BEAT_EVERY;
-    let mut tick = tokio::time::interval(agent::POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut stalled_warned = false;
+    let mut writer_on: u64 = 0;
     loop {
-        tick.tick().await;
+        // Quick while someone waits for publishing (a FLUSH, or writes on a full ring),
+        // else slow: the agent publishes lazily, and every wake-up costs the
+        // application's CPU.
+        let waiting = shared.flush_waiters.load(Ordering::SeqCst) > 0 || ring_full(&shared);
+        let wait = if waiting { agent::POLL } else { WATCH_IDLE };
+        let _ = tokio::time::timeout(wait, shared.wake_publisher.notified()).await;
         while let Ok(r) = rx.try_recv() {
             pending.push_back((r.seq, r.offset, r.data.len() as u64));
             ctl.set(F::HeadLsn, r.end_lsn);
@@ -1152,10 +1221,24 @@ async fn agent_watcher<B: ObjectBackend>(
         if last_beat.elapsed() >= agent::BEAT_EVERY {
             last_beat = std::time::Instant::now();
             ctl.set(F::FrontBeatMs, agent::now_ms());
+            // The log writer thread goes where the agent runs (the application's CPUs
+            // then only hand records over); back to this process's CPUs without one.
+            let want = match ctl.get(F::AgentPid) {
+                p if p != 0 && p != agent::own_pid() => ctl.get(F::AgentCpus),
+                _ => 0,
+            };
+            let tid = shared.writer_tid.load(Ordering::SeqCst);
+            if want != writer_on && tid != 0 {
+                let mask = if want != 0 { want } else { front_cpus };
+                match agent::pin_thread(tid, mask) {
+                    Ok(()) => writer_on = want,
+                    Err(e) => tracing::debug!("cannot move the log writer thread: {e}"),
+                }
+            }
             let holder = ctl.get(F::AgentPid);
             let waited = started.elapsed() >= AGENT_ATTACH_WAIT;
             if local.is_none()
-                && !ctl.alive(F::AgentPid, F::AgentBeatMs)
+                && ctl.publisher_gone()
                 && (holder != 0 || waited)
                 && ctl.swap_if(F::AgentPid, holder, agent::own_pid())
             {
@@ -1169,10 +1252,24 @@ async fn agent_watcher<B: ObjectBackend>(
                     }
                 );
                 ctl.set(F::AgentBeatMs, agent::now_ms());
+                stalled_warned = false;
                 let (log, ctl, layer) = (log.clone(), ctl.clone(), layer.clone());
                 local = Some(AbortOnDrop(tokio::spawn(async move {
                     agent::publish_from_file(&log, ctl, layer, agent::own_pid()).await
                 })));
+            } else if local.is_none()
+                && holder != 0
+                && !stalled_warned
+                && !ctl.alive(F::AgentPid, F::AgentBeatMs)
+            {
+                // Alive but silent: its requests may still land, so this process must not
+                // publish over it; writes wait (a full ring) until it goes on or is gone.
+                stalled_warned = true;
+                tracing::warn!(
+                    "write log {}: the offload agent (pid {holder}) stopped beating; waiting \
+                     for it (kill it to publish from this process)",
+                    shared.name
+                );
             }
         }
         if let Some(h) = &mut local {

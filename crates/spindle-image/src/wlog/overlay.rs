@@ -118,6 +118,17 @@ impl Overlay {
         }
     }
 
+    /// The newest record (seq) with bytes inside `[offset, offset + len)`, if any.
+    pub fn newest_seq_in(&self, offset: u64, len: u64) -> Option<u64> {
+        let end = offset + len;
+        let first = self.first_start(offset);
+        self.extents
+            .range(first..end)
+            .filter(|(_, e)| e.end > offset)
+            .map(|(_, e)| e.seq)
+            .max()
+    }
+
     /// `[offset, offset + len)` as overlay bytes and gaps, in order.
     pub fn pieces(&self, offset: u64, len: u64) -> Vec<Piece> {
         let end = offset + len;

@@ -51,6 +51,8 @@ async fn open(
 ) -> (WriteLog<MemoryBackend>, ReplayReport) {
     let mut config = WriteLogConfig::new(dir, 32 * MIB);
     config.publish_paused = paused;
+    // Large writes here test the log itself (tests of the write-through path say so).
+    config.write_through_bytes_min = usize::MAX;
     WriteLog::open(&config, POOL, "vol", layer(b).await)
         .await
         .unwrap()
@@ -406,4 +408,42 @@ async fn a_full_file_system_under_the_log_makes_writes_wait_not_fail() {
     };
     assert!(e.contains("file system full"), "{e}");
     drop(log);
+}
+
+/// A large write goes around the log, but only after the unpublished records under it are
+/// published: neither the publisher nor a replay after a crash puts their older bytes over
+/// it. Records elsewhere stay in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_write_goes_around_the_log_after_the_records_under_it() {
+    let d = dir("through");
+    let b = Arc::new(MemoryBackend::with_latency(500, 500, 7));
+    create_image(&b, 64 * MIB).await;
+    let mut config = WriteLogConfig::new(&d.0, 32 * MIB);
+    config.write_through_bytes_min = 256 << 10;
+    let (log, _) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+        .await
+        .unwrap();
+    log.write(100 << 10, vec![1; 4096], false).await.unwrap();
+    log.write(8 * MIB, vec![2; 4096], false).await.unwrap();
+    log.write(0, vec![3; 512 << 10], false).await.unwrap();
+    let s = log.stats();
+    assert_eq!(s.written_through, 1, "{s:?}");
+    assert_eq!(s.appended_records, 2, "{s:?}");
+    assert_eq!(read(&log, 100 << 10, 4096).await, vec![3; 4096]);
+    assert_eq!(read(&log, 8 * MIB, 4096).await, vec![2; 4096]);
+    // The block layer alone already has the large write (it is durable in the cluster).
+    let image = layer(&b).await;
+    assert_eq!(image.read(100 << 10, 4096).await.unwrap(), vec![3; 4096]);
+    // A crash and a replay: whatever of the log is replayed, the large write stays.
+    drop(log);
+    let (log, report) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+        .await
+        .unwrap();
+    assert_eq!(report.stopped, None, "{report:?}");
+    assert_eq!(read(&log, 0, 512 << 10).await, vec![3; 512 << 10]);
+    assert_eq!(read(&log, 8 * MIB, 4096).await, vec![2; 4096]);
+    log.flush().await.unwrap();
+    let image = layer(&b).await;
+    assert_eq!(image.read(0, 512 << 10).await.unwrap(), vec![3; 512 << 10]);
+    assert_eq!(image.read(8 * MIB, 4096).await.unwrap(), vec![2; 4096]);
 }
