@@ -426,6 +426,13 @@ impl Exports for ImageExports {
         let image = Image::open(self.client.clone(), &self.pool, &name)
             .await
             .map_err(open_error)?;
+        // Who holds the lock now (before this opener takes it): a write log left by that
+        // holder may be replayed, one left by an earlier holder may not.
+        let previous_lock_client = {
+            let map = self.client.map();
+            map.pool_by_name(&self.pool)
+                .map(|p| map.image_locks.get(&(p.id, name.clone())).map(|l| l.client))
+        };
         // The lock before the block layer: nothing is cached or written without it.
         let lock = match &self.locking {
             Some((options, holder)) => Some(Arc::new(
@@ -450,9 +457,14 @@ impl Exports for ImageExports {
                 ));
             }
             // Replays what a crash left in the log before anything is served.
-            let (wlog, report) = WriteLog::open(config, &self.pool, &name, layer)
+            let mut config = config.clone();
+            config.previous_lock_client = previous_lock_client;
+            let (wlog, report) = WriteLog::open(&config, &self.pool, &name, layer)
                 .await
-                .map_err(open_error)?;
+                .map_err(|e| {
+                    tracing::error!("export {name}: {e}");
+                    open_error(e)
+                })?;
             if report.records_applied > 0 || report.stopped.is_some() {
                 tracing::warn!(
                     "export {name}: write log replay: {} records ({} bytes) applied{}",

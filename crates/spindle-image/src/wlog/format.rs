@@ -8,7 +8,9 @@
 //!
 //! Superblock (little endian): `u64 magic "SPNDWLOG" | u32 format | u32 0 | u64 log_id |
 //! u64 ring_bytes | u64 published_seq | u64 published_lsn | u64 generation | u16 name_len |
-//! name (pool/image) | ... | u32 crc32c of bytes 0..4092` at 4092. The valid slot with the
+//! name (pool/image) | ... | u64 client_id at 320 | ... | u32 crc32c of bytes 0..4092` at
+//! 4092. `client_id` is the client whose writes the ring holds (the image lock's holder;
+//! 0 in logs written before it was recorded: not checked). The valid slot with the
 //! highest generation wins; a write alternates slots, so a torn superblock write leaves
 //! the other slot.
 //!
@@ -62,7 +64,13 @@ pub struct Super {
     pub generation: u64,
     /// `pool/image` the log belongs to.
     pub name: String,
+    /// The client (image lock holder) whose writes the ring holds; 0: not recorded.
+    pub client_id: u64,
 }
+
+/// Where the superblock keeps `client_id` (past the longest name).
+const CLIENT_ID_AT: usize = 320;
+const _: () = assert!(58 + NAME_BYTES_MAX <= CLIENT_ID_AT);
 
 impl Super {
     /// The slot (0 or 1) this superblock is written to: generations alternate.
@@ -82,6 +90,7 @@ impl Super {
         let name = &self.name.as_bytes()[..self.name.len().min(NAME_BYTES_MAX)];
         b[56..58].copy_from_slice(&(name.len() as u16).to_le_bytes());
         b[58..58 + name.len()].copy_from_slice(name);
+        b[CLIENT_ID_AT..CLIENT_ID_AT + 8].copy_from_slice(&self.client_id.to_le_bytes());
         let crc = crc32c(&b[..BLOCK_BYTES as usize - 4]);
         b[BLOCK_BYTES as usize - 4..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -124,6 +133,7 @@ impl Super {
             published_lsn: u64_at(40),
             generation: u64_at(48),
             name: String::from_utf8_lossy(&b[58..58 + name_len]).into_owned(),
+            client_id: u64_at(CLIENT_ID_AT),
         })
     }
 }
@@ -248,6 +258,7 @@ mod tests {
             published_lsn: 123 * 4096,
             generation: 5,
             name: "rbd/vm1".into(),
+            client_id: 0xabcd,
         };
         let b = s.encode();
         assert_eq!(Super::decode(&b), Ok(s.clone()));

@@ -90,6 +90,20 @@ pub enum WriteLogError {
     },
     #[error("write log {path}: {0}", path = .1.display())]
     Invalid(String, PathBuf),
+    /// The log holds unpublished writes of a client that lost the image to another since.
+    #[error(
+        "write log {path}: holds {records} unpublished writes of client {log_client:016x}, \
+         but the image was locked by {since} after it; replaying them would put older data \
+         over newer. Move {path} away to discard them (or serve the image without \
+         --write-log)",
+        path = .path.display()
+    )]
+    Foreign {
+        path: PathBuf,
+        records: usize,
+        log_client: u64,
+        since: String,
+    },
 }
 
 impl From<WriteLogError> for ImageError {
@@ -115,6 +129,11 @@ pub struct WriteLogConfig {
     pub client_id: u64,
     /// The cluster the image lives in (`ClusterMap::cluster_id`; the agent checks it).
     pub cluster_id: u64,
+    /// Who held the image lock just before this opener took it: `Some(None)` nobody,
+    /// `Some(Some(c))` client `c`; None: not known (not checked). A log whose unpublished
+    /// records belong to another client than that is refused ([`WriteLogError::Foreign`]):
+    /// someone else had the image in between, and replaying would go back in time.
+    pub previous_lock_client: Option<Option<u64>>,
     /// Writes of at least this many bytes go around the log (`WRITE_THROUGH_BYTES_MIN`;
     /// `usize::MAX`: none).
     pub write_through_bytes_min: usize,
@@ -130,6 +149,7 @@ impl WriteLogConfig {
             agent: None,
             client_id: 0,
             cluster_id: 0,
+            previous_lock_client: None,
             write_through_bytes_min: WRITE_THROUGH_BYTES_MIN,
         }
     }
@@ -364,6 +384,7 @@ fn create(path: &Path, name: &str, ring_bytes: u64) -> Result<Super, WriteLogErr
         published_lsn: 0,
         generation: 0,
         name: name.to_string(),
+        client_id: 0,
     };
     {
         let f = open_direct(&tmp)?;
@@ -605,6 +626,20 @@ impl<B: ObjectBackend> WriteLog<B> {
             let f = File::open(&path).map_err(io_err(&path, "open"))?;
             scan(&f, &path, &sup)?
         };
+        if let (false, Some(before)) = (records.is_empty(), config.previous_lock_client) {
+            if sup.client_id != 0 && before != Some(sup.client_id) {
+                return Err(WriteLogError::Foreign {
+                    path,
+                    records: records.len(),
+                    log_client: sup.client_id,
+                    since: match before {
+                        Some(c) => format!("client {c:016x}"),
+                        None => "nobody (the lock was released)".into(),
+                    },
+                }
+                .into());
+            }
+        }
         if let Some(why) = &report.stopped {
             tracing::warn!("write log {}: {why}", path.display());
         }
@@ -657,6 +692,7 @@ impl<B: ObjectBackend> WriteLog<B> {
         sup.published_lsn = end_lsn;
         sup.published_seq = end_seq;
         sup.log_id = rand::random::<u64>() | 1;
+        sup.client_id = config.client_id;
         sup.generation += 1;
         {
             let f = open_direct(&path)?;

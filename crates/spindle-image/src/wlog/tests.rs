@@ -447,3 +447,99 @@ async fn a_large_write_goes_around_the_log_after_the_records_under_it() {
     assert_eq!(image.read(0, 512 << 10).await.unwrap(), vec![3; 512 << 10]);
     assert_eq!(image.read(8 * MIB, 4096).await.unwrap(), vec![2; 4096]);
 }
+
+/// A log whose unpublished records belong to a client that lost the image to another is
+/// refused at open (replaying would put older data over newer), naming both; the same
+/// log opened by its own client's successor (who took the lock over from it) replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_left_by_a_client_that_lost_the_image_is_refused() {
+    let d = dir("foreign");
+    let b = Arc::new(MemoryBackend::with_latency(200, 200, 9));
+    create_image(&b, 64 * MIB).await;
+    let mut config = WriteLogConfig::new(&d.0, 32 * MIB);
+    config.publish_paused = true;
+    config.client_id = 0xa1;
+    let (log, _) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+        .await
+        .unwrap();
+    log.write(0, vec![5; 4096], false).await.unwrap();
+    drop(log); // a crash: the record stays unpublished
+    let mut next = WriteLogConfig::new(&d.0, 32 * MIB);
+    next.client_id = 0xb2;
+    for before in [Some(0xc3), None] {
+        next.previous_lock_client = Some(before);
+        let e = match WriteLog::open(&next, POOL, "vol", layer(&b).await).await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("a foreign log was replayed (lock held before by {before:?})"),
+        };
+        assert!(
+            e.contains("00000000000000a1") && e.contains("older data over newer"),
+            "{e}"
+        );
+        // Nothing was applied.
+        assert_eq!(layer(&b).await.read(0, 4096).await.unwrap(), vec![0; 4096]);
+    }
+    // Taken over from the client that wrote it: replayed.
+    next.previous_lock_client = Some(Some(0xa1));
+    let (log, report) = WriteLog::open(&next, POOL, "vol", layer(&b).await)
+        .await
+        .unwrap();
+    assert_eq!(report.records_applied, 1, "{report:?}");
+    assert_eq!(read(&log, 0, 4096).await, vec![5; 4096]);
+}
+
+/// Publishing through the offload path with no agent: the front end waits for one, then
+/// publishes from the log *file* itself (what an agent does), checking every record; a
+/// record damaged in the file before it is published stops publishing with the reason,
+/// and nothing of it reaches the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_from_the_file_checks_every_record() {
+    let d = dir("fromfile");
+    let b = Arc::new(MemoryBackend::with_latency(200, 200, 11));
+    create_image(&b, 64 * MIB).await;
+    let mut config = WriteLogConfig::new(&d.0, 32 * MIB);
+    config.agent = Some(true);
+    config.write_through_bytes_min = usize::MAX;
+    let (log, _) = WriteLog::open(&config, POOL, "vol", layer(&b).await)
+        .await
+        .unwrap();
+    assert!(agent::ctl_path(log.path()).exists());
+    for i in 0..8u64 {
+        log.write(i * MIB, pattern(i, 64 << 10), false)
+            .await
+            .unwrap();
+    }
+    log.flush().await.unwrap();
+    let image = layer(&b).await;
+    for i in 0..8u64 {
+        assert_eq!(
+            image.read(i * MIB, 64 << 10).await.unwrap(),
+            pattern(i, 64 << 10)
+        );
+    }
+    // Damage the next record in the file right after it is acknowledged (publishing is
+    // lazy: it waits 50 ms of quiet first).
+    let lsn = log.shared.head_lsn.load(Ordering::SeqCst);
+    log.write(20 * MIB, vec![9; 4096], false).await.unwrap();
+    {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(log.path())
+            .unwrap();
+        let at = RING_START + lsn % (32 * MIB) + HEADER_BYTES as u64 + 10;
+        let mut byte = [0u8; 1];
+        f.read_exact_at(&mut byte, at).unwrap();
+        f.write_all_at(&[byte[0] ^ 0x40], at).unwrap();
+        f.sync_all().unwrap();
+    }
+    let e = log
+        .flush()
+        .await
+        .expect_err("a damaged record was published");
+    assert!(e.to_string().contains("checksum mismatch"), "{e}");
+    assert_eq!(
+        layer(&b).await.read(20 * MIB, 4096).await.unwrap(),
+        vec![0; 4096]
+    );
+}
