@@ -1045,8 +1045,8 @@ pub(crate) fn spindle_nbd_child(
     Ok((nbd, format!("nbd://{addr}/{image}")))
 }
 
-/// nbdkit memory, the NBD ceiling.
-fn run_nbdkit(args: &BenchFioArgs, pts: &[Point]) -> anyhow::Result<Vec<Measured>> {
+/// Starts `nbdkit memory` of `size_bytes` on a free port; returns it and its address.
+fn start_nbdkit(size_bytes: u64) -> anyhow::Result<(ChildGuard, SocketAddr)> {
     let addr = free_port()?;
     let mut cmd = Command::new("nbdkit");
     cmd.args([
@@ -1058,9 +1058,15 @@ fn run_nbdkit(args: &BenchFioArgs, pts: &[Point]) -> anyhow::Result<Vec<Measured
     .arg("--port")
     .arg(addr.port().to_string())
     .arg("memory")
-    .arg(args.size.to_string());
+    .arg(size_bytes.to_string());
     let mut kit = ChildGuard::start(cmd, "nbdkit memory", "nbdkit")?;
     kit.wait_listening(addr)?;
+    Ok((kit, addr))
+}
+
+/// nbdkit memory, the NBD ceiling.
+fn run_nbdkit(args: &BenchFioArgs, pts: &[Point]) -> anyhow::Result<Vec<Measured>> {
+    let (mut kit, addr) = start_nbdkit(args.size)?;
     let engine = Engine::nbd(&format!("nbd://{addr}"));
     if !args.no_prefill {
         prefill(&engine).context("prefill of nbdkit memory")?;

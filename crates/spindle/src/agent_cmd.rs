@@ -30,56 +30,12 @@ pub struct AgentArgs {
     pub target: Target,
 }
 
-/// Parses a CPU list like `0,2-3`.
-pub fn parse_cpus(list: &str) -> anyhow::Result<Vec<usize>> {
-    let mut out = Vec::new();
-    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (a.trim(), b.trim()),
-            None => (part, part),
-        };
-        let a: usize = a
-            .parse()
-            .with_context(|| format!("bad CPU number {a:?} in {list:?}"))?;
-        let b: usize = b
-            .parse()
-            .with_context(|| format!("bad CPU number {b:?} in {list:?}"))?;
-        if a > b || b >= libc::CPU_SETSIZE as usize {
-            bail!("bad CPU range {part:?} in {list:?}");
-        }
-        out.extend(a..=b);
-    }
-    if out.is_empty() {
-        bail!("empty CPU list {list:?}");
-    }
-    Ok(out)
-}
-
-/// Pins this process (every thread started from now on) to `cpus`.
-fn pin(cpus: &[usize]) -> anyhow::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET only writes inside it (the
-    // numbers were checked against CPU_SETSIZE); sched_setaffinity reads it.
-    let r = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for &c in cpus {
-            libc::CPU_SET(c, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if r != 0 {
-        bail!(
-            "cannot pin to CPUs {cpus:?}: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
-}
-
 pub fn run(args: AgentArgs) -> anyhow::Result<()> {
     crate::daemon::init_logging();
     // Before the runtime starts its threads: they inherit the mask.
     if let Some(list) = &args.cpus {
-        pin(&parse_cpus(list)?)?;
+        let cpus = agent::parse_cpus(list).map_err(|e| anyhow::anyhow!("--cpus: {e}"))?;
+        agent::pin_thread(0, &cpus).with_context(|| format!("cannot pin to CPUs {list}"))?;
     }
     std::fs::create_dir_all(&args.write_log)
         .with_context(|| format!("cannot create {}", args.write_log.display()))?;
@@ -273,19 +229,4 @@ fn control_pages(dir: &Path) -> Vec<PathBuf> {
 /// The log a control page belongs to (`<log>.ctl` -> `<log>`).
 fn log_of(ctl: &Path) -> PathBuf {
     ctl.with_extension("")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_cpus;
-
-    #[test]
-    fn cpu_lists_parse_and_bad_ones_are_refused() {
-        assert_eq!(parse_cpus("1").unwrap(), vec![1]);
-        assert_eq!(parse_cpus("0,2-3").unwrap(), vec![0, 2, 3]);
-        assert!(parse_cpus("").is_err());
-        assert!(parse_cpus("3-1").is_err());
-        assert!(parse_cpus("x").is_err());
-        assert!(parse_cpus("99999").is_err());
-    }
 }

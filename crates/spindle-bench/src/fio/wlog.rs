@@ -317,20 +317,7 @@ pub(super) fn run(args: &BenchFioArgs) -> anyhow::Result<()> {
     let nbdkit = if args.no_nbdkit {
         None
     } else {
-        let addr = free_port()?;
-        let mut cmd = Command::new("nbdkit");
-        cmd.args([
-            "--foreground",
-            "--exit-with-parent",
-            "--ipaddr",
-            "127.0.0.1",
-        ])
-        .arg("--port")
-        .arg(addr.port().to_string())
-        .arg("memory")
-        .arg(args.size.to_string());
-        let mut kit = ChildGuard::start(cmd, "nbdkit memory", "nbdkit")?;
-        kit.wait_listening(addr)?;
+        let (mut kit, addr) = start_nbdkit(args.size)?;
         if !args.json {
             eprintln!("bench fio: nbdkit memory: 4k randwrite QD16");
         }
@@ -626,58 +613,29 @@ mod offload {
         pub(super) stream_iops_log: f64,
     }
 
-    fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
-        // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it (numbers
-        // were checked when parsed).
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            for &c in cpus {
-                libc::CPU_SET(c, &mut set);
-            }
-            set
-        }
-    }
+    use spindle_image::wlog::agent::{parse_cpus, pin_thread};
 
     fn parse(list: &str) -> anyhow::Result<Vec<usize>> {
-        let mut out = Vec::new();
-        for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (a, b) = part.split_once('-').unwrap_or((part, part));
-            let (a, b): (usize, usize) = (a.trim().parse()?, b.trim().parse()?);
-            if a > b || b >= libc::CPU_SETSIZE as usize {
-                bail!("bad CPU range {part:?}");
-            }
-            out.extend(a..=b);
-        }
-        if out.is_empty() {
-            bail!("empty CPU list {list:?}");
-        }
-        Ok(out)
+        parse_cpus(list).map_err(|e| anyhow::anyhow!(e))
     }
 
     /// Pins every thread of process `pid` to `cpus`.
     fn pin_process(pid: u32, cpus: &[usize]) -> anyhow::Result<()> {
-        let set = cpu_set(cpus);
         for t in std::fs::read_dir(format!("/proc/{pid}/task"))? {
             let tid: i32 = t?.file_name().to_string_lossy().parse()?;
-            // SAFETY: sched_setaffinity reads `set`; a thread that just exited fails
-            // harmlessly.
-            unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+            // A thread that just exited fails harmlessly.
+            let _ = pin_thread(tid, cpus);
         }
         Ok(())
     }
 
     /// A command that starts pinned to `cpus` (every thread it makes inherits the mask).
     fn pinned(mut cmd: Command, cpus: &[usize]) -> Command {
-        let set = cpu_set(cpus);
-        // SAFETY: the closure runs between fork and exec and only calls
-        // sched_setaffinity(2), which is async-signal-safe.
+        let cpus = cpus.to_vec();
+        // SAFETY: the closure runs between fork and exec; `pin_thread` allocates nothing
+        // and only calls sched_setaffinity(2), which is async-signal-safe.
         unsafe {
-            cmd.pre_exec(move || {
-                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+            cmd.pre_exec(move || pin_thread(0, &cpus));
         }
         cmd
     }
@@ -689,9 +647,9 @@ mod offload {
         stop: Arc<AtomicBool>,
     ) -> std::thread::JoinHandle<f64> {
         std::thread::spawn(move || {
-            let set = cpu_set(&cpus);
-            // SAFETY: pins this thread only.
-            unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+            if let Err(e) = pin_thread(0, &cpus) {
+                eprintln!("bench fio: cannot pin the co-runner to {cpus:?}: {e}");
+            }
             let loops = AtomicU64::new(0);
             let start = Instant::now();
             let mut x = 0x9e37_79b9_7f4a_7c15u64;

@@ -90,7 +90,34 @@ pub enum F {
     AgentCpus,
 }
 
-/// This thread's CPU mask as a bit set of the CPUs below 64 (0 if it has none there).
+/// Parses a CPU list like `1` or `0,2-3` (numbers below `CPU_SETSIZE`).
+pub fn parse_cpus(list: &str) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let num = |x: &str| {
+            x.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("bad CPU number {x:?} in {list:?}"))
+        };
+        let (a, b) = (num(a)?, num(b)?);
+        if a > b || b >= libc::CPU_SETSIZE as usize {
+            return Err(format!("bad CPU range {part:?} in {list:?}"));
+        }
+        out.extend(a..=b);
+    }
+    if out.is_empty() {
+        return Err(format!("empty CPU list {list:?}"));
+    }
+    Ok(out)
+}
+
+/// The CPUs of a bit set (bit i = CPU i).
+pub fn mask_cpus(mask: u64) -> Vec<usize> {
+    (0..64).filter(|c| mask & (1 << c) != 0).collect()
+}
+
+/// This thread's CPUs below 64 as a bit set (0 if it has none there).
 pub fn own_cpu_mask() -> u64 {
     // SAFETY: sched_getaffinity fills a zeroed cpu_set_t of the size given.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -108,12 +135,14 @@ pub fn own_cpu_mask() -> u64 {
     })
 }
 
-/// Moves thread `tid` to the CPUs of `mask` (bit i = CPU i).
-pub fn pin_thread(tid: i32, mask: u64) -> std::io::Result<()> {
-    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it (c < 64).
+/// Moves thread `tid` (0: the calling thread) to `cpus` (each below `CPU_SETSIZE`, as
+/// [`parse_cpus`] returns them). Allocates nothing: callable between fork and exec.
+pub fn pin_thread(tid: i32, cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it for numbers
+    // below CPU_SETSIZE (larger ones are skipped); sched_setaffinity only reads it.
     let r = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for c in (0..64).filter(|c| mask & (1 << c) != 0) {
+        for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
             libc::CPU_SET(c, &mut set);
         }
         libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
@@ -513,4 +542,19 @@ pub fn agent_serving(dir: &Path) -> bool {
         return false;
     }
     std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{mask_cpus, parse_cpus};
+
+    #[test]
+    fn cpu_lists_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_cpus("1").unwrap(), vec![1]);
+        assert_eq!(parse_cpus("0,2-3").unwrap(), vec![0, 2, 3]);
+        assert_eq!(mask_cpus(0b1101), vec![0, 2, 3]);
+        for bad in ["", "3-1", "x", "99999", "1-"] {
+            assert!(parse_cpus(bad).is_err(), "{bad:?}");
+        }
+    }
 }

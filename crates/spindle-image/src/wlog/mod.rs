@@ -1266,7 +1266,7 @@ async fn agent_watcher<B: ObjectBackend>(
             let tid = shared.writer_tid.load(Ordering::SeqCst);
             if want != writer_on && tid != 0 {
                 let mask = if want != 0 { want } else { front_cpus };
-                match agent::pin_thread(tid, mask) {
+                match agent::pin_thread(tid, &agent::mask_cpus(mask)) {
                     Ok(()) => writer_on = want,
                     Err(e) => tracing::debug!("cannot move the log writer thread: {e}"),
                 }
