@@ -91,13 +91,13 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     }
     // Control page path -> its publishing task.
     let mut serving: HashMap<PathBuf, tokio::task::JoinHandle<()>> = HashMap::new();
-    let mut clients: HashMap<u64, Arc<Client>> = HashMap::new();
     // Pages of another cluster's images (a new front end makes a new page: checked again).
     let mut refused: std::collections::HashSet<(PathBuf, u64)> = Default::default();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("SIGTERM handler")?;
     loop {
         serving.retain(|_, t| !t.is_finished());
+        refused.retain(|(page, _)| page.exists());
         for ctl_file in control_pages(&args.write_log) {
             if serving.contains_key(&ctl_file) {
                 continue;
@@ -119,23 +119,16 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             ctl.set(F::AgentBeatMs, agent::now_ms());
             ctl.set(F::AgentCpus, agent::own_cpu_mask());
             let client_id = ctl.get(F::ClientId);
-            let client = match clients.get(&client_id) {
-                Some(c) => c.clone(),
-                None => {
-                    let mut config = ClientConfig::new(mon.clone());
-                    config.client_id = Some(client_id);
-                    match Client::connect(config).await {
-                        Ok(c) => {
-                            let c = Arc::new(c);
-                            clients.insert(client_id, c.clone());
-                            c
-                        }
-                        Err(e) => {
-                            eprintln!("spindle agent: cannot reach the cluster at {mon}: {e}");
-                            ctl.set(F::AgentPid, 0);
-                            continue;
-                        }
-                    }
+            // A client per front end, dropped with its task: front ends come and go (each
+            // with a new id), and the agent must hold its descriptors flat.
+            let mut config = ClientConfig::new(mon.clone());
+            config.client_id = Some(client_id);
+            let client = match Client::connect(config).await {
+                Ok(c) => Arc::new(c),
+                Err(e) => {
+                    eprintln!("spindle agent: cannot reach the cluster at {mon}: {e}");
+                    ctl.swap_if(F::AgentPid, pid, 0);
+                    continue;
                 }
             };
             let cluster = client.map().cluster_id;
