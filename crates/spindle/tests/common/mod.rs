@@ -235,6 +235,23 @@ impl Drop for Cluster {
             // SAFETY: as above.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
+        // A daemon started just before the end may not have written its pid file yet
+        // (`spindle osd start` returns once it is spawned): every process that names this
+        // cluster's directory on its command line goes too.
+        let dir = self.dir.to_string_lossy().into_owned();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let names_dir = cmdline
+                .split(|&b| b == 0)
+                .any(|arg| String::from_utf8_lossy(arg).starts_with(&dir));
+            if names_dir && pid != std::process::id() as i32 {
+                // SAFETY: kill(2) of a daemon of this test's cluster.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
