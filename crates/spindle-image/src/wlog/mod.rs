@@ -1150,8 +1150,8 @@ async fn publisher_loop<B: ObjectBackend>(
     let mut pending: Option<Logged> = None;
     let mut rx_open = true;
     loop {
-        if pending.is_some() && in_flight.len() < PUBLISH_CHUNKS_IN_FLIGHT && publish_due(&shared) {
-            let first = pending.take().expect("checked above");
+        let start = in_flight.len() < PUBLISH_CHUNKS_IN_FLIGHT && publish_due(&shared);
+        if let Some(first) = pending.take_if(|_| start) {
             let mut chunk = vec![first];
             let mut bytes = chunk[0].data.len() as u64;
             while bytes < CHUNK_BYTES_MAX {
