@@ -12,7 +12,7 @@ use spindle_proto::msg::typed;
 use spindle_proto::msg::{Mutation, ObjOp, ObjectListing, Ver};
 use spindle_proto::net::{Incoming, NetError, Prepared, RpcConn};
 use spindle_proto::request::{reply_to, AdminRequest, CallError, MapReply, RemoteError, Request};
-use spindle_proto::{ErrorCode, Msg};
+use spindle_proto::{ErrorCode, MonAddrs, Msg};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -117,6 +117,8 @@ type MapState = spindle_map::MapView;
 
 struct Inner {
     config: ClientConfig,
+    /// The monitors (`config.mon_addr` parsed) and which one is in use.
+    mons: MonAddrs,
     /// Random per client instance, never 0: carried by every object request, and what an
     /// image lock is held by (and fenced by).
     client_id: u64,
@@ -146,50 +148,64 @@ enum Attempt {
 }
 
 impl Client {
-    /// Connects to the monitor, fetches the map and subscribes to new epochs.
+    /// Connects to a monitor, fetches the map and subscribes to new epochs.
+    /// `config.mon_addr` may list several monitors (`a,b,c`): the first that answers is
+    /// used, and the client moves to another when it fails. While the monitors elect a
+    /// leader or have no map yet, this waits (up to the operation timeout, at most 30 s);
+    /// when no monitor accepts a connection at all, it fails at once.
     pub async fn connect(config: ClientConfig) -> Result<Client, ClientError> {
         let client_id = config
             .client_id
             .unwrap_or_else(|| rand::random::<u64>() | 1);
+        let mons = MonAddrs::parse(&config.mon_addr).map_err(|reason| ClientError::Monitor {
+            addr: config.mon_addr.clone(),
+            reason,
+        })?;
         let (push_tx, push_rx) = mpsc::unbounded_channel();
-        let mon = RpcConn::connect_via(&config.net, &config.mon_addr, 3000, Some(push_tx.clone()))
-            .await
-            .map_err(|e| ClientError::Monitor {
-                addr: config.mon_addr.clone(),
-                reason: e.to_string(),
-            })?;
-        let reply = mon
-            .request(
-                0,
-                typed::GetMap {
-                    have_epoch: 0,
-                    subscribe: false,
-                },
-                10_000,
-            )
-            .await;
-        let map = match reply {
-            Ok(MapReply::Newer(map)) => map,
-            Ok(MapReply::Current) => {
-                return Err(ClientError::Protocol(
-                    "the monitor has no map newer than epoch 0".into(),
-                ))
-            }
-            Err(e) => {
-                return Err(ClientError::Monitor {
-                    addr: config.mon_addr.clone(),
+        let deadline = Instant::now() + Duration::from_millis(config.op_timeout_ms.min(30_000));
+        let (mon, map) = loop {
+            let mon = mons
+                .connect(&config.net, 3000, Some(push_tx.clone()))
+                .await
+                .map_err(|e| ClientError::Monitor {
+                    addr: mons.joined(),
                     reason: e.to_string(),
-                })
+                })?;
+            let reply = mon
+                .request(
+                    0,
+                    typed::GetMap {
+                        have_epoch: 0,
+                        subscribe: false,
+                    },
+                    10_000,
+                )
+                .await;
+            let why = match reply {
+                Ok(MapReply::Newer(map)) => break (mon, map),
+                Ok(MapReply::Current) => "the monitor has no map yet".to_string(),
+                Err(e) => {
+                    mons.failed(mon.peer());
+                    e.to_string()
+                }
+            };
+            if Instant::now() > deadline {
+                return Err(ClientError::Monitor {
+                    addr: mons.joined(),
+                    reason: why,
+                });
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         };
         let state = MapState::decode(&map).map_err(|e| ClientError::Monitor {
-            addr: config.mon_addr.clone(),
+            addr: mon.peer().to_string(),
             reason: e.to_string(),
         })?;
         let (map_tx, _) = watch::channel(state.map.epoch);
         let client = Client {
             inner: Arc::new(Inner {
                 config,
+                mons,
                 client_id,
                 map: RwLock::new(Arc::new(state)),
                 map_tx,
@@ -201,9 +217,11 @@ impl Client {
         client.subscribe(&mon);
         *lock(&client.inner.mon) = Some(mon);
         {
-            // Weak: the background task must not keep a dropped client alive.
+            // Weak: the background tasks must not keep a dropped client alive.
             let weak = Arc::downgrade(&client.inner);
             tokio::spawn(async move { push_loop(weak, push_rx).await });
+            let weak = Arc::downgrade(&client.inner);
+            tokio::spawn(async move { mon_keeper(weak).await });
         }
         Ok(client)
     }
@@ -246,27 +264,20 @@ impl Client {
         install(&self.inner, bytes)
     }
 
-    /// The monitor connection, reconnecting (and re-subscribing) if it was lost.
+    /// The monitor connection, reconnecting (to the next monitor that answers) and
+    /// re-subscribing if it was lost.
     async fn mon(&self) -> Result<Arc<RpcConn>, ClientError> {
-        if let Some(c) = lock(&self.inner.mon).clone() {
-            if !c.is_closed() {
-                return Ok(c);
-            }
+        mon_conn(&self.inner).await
+    }
+
+    /// Drops the monitor connection after `conn` failed (or its monitor had no leader):
+    /// the next call connects to the monitor after it.
+    fn mon_failed(&self, conn: &RpcConn) {
+        self.inner.mons.failed(conn.peer());
+        let mut g = lock(&self.inner.mon);
+        if g.as_ref().is_some_and(|c| c.peer() == conn.peer()) {
+            *g = None;
         }
-        let conn = RpcConn::connect_via(
-            &self.inner.config.net,
-            &self.inner.config.mon_addr,
-            3000,
-            Some(self.inner.push_tx.clone()),
-        )
-        .await
-        .map_err(|e| ClientError::Monitor {
-            addr: self.inner.config.mon_addr.clone(),
-            reason: e.to_string(),
-        })?;
-        self.subscribe(&conn);
-        *lock(&self.inner.mon) = Some(conn.clone());
-        Ok(conn)
     }
 
     /// Asks the monitor for a newer map (used when placement looks wrong).
@@ -306,20 +317,43 @@ impl Client {
         &self,
         args: Vec<String>,
     ) -> Result<R, ClientError> {
-        let mon = self.mon().await?;
-        let reply = mon
-            .request(self.epoch(), typed::Command { args }, 30_000)
-            .await;
-        match reply {
-            Ok(typed::CommandReply { ok: true, output }) => serde_json::from_str(&output)
-                .map_err(|e| ClientError::Protocol(format!("bad answer from the monitor: {e}"))),
-            Ok(typed::CommandReply { ok: false, output }) => Err(ClientError::Command(output)),
-            Err(CallError::Remote(e)) => Err(ClientError::Command(e.message)),
-            Err(e @ CallError::Unexpected { .. }) => Err(ClientError::Protocol(e.to_string())),
-            Err(CallError::Net(e)) => Err(ClientError::Monitor {
-                addr: self.inner.config.mon_addr.clone(),
-                reason: e.to_string(),
-            }),
+        // A monitor without a leader (an election running, or cut off from the others)
+        // answers NoLeader: try the next one until the operation timeout.
+        let deadline = Instant::now() + Duration::from_millis(self.inner.config.op_timeout_ms);
+        loop {
+            let mon = self.mon().await?;
+            let reply = mon
+                .request(self.epoch(), typed::Command { args: args.clone() }, 30_000)
+                .await;
+            let why = match reply {
+                Ok(typed::CommandReply { ok: true, output }) => {
+                    return serde_json::from_str(&output).map_err(|e| {
+                        ClientError::Protocol(format!("bad answer from the monitor: {e}"))
+                    })
+                }
+                Ok(typed::CommandReply { ok: false, output }) => {
+                    return Err(ClientError::Command(output))
+                }
+                Err(CallError::Remote(e)) if e.code == ErrorCode::NoLeader => {
+                    self.mon_failed(&mon);
+                    e.message
+                }
+                Err(CallError::Remote(e)) => return Err(ClientError::Command(e.message)),
+                Err(e @ CallError::Unexpected { .. }) => {
+                    return Err(ClientError::Protocol(e.to_string()))
+                }
+                Err(CallError::Net(e)) => {
+                    self.mon_failed(&mon);
+                    e.to_string()
+                }
+            };
+            if Instant::now() > deadline {
+                return Err(ClientError::Monitor {
+                    addr: mon.peer().to_string(),
+                    reason: why,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -848,6 +882,58 @@ fn install(inner: &Inner, bytes: &[u8]) {
     *guard = Arc::new(view);
     drop(guard);
     inner.map_tx.send_replace(epoch);
+}
+
+/// The monitor connection of `inner`, reconnecting and re-subscribing if it was lost.
+async fn mon_conn(inner: &Arc<Inner>) -> Result<Arc<RpcConn>, ClientError> {
+    if let Some(c) = lock(&inner.mon).clone() {
+        if !c.is_closed() {
+            return Ok(c);
+        }
+    }
+    let conn = inner
+        .mons
+        .connect(&inner.config.net, 3000, Some(inner.push_tx.clone()))
+        .await
+        .map_err(|e| ClientError::Monitor {
+            addr: inner.mons.joined(),
+            reason: e.to_string(),
+        })?;
+    let have = inner
+        .map
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .map
+        .epoch;
+    let _ = conn.send_oneway(
+        have,
+        &Msg::GetMap {
+            have_epoch: have,
+            subscribe: true,
+        },
+    );
+    *lock(&inner.mon) = Some(conn.clone());
+    Ok(conn)
+}
+
+/// How often a client checks that its monitor connection (and so its map subscription)
+/// is alive, and reconnects to another monitor if not.
+const MON_CHECK_MS: u64 = 250;
+
+/// Keeps the map subscription alive across monitor failures: a lost connection is
+/// replaced by one to the next monitor that answers, which pushes the current map.
+async fn mon_keeper(weak: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(MON_CHECK_MS)).await;
+        let Some(inner) = weak.upgrade() else { return };
+        let lost = lock(&inner.mon).as_ref().is_none_or(|c| c.is_closed());
+        if lost {
+            if let Some(c) = lock(&inner.mon).as_ref() {
+                inner.mons.failed(c.peer());
+            }
+            let _ = mon_conn(&inner).await;
+        }
+    }
 }
 
 async fn push_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Incoming>) {

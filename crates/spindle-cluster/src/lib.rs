@@ -34,20 +34,28 @@ pub struct Target {
 }
 
 impl Target {
+    /// The monitor addresses, comma-separated: `--mon`, else every monitor of the
+    /// embedded cluster in `--dir`.
     pub fn mon_addr(&self) -> anyhow::Result<String> {
         if let Some(m) = &self.mon {
             return Ok(m.clone());
         }
-        let file = self.dir.join("mon").join("addr");
-        std::fs::read_to_string(&file)
-            .map(|s| s.trim().to_string())
-            .map_err(|_| {
-                anyhow!(
-                    "no cluster found in {} (no {}); start one with `spindle up` or pass --mon ADDR",
-                    self.dir.display(),
-                    file.display()
-                )
+        let addrs: Vec<String> = mon_ids(&self.dir)
+            .into_iter()
+            .filter_map(|id| {
+                std::fs::read_to_string(mon_dir(&self.dir, id).join("addr"))
+                    .ok()
+                    .map(|s| s.trim().to_string())
             })
+            .collect();
+        if addrs.is_empty() {
+            bail!(
+                "no cluster found in {} (no monitor address in {}); start one with `spindle up` or pass --mon ADDR",
+                self.dir.display(),
+                mon_dir(&self.dir, 0).join("addr").display()
+            );
+        }
+        Ok(addrs.join(","))
     }
 
     pub async fn client(&self) -> anyhow::Result<Client> {
@@ -65,6 +73,10 @@ impl Target {
 
 #[derive(Args)]
 pub struct UpArgs {
+    /// Number of monitors of a new cluster (a Raft group: 3 survive the loss of one,
+    /// 5 of two).
+    #[arg(long, default_value_t = 1)]
+    pub mons: u32,
     /// Number of storage daemons of a new cluster.
     #[arg(long, default_value_t = 3)]
     pub osds: u32,
@@ -183,6 +195,85 @@ pub fn spawn_daemon(args: &[String], log: &Path) -> anyhow::Result<u32> {
     Ok(child.id())
 }
 
+/// Monitor `id`'s directory: `DIR/mon` for the first (as before there were several),
+/// `DIR/mon.ID` for the others.
+pub fn mon_dir(dir: &Path, id: u64) -> PathBuf {
+    if id == 0 {
+        dir.join("mon")
+    } else {
+        dir.join(format!("mon.{id}"))
+    }
+}
+
+/// The ids of the embedded cluster's monitors (directories `mon` and `mon.N`), sorted.
+pub fn mon_ids(dir: &Path) -> Vec<u64> {
+    let mut ids: Vec<u64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            if name == "mon" {
+                Some(0)
+            } else {
+                name.strip_prefix("mon.")?.parse().ok()
+            }
+        })
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Free TCP ports on 127.0.0.1, all bound at once so they differ (a monitor group needs
+/// its addresses before its monitors start).
+pub fn free_local_addrs(n: usize) -> anyhow::Result<Vec<String>> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.to_string()))
+        .collect()
+}
+
+/// Starts monitor `id` of the embedded cluster unless it runs, and waits until it has
+/// bound its address (it writes its pid then). `join`: a new monitor joining a running
+/// group (its directory is prepared with that id).
+pub fn start_mon(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
+    let d = mon_dir(dir, id);
+    std::fs::create_dir_all(&d)?;
+    if let Some(pid) = read_pid(&d).filter(|&p| pid_alive(p)) {
+        return Ok(pid);
+    }
+    let _ = std::fs::remove_file(d.join("pid"));
+    let mut args: Vec<String> = vec![
+        "mon".into(),
+        "run".into(),
+        "--dir".into(),
+        d.display().to_string(),
+    ];
+    if join || !d.join(spindle_mon::RAFT_DB).exists() {
+        // An empty directory (a new monitor, or one whose disk was replaced) joins the
+        // group as `id` and catches up from the leader.
+        args.extend(["--id".into(), id.to_string()]);
+    }
+    args.extend(setting_args(dir, &SETTING_KEYS[..1]));
+    let pid = spawn_daemon(&args, &d.join("log"))?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if read_pid(&d) == Some(pid) {
+            return Ok(pid);
+        }
+        if !pid_alive(pid) || Instant::now() > deadline {
+            bail!(
+                "monitor {id} did not start; see {}",
+                d.join("log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn osd_dir(dir: &Path, id: u32) -> PathBuf {
     dir.join(format!("osd.{id}"))
 }
@@ -235,17 +326,40 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
     let dir = args.target.dir.clone();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir.canonicalize()?;
-    let mon_dir = dir.join("mon");
     let osds = match cluster_osd_count(&dir) {
         Ok(n) => n,
         Err(_) => {
             if args.osds == 0 {
                 bail!("--osds must be at least 1");
             }
+            if args.mons == 0 || args.mons as usize > spindle_mon::MONITORS_MAX {
+                bail!(
+                    "--mons must be 1..={} (3 or 5 survive the loss of 1 or 2)",
+                    spindle_mon::MONITORS_MAX
+                );
+            }
             let size = args.osds.min(3);
             let min_size = if size >= 2 { 2 } else { 1 };
-            spindle_mon::init(
-                &mon_dir,
+            // One monitor takes any free port when it first binds; a group needs its
+            // addresses up front (they are its Raft membership).
+            let addrs = if args.mons == 1 {
+                vec![String::new()]
+            } else {
+                free_local_addrs(args.mons as usize)?
+            };
+            let mons: Vec<(PathBuf, String)> = addrs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| (mon_dir(&dir, i as u64), a.clone()))
+                .collect();
+            for (d, a) in &mons {
+                std::fs::create_dir_all(d)?;
+                if !a.is_empty() {
+                    write_atomic(&d.join("addr"), a)?;
+                }
+            }
+            spindle_mon::init_monitors(
+                &mons,
                 &spindle_mon::InitSpec {
                     osd_count: args.osds,
                     default_pool: Some(("default".into(), size, min_size, args.pg_count)),
@@ -256,47 +370,31 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
                 &serde_json::json!({"osds": args.osds}).to_string(),
             )?;
             say!(
-                "created a cluster of {} storage daemons in {} (pool 'default': {size} copies, min {min_size})",
+                "created a cluster of {} storage daemons and {} monitor{} in {} (pool 'default': {size} copies, min {min_size})",
                 args.osds,
+                args.mons,
+                if args.mons == 1 { "" } else { "s" },
                 dir.display()
             );
             args.osds
         }
     };
     store_settings(&dir, &args.settings)?;
-    std::fs::create_dir_all(&mon_dir)?;
-    let mon_pid = match read_pid(&mon_dir).filter(|&p| pid_alive(p)) {
-        Some(p) => p,
-        None => {
-            let _ = std::fs::remove_file(mon_dir.join("pid"));
-            let mut mon_args: Vec<String> = vec![
-                "mon".into(),
-                "run".into(),
-                "--dir".into(),
-                mon_dir.display().to_string(),
-            ];
-            mon_args.extend(setting_args(&dir, &SETTING_KEYS[..1]));
-            spawn_daemon(&mon_args, &mon_dir.join("log"))?
-        }
-    };
-    // The monitor writes its pid after binding: wait for it.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if read_pid(&mon_dir) == Some(mon_pid) {
-            break;
-        }
-        if !pid_alive(mon_pid) || Instant::now() > deadline {
-            bail!(
-                "the monitor did not start; see {}",
-                mon_dir.join("log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let ids = mon_ids(&dir);
+    if ids.is_empty() {
+        bail!("no monitor directory in {}", dir.display());
     }
-    let mon_addr = args
-        .target
+    let mut mon_pids = Vec::new();
+    for &id in &ids {
+        mon_pids.push((id, start_mon(&dir, id, false)?));
+    }
+    let mon_addr = args.target.mon_addr().or_else(|_| {
+        Target {
+            dir: dir.clone(),
+            mon: None,
+        }
         .mon_addr()
-        .or_else(|_| std::fs::read_to_string(mon_dir.join("addr")).map(|s| s.trim().to_string()))?;
+    })?;
     let mut pids = Vec::new();
     for id in 0..osds {
         pids.push(start_osd(&dir, id, &mon_addr)?);
@@ -310,7 +408,9 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
         let client = target.client().await?;
         wait_clean(&client, Duration::from_secs(args.wait_seconds)).await
     })?;
-    say!("monitor      {mon_addr} (pid {mon_pid})");
+    for ((id, pid), addr) in mon_pids.iter().zip(mon_addr.split(',')) {
+        say!("mon.{id:<8} {addr} (pid {pid})");
+    }
     for o in &status.osds {
         say!("osd.{:<8} {} (pid {})", o.id, o.addr, o.pid);
     }
@@ -404,8 +504,10 @@ fn down_impl(target: Target, quiet: bool) -> anyhow::Result<()> {
             stop_pid(pid, &format!("osd.{id}"))?;
         }
     }
-    if let Some(pid) = read_pid(&dir.join("mon")) {
-        stop_pid(pid, "monitor")?;
+    for id in mon_ids(dir) {
+        if let Some(pid) = read_pid(&mon_dir(dir, id)) {
+            stop_pid(pid, &format!("mon.{id}"))?;
+        }
     }
     if !quiet {
         println!("stopped the cluster in {}", dir.display());

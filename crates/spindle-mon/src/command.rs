@@ -89,6 +89,18 @@ pub enum AdminCommand {
         image: String,
         client: u64,
     },
+    /// The monitors: members, leader, term (any monitor answers from its own view).
+    MonLs,
+    /// Add monitor `id` listening on `addr` (already running, started with `--id`): it
+    /// catches up as a learner, then becomes a voter.
+    MonAdd {
+        id: u64,
+        addr: String,
+    },
+    /// Remove monitor `id` from the voters.
+    MonRm {
+        id: u64,
+    },
 }
 
 /// Shortest and longest image lock lease a client may ask for.
@@ -102,7 +114,12 @@ fn client_id(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("client id must be a non-zero hex number, got '{s}'"))
 }
 
-const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set, lock acquire|renew|release";
+const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set, lock acquire|renew|release, mon ls|add|rm";
+
+fn mon_id(s: &str) -> Result<u64, String> {
+    s.parse::<u64>()
+        .map_err(|_| format!("monitor id must be a number, got '{s}'"))
+}
 
 fn number(s: &str, what: &str) -> Result<u32, String> {
     s.parse::<u32>()
@@ -202,6 +219,17 @@ impl AdminCommand {
                     AdminCommand::LockRelease { pool, image, client }
                 }
             }
+            ["mon", "ls"] => AdminCommand::MonLs,
+            ["mon", "add", id, addr] => {
+                if addr.is_empty() || addr.len() > 256 || addr.contains(',') {
+                    return Err(format!("bad monitor address '{addr}'"));
+                }
+                AdminCommand::MonAdd {
+                    id: mon_id(id)?,
+                    addr: addr.to_string(),
+                }
+            }
+            ["mon", "rm", id] => AdminCommand::MonRm { id: mon_id(id)? },
             _ => {
                 return Err(format!(
                     "unknown command '{}' (known: {KNOWN})",
@@ -310,6 +338,11 @@ impl AdminCommand {
                 image.clone(),
                 format!("{client:x}"),
             ],
+            AdminCommand::MonLs => vec!["mon".into(), "ls".into()],
+            AdminCommand::MonAdd { id, addr } => {
+                vec!["mon".into(), "add".into(), id.to_string(), addr.clone()]
+            }
+            AdminCommand::MonRm { id } => vec!["mon".into(), "rm".into(), id.to_string()],
         };
         v
     }
@@ -383,6 +416,12 @@ mod tests {
                 image: "vm1".into(),
                 client: u64::MAX,
             },
+            AdminCommand::MonLs,
+            AdminCommand::MonAdd {
+                id: 3,
+                addr: "10.0.0.3:6789".into(),
+            },
+            AdminCommand::MonRm { id: 1 },
         ];
         for c in all {
             assert_eq!(AdminCommand::parse(&c.to_args()), Ok(c.clone()), "{c:?}");

@@ -357,6 +357,9 @@ impl MonCore {
             | AdminCommand::LockRelease { .. } => {
                 Err("image lock commands change lease state: run them with execute_at".to_string())
             }
+            AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => Err(
+                "monitor membership is Raft state: the monitor shell runs mon commands".to_string(),
+            ),
             AdminCommand::Status => Ok((
                 AdminReply::Status(Box::new(crate::status::status(self))),
                 None,

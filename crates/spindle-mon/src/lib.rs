@@ -18,6 +18,7 @@ pub mod command;
 pub mod core;
 mod locks;
 pub mod node;
+pub mod raft;
 pub mod reply;
 mod status;
 mod store;
@@ -27,18 +28,20 @@ pub use core::{propose, MapChange, MonCore, MonTiming};
 pub use node::{Committed, Handled, MonNode};
 pub use reply::{
     Admin, AdminReply, ClusterRecovery, CrushSet, ErasureStatus, HealthCheck, HealthReport,
-    ImageLocked, InconsistentPg, LockReleased, LockRenewed, OsdAdded, OsdMarked, OsdStatus,
-    PoolCreated, PoolRecovery, PoolRemoved, PoolStatus, RatioSet, Status,
+    ImageLocked, InconsistentPg, LockReleased, LockRenewed, MonList, MonMember, OsdAdded,
+    OsdMarked, OsdStatus, PoolCreated, PoolRecovery, PoolRemoved, PoolStatus, RatioSet, Status,
 };
+pub use spindle_proto::mons::MONITORS_MAX;
 pub use status::{status, Health, Severity};
 pub use store::{MapStore, MapStoreError, MemMapStore, RedbMapStore};
 
+use raft::{Boot, LogStore, MonRaft, Outcome, Proposal, RaftDb, StateMachine};
 use spindle_map::{ClusterMap, OsdInfo, PoolKind};
-use spindle_proto::net::{accept_loop_via, Incoming, Replier, Service};
+use spindle_proto::net::{accept_loop_via, Incoming, Replier, RpcConn, Service};
 use spindle_proto::transport::{Net, NetListener};
-use spindle_proto::Msg;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use spindle_proto::{ErrorCode, Msg};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -52,6 +55,8 @@ pub enum MonError {
     Map(#[from] spindle_map::MapError),
     #[error("monitor has no cluster map in {0}; run `spindle up` (or `spindle mon init`) first")]
     NotInitialized(PathBuf),
+    #[error("monitor: {0}")]
+    Raft(String),
 }
 
 #[derive(Clone, Debug)]
@@ -67,6 +72,8 @@ pub struct MonConfig {
     pub out_after_ms: u64,
     /// TCP, or an in-process network in tests.
     pub net: Net,
+    /// Timings of the monitors' Raft group.
+    pub raft: raft::RaftTiming,
 }
 
 impl MonConfig {
@@ -77,10 +84,8 @@ impl MonConfig {
             down_after_ms: 2000,
             out_after_ms: 30_000,
             net: Net::Tcp,
+            raft: raft::RaftTiming::default(),
         }
-    }
-    fn db_path(&self) -> PathBuf {
-        self.dir.join("mon.redb")
     }
 }
 
@@ -121,93 +126,545 @@ pub fn first_map(spec: &InitSpec, cluster_id: u64) -> Result<ClusterMap, MonErro
     Ok(map)
 }
 
-/// Creates the first map of a new cluster in `dir` (fails if one exists).
-pub fn init(dir: &std::path::Path, spec: &InitSpec) -> Result<ClusterMap, MonError> {
-    std::fs::create_dir_all(dir)?;
-    let mut store = RedbMapStore::open(&dir.join("mon.redb"))?;
-    if let Some(existing) = store.load()? {
+/// The monitor's database file (Raft log, state machine, and what a new monitor starts
+/// from).
+pub const RAFT_DB: &str = "raft.redb";
+
+/// Creates the first map of a new single-monitor cluster in `dir` (a directory that
+/// already holds a monitor keeps it: its map is returned).
+pub fn init(dir: &Path, spec: &InitSpec) -> Result<ClusterMap, MonError> {
+    init_monitors(&[(dir.to_path_buf(), String::new())], spec)
+}
+
+/// Creates the monitors of a new cluster: directory `i` becomes monitor `i`, and each
+/// gets the members (id, address) and the first map, which whichever monitor leads first
+/// proposes. A single monitor's address may be empty (it takes the address it binds). A
+/// first directory that already holds a monitor keeps it: its map is returned and nothing
+/// is written.
+pub fn init_monitors(mons: &[(PathBuf, String)], spec: &InitSpec) -> Result<ClusterMap, MonError> {
+    let Some((first_dir, _)) = mons.first() else {
+        return Err(MonError::Raft(
+            "a cluster needs at least one monitor".into(),
+        ));
+    };
+    if mons.len() > spindle_proto::mons::MONITORS_MAX {
+        return Err(MonError::Raft(format!(
+            "at most {} monitors",
+            spindle_proto::mons::MONITORS_MAX
+        )));
+    }
+    if let Some(existing) = existing_map(first_dir)? {
         return Ok(existing);
     }
     let map = first_map(spec, rand::random())?;
-    store.save(&map)?;
+    let members: Vec<(u64, String)> = mons
+        .iter()
+        .enumerate()
+        .map(|(i, (_, a))| (i as u64, a.clone()))
+        .collect();
+    for (i, (dir, _)) in mons.iter().enumerate() {
+        std::fs::create_dir_all(dir)?;
+        let db = RaftDb::open(&dir.join(RAFT_DB)).map_err(MonError::Raft)?;
+        db.set_boot(&Boot {
+            id: i as u64,
+            members: members.clone(),
+            seed: Some(map.encode()),
+        })
+        .map_err(MonError::Raft)?;
+    }
     Ok(map)
+}
+
+/// Prepares a directory for a monitor that joins a running cluster as `id` (it waits to
+/// be added with `spindle mon add`, then catches up from the leader). A directory that
+/// holds a monitor already is left alone.
+pub fn prepare_join(dir: &Path, id: u64) -> Result<(), MonError> {
+    std::fs::create_dir_all(dir)?;
+    let db = RaftDb::open(&dir.join(RAFT_DB)).map_err(MonError::Raft)?;
+    if db.boot().map_err(MonError::Raft)?.is_none() {
+        db.set_boot(&Boot {
+            id,
+            members: Vec::new(),
+            seed: None,
+        })
+        .map_err(MonError::Raft)?;
+    }
+    Ok(())
+}
+
+/// The map a monitor directory holds: applied, else the first map it was given, else
+/// the map of a single-monitor database of an earlier version (`mon.redb`).
+fn existing_map(dir: &Path) -> Result<Option<ClusterMap>, MonError> {
+    let path = dir.join(RAFT_DB);
+    if path.exists() {
+        let db = RaftDb::open(&path).map_err(MonError::Raft)?;
+        let sm = StateMachine::open(db.clone()).map_err(MonError::Raft)?;
+        if let Some(a) = sm.current() {
+            return Ok(Some(
+                ClusterMap::decode(&a.bytes).map_err(|e| MonError::Raft(e.to_string()))?,
+            ));
+        }
+        if let Some(seed) = db.boot().map_err(MonError::Raft)?.and_then(|b| b.seed) {
+            return Ok(Some(
+                ClusterMap::decode(&seed).map_err(|e| MonError::Raft(e.to_string()))?,
+            ));
+        }
+        return Ok(None);
+    }
+    let old = dir.join("mon.redb");
+    if old.exists() {
+        return Ok(RedbMapStore::open(&old)?.load()?);
+    }
+    Ok(None)
+}
+
+/// How long the leader waits for a map change to commit (a leader cut off from the
+/// other monitors waits this long, then answers with an error).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a follower waits for the leader's answer to a request it passed on.
+const FORWARD_TIMEOUT_MS: u64 = 15_000;
+/// The leader's tick: heartbeat deadlines (down, out) and lock leases.
+const TICK: Duration = Duration::from_millis(200);
+
+/// The leader's map store: a save is a Raft proposal, done once it is committed and
+/// applied (on a majority of monitors' disks).
+struct RaftMapStore {
+    raft: MonRaft,
+    rt: tokio::runtime::Handle,
+}
+
+impl RaftMapStore {
+    fn propose(&self, p: Proposal) -> Result<Outcome, MapStoreError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let raft = self.raft.clone();
+        self.rt.spawn(async move {
+            let _ = tx.send(raft.client_write(p).await.map(|r| r.data));
+        });
+        match rx.recv_timeout(COMMIT_TIMEOUT) {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(e)) => Err(MapStoreError::Db(format!("not committed: {e}"))),
+            Err(_) => Err(MapStoreError::Db(format!(
+                "not committed within {} s (no majority of monitors reachable?)",
+                COMMIT_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+}
+
+impl MapStore for RaftMapStore {
+    fn load(&self) -> Result<Option<ClusterMap>, MapStoreError> {
+        Ok(None)
+    }
+
+    fn save(&mut self, map: &ClusterMap) -> Result<(), MapStoreError> {
+        let p = Proposal {
+            base_epoch: map.epoch.saturating_sub(1),
+            map: map.encode(),
+        };
+        match self.propose(p)? {
+            Outcome::Applied { epoch } if epoch == map.epoch => Ok(()),
+            Outcome::Refused { reason } => Err(MapStoreError::Db(format!("refused: {reason}"))),
+            other => Err(MapStoreError::Db(format!("unexpected outcome {other:?}"))),
+        }
+    }
+}
+
+/// A request for the leader's node.
+struct ActorMsg {
+    sender_epoch: u64,
+    msg: Msg,
+    reply: tokio::sync::oneshot::Sender<Msg>,
+}
+
+fn no_leader(why: impl Into<String>) -> Msg {
+    Msg::error(ErrorCode::NoLeader, why.into())
+}
+
+/// What the node thread needs.
+struct NodeThread {
+    id: u64,
+    raft: MonRaft,
+    sm: StateMachine,
+    metrics: watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
+    rt: tokio::runtime::Handle,
+    timing: MonTiming,
+    seed: Option<Vec<u8>>,
+    started: Instant,
+}
+
+impl NodeThread {
+    fn is_leader(&self) -> bool {
+        let m = self.metrics.borrow();
+        m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// The leader's decisions, one request or tick at a time, on a thread of their own:
+    /// a map change blocks here until it is committed. The node exists only while this
+    /// monitor leads, rebuilt from the applied map whenever it gains the lead (every
+    /// daemon and lock then gets a full grace period, as after a restart).
+    fn run(self, rx: std::sync::mpsc::Receiver<ActorMsg>) {
+        use std::sync::mpsc::RecvTimeoutError;
+        let mut node: Option<MonNode> = None;
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let msg = match rx.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => {
+                    next_tick = Instant::now() + TICK;
+                    None
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let now_ms = self.started.elapsed().as_millis() as u64;
+            if !self.is_leader() {
+                node = None;
+                if let Some(m) = msg {
+                    let _ = m
+                        .reply
+                        .send(no_leader("this monitor stopped leading; retry"));
+                }
+                continue;
+            }
+            let Some(applied) = self.sm.current() else {
+                if let Some(seed) = &self.seed {
+                    let store = RaftMapStore {
+                        raft: self.raft.clone(),
+                        rt: self.rt.clone(),
+                    };
+                    match store.propose(Proposal {
+                        base_epoch: 0,
+                        map: seed.clone(),
+                    }) {
+                        Ok(o) => tracing::info!("proposed the first map: {o:?}"),
+                        Err(e) => tracing::warn!("proposing the first map: {e}"),
+                    }
+                }
+                if let Some(m) = msg {
+                    let _ = m
+                        .reply
+                        .send(Msg::error(ErrorCode::Again, "the cluster has no map yet"));
+                }
+                continue;
+            };
+            if node.as_ref().is_none_or(|n| n.epoch() != applied.epoch) {
+                match ClusterMap::decode(&applied.bytes) {
+                    Ok(map) => {
+                        tracing::info!(
+                            "monitor {} leads at epoch {} (cluster {:016x})",
+                            self.id,
+                            map.epoch,
+                            map.cluster_id
+                        );
+                        node = Some(MonNode::new(
+                            MonCore::new(map, self.timing, now_ms),
+                            Box::new(RaftMapStore {
+                                raft: self.raft.clone(),
+                                rt: self.rt.clone(),
+                            }),
+                        ));
+                    }
+                    Err(e) => {
+                        tracing::error!("the applied map does not decode: {e}");
+                        node = None;
+                    }
+                }
+            }
+            let Some(n) = node.as_mut() else {
+                if let Some(m) = msg {
+                    let _ = m.reply.send(Msg::error(
+                        ErrorCode::Internal,
+                        "the applied map does not decode",
+                    ));
+                }
+                continue;
+            };
+            match msg {
+                Some(m) => {
+                    let h = n.on_request(now_ms, m.sender_epoch, m.msg);
+                    log_handled(&h, false);
+                    let _ = m.reply.send(h.reply.unwrap_or(Msg::Ok));
+                }
+                None => log_handled(&n.on_tick(now_ms), true),
+            }
+        }
+    }
+}
+
+/// Logs what the node committed (`warn`: changes nobody asked for, such as a daemon
+/// marked down) and what it could not.
+fn log_handled(h: &Handled, warn: bool) {
+    for c in &h.committed {
+        if warn {
+            tracing::warn!("{} (epoch {})", c.reason, c.epoch);
+        } else {
+            tracing::info!("{} (epoch {})", c.reason, c.epoch);
+        }
+    }
+    for f in &h.failed {
+        tracing::error!("{f}");
+    }
 }
 
 /// A running monitor (shared by its tasks).
 pub struct Monitor {
-    node: Mutex<MonNode>,
-    map_tx: watch::Sender<Arc<Vec<u8>>>,
-    /// The core's clock: milliseconds since the monitor started.
-    started: Instant,
+    id: u64,
+    raft: MonRaft,
+    sm: StateMachine,
+    metrics: watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
+    node: std::sync::mpsc::Sender<ActorMsg>,
+    net: Net,
+    /// The connection requests are passed on over, to the leader.
+    leader_conn: tokio::sync::Mutex<Option<Arc<RpcConn>>>,
 }
 
 impl Monitor {
-    fn lock(&self) -> MutexGuard<'_, MonNode> {
-        // A poisoned lock means a bug panicked mid-update; keep serving the last state.
-        self.node.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
-    fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
+    /// The epoch of the map this monitor applied.
     pub fn epoch(&self) -> u64 {
-        self.lock().epoch()
+        self.sm.current().map_or(0, |a| a.epoch)
     }
 
-    /// Publishes what the node committed (under its lock, so epochs go out in order) and
-    /// logs it (`warn`: changes nobody asked for, such as a daemon marked down).
-    fn publish(&self, h: &Handled, warn: bool) {
-        for c in &h.committed {
-            if warn {
-                tracing::warn!("{} (epoch {})", c.reason, c.epoch);
-            } else {
-                tracing::info!("{} (epoch {})", c.reason, c.epoch);
-            }
-            self.map_tx.send_replace(c.bytes.clone());
-        }
-        for f in &h.failed {
-            tracing::error!("{f}");
+    pub fn is_leader(&self) -> bool {
+        let m = self.metrics.borrow();
+        m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// The leader this monitor follows, with its address.
+    pub fn leader(&self) -> Option<(u64, String)> {
+        let m = self.metrics.borrow();
+        let id = m.current_leader?;
+        let addr = m.membership_config.membership().get_node(&id)?.addr.clone();
+        Some((id, addr))
+    }
+
+    /// The monitors as this one sees them.
+    pub fn mon_list(&self) -> MonList {
+        let m = self.metrics.borrow();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        MonList {
+            answered_by: self.id,
+            leader: m.current_leader,
+            term: m.current_term,
+            epoch: self.epoch(),
+            mons: membership
+                .nodes()
+                .map(|(id, n)| MonMember {
+                    id: *id,
+                    addr: n.addr.clone(),
+                    voter: voters.contains(id),
+                })
+                .collect(),
         }
     }
 
     fn handle(self: &Arc<Self>, inc: Incoming, reply: Replier) {
         let rid = inc.request_id;
-        let h = {
-            let mut node = self.lock();
-            let h = node.on_request(self.now_ms(), inc.epoch, inc.msg);
-            self.publish(&h, false);
-            h
-        };
-        if let Some(msg) = &h.reply {
-            reply.send(rid, h.epoch, msg);
-        }
-        if let Some(have_epoch) = h.subscribe {
-            self.subscribe(have_epoch, reply);
+        match inc.msg {
+            Msg::MonRaft { rpc, body } => {
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let msg = match raft::serve_rpc(&me.raft, rpc, &body).await {
+                        Ok(body) => Msg::MonRaftReply { body },
+                        Err(e) => Msg::error(ErrorCode::Invalid, format!("raft request: {e}")),
+                    };
+                    reply.send(rid, me.epoch(), &msg);
+                });
+            }
+            Msg::GetMap {
+                have_epoch,
+                subscribe,
+            } => {
+                if subscribe {
+                    // The current map if newer, then every later epoch; no reply of its own.
+                    self.subscribe(have_epoch, reply);
+                } else {
+                    let msg = match self.sm.current() {
+                        Some(a) if a.epoch > have_epoch => Msg::MapUpdate {
+                            map: a.bytes.to_vec(),
+                        },
+                        _ => Msg::Ok,
+                    };
+                    reply.send(rid, self.epoch(), &msg);
+                }
+            }
+            msg @ (Msg::OsdBoot { .. } | Msg::Heartbeat { .. } | Msg::Command { .. }) => {
+                if let Msg::Command { args } = &msg {
+                    if let Ok(
+                        cmd @ (AdminCommand::MonLs
+                        | AdminCommand::MonAdd { .. }
+                        | AdminCommand::MonRm { .. }),
+                    ) = AdminCommand::parse(args)
+                    {
+                        if matches!(cmd, AdminCommand::MonLs) || self.is_leader() {
+                            let me = self.clone();
+                            tokio::spawn(async move {
+                                let msg = me.mon_command(cmd).await;
+                                reply.send(rid, me.epoch(), &msg);
+                            });
+                            return;
+                        }
+                    }
+                }
+                if self.is_leader() {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let m = ActorMsg {
+                        sender_epoch: inc.epoch,
+                        msg,
+                        reply: tx,
+                    };
+                    if self.node.send(m).is_err() {
+                        reply.send(rid, self.epoch(), &no_leader("monitor stopping"));
+                        return;
+                    }
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        let msg = rx.await.unwrap_or_else(|_| no_leader("monitor stopping"));
+                        reply.send(rid, me.epoch(), &msg);
+                    });
+                } else {
+                    let me = self.clone();
+                    let epoch = inc.epoch;
+                    tokio::spawn(async move {
+                        let msg = me.forward(epoch, msg).await;
+                        reply.send(rid, me.epoch(), &msg);
+                    });
+                }
+            }
+            other => {
+                let msg = Msg::error(
+                    ErrorCode::Invalid,
+                    format!("the monitor does not handle {}", other.name()),
+                );
+                reply.send(rid, self.epoch(), &msg);
+            }
         }
     }
 
+    /// Passes a request that needs the leader on to it and returns its answer.
+    async fn forward(&self, epoch: u64, msg: Msg) -> Msg {
+        let Some((leader, addr)) = self.leader() else {
+            return no_leader("no monitor leader elected (yet)");
+        };
+        if leader == self.id {
+            return no_leader("leadership is changing; retry");
+        }
+        let conn = {
+            let mut g = self.leader_conn.lock().await;
+            match &*g {
+                Some(c) if c.peer() == addr && !c.is_closed() => c.clone(),
+                _ => match RpcConn::connect_via(&self.net, &addr, 1000, None).await {
+                    Ok(c) => {
+                        *g = Some(c.clone());
+                        c
+                    }
+                    Err(e) => {
+                        return no_leader(format!("leader monitor {leader} unreachable: {e}"))
+                    }
+                },
+            }
+        };
+        match conn.call(epoch, &msg, FORWARD_TIMEOUT_MS).await {
+            Ok(inc) => inc.msg,
+            Err(e) => no_leader(format!("leader monitor {leader} did not answer: {e}")),
+        }
+    }
+
+    /// `mon ls|add|rm`: membership of the Raft group.
+    async fn mon_command(&self, cmd: AdminCommand) -> Msg {
+        let res: Result<(), String> = match cmd {
+            AdminCommand::MonLs => Ok(()),
+            AdminCommand::MonAdd { id, addr } => self.add_monitor(id, addr).await,
+            AdminCommand::MonRm { id } => self.remove_monitor(id).await,
+            _ => Err("not a monitor command".into()),
+        };
+        match res.and_then(|()| serde_json::to_string(&self.mon_list()).map_err(|e| e.to_string()))
+        {
+            Ok(output) => Msg::CommandReply { ok: true, output },
+            Err(output) => Msg::CommandReply { ok: false, output },
+        }
+    }
+
+    fn voters(&self) -> std::collections::BTreeSet<u64> {
+        self.metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    async fn add_monitor(&self, id: u64, addr: String) -> Result<(), String> {
+        let mut voters = self.voters();
+        if voters.contains(&id) {
+            return Err(format!("monitor {id} is a member already"));
+        }
+        if voters.len() >= spindle_proto::mons::MONITORS_MAX {
+            return Err(format!(
+                "at most {} monitors",
+                spindle_proto::mons::MONITORS_MAX
+            ));
+        }
+        tracing::info!("adding monitor {id} at {addr}: catching up as a learner");
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            self.raft
+                .add_learner(id, openraft::BasicNode::new(addr.clone()), true),
+        )
+        .await
+        .map_err(|_| {
+            format!("monitor {id} at {addr} did not catch up within 60 s (is it running?)")
+        })?
+        .map_err(|e| format!("adding monitor {id}: {e}"))?;
+        voters.insert(id);
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(|e| format!("making monitor {id} a voter: {e}"))?;
+        tracing::info!("monitor {id} at {addr} is a voter");
+        Ok(())
+    }
+
+    async fn remove_monitor(&self, id: u64) -> Result<(), String> {
+        let mut voters = self.voters();
+        if !voters.remove(&id) {
+            return Err(format!("monitor {id} is not a voter"));
+        }
+        if voters.is_empty() {
+            return Err("cannot remove the last monitor".into());
+        }
+        self.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(|e| format!("removing monitor {id}: {e}"))?;
+        tracing::info!("monitor {id} removed");
+        Ok(())
+    }
+
     /// Pushes the current map if newer than `have_epoch`, then every later epoch, until
-    /// the connection closes (not merely until the next epoch).
+    /// the connection closes.
     fn subscribe(self: &Arc<Self>, have_epoch: u64, reply: Replier) {
-        let mut rx = self.map_tx.subscribe();
-        let mut bytes = rx.borrow_and_update().clone();
-        let me = self.clone();
+        let mut rx = self.sm.subscribe();
         tokio::spawn(async move {
             let mut have = have_epoch;
             loop {
-                let e = me.epoch();
-                if have < e {
-                    if !reply.send(
-                        0,
-                        e,
-                        &Msg::MapUpdate {
-                            map: bytes.to_vec(),
-                        },
-                    ) {
-                        return;
+                let cur = rx.borrow_and_update().clone();
+                if let Some(a) = cur {
+                    if a.epoch > have {
+                        if !reply.send(
+                            0,
+                            a.epoch,
+                            &Msg::MapUpdate {
+                                map: a.bytes.to_vec(),
+                            },
+                        ) {
+                            return;
+                        }
+                        have = a.epoch;
                     }
-                    have = e;
                 }
                 tokio::select! {
                     changed = rx.changed() => if changed.is_err() {
@@ -215,21 +672,8 @@ impl Monitor {
                     },
                     () = reply.closed() => return,
                 }
-                bytes = rx.borrow_and_update().clone();
             }
         });
-    }
-
-    /// The `spindle status` document.
-    pub fn status(&self) -> Status {
-        status::status(self.lock().core())
-    }
-
-    /// Marks down (then out) the daemons the core finds due.
-    fn check_heartbeats(&self) {
-        let mut node = self.lock();
-        let h = node.on_tick(self.now_ms());
-        self.publish(&h, true);
     }
 }
 
@@ -255,35 +699,102 @@ pub struct BoundMonitor {
 }
 
 impl BoundMonitor {
-    /// Loads the map from `config.dir` and binds the listener.
+    /// Opens the database in `config.dir`, binds the listener and starts the monitor's
+    /// Raft (a new cluster's first monitor initializes the group).
     pub async fn bind(config: MonConfig) -> Result<BoundMonitor, MonError> {
-        let store = RedbMapStore::open(&config.db_path())?;
-        let map = store
-            .load()?
+        let path = config.dir.join(RAFT_DB);
+        if !path.exists() {
+            // A single-monitor database of an earlier version becomes a group of one.
+            let old = config.dir.join("mon.redb");
+            let map = if old.exists() {
+                RedbMapStore::open(&old)?.load()?
+            } else {
+                None
+            };
+            let Some(map) = map else {
+                return Err(MonError::NotInitialized(config.dir.clone()));
+            };
+            let db = RaftDb::open(&path).map_err(MonError::Raft)?;
+            db.set_boot(&Boot {
+                id: 0,
+                members: vec![(0, String::new())],
+                seed: Some(map.encode()),
+            })
+            .map_err(MonError::Raft)?;
+            tracing::info!(
+                "converted the single-monitor database at epoch {}",
+                map.epoch
+            );
+        }
+        let db = RaftDb::open(&path).map_err(MonError::Raft)?;
+        let boot = db
+            .boot()
+            .map_err(MonError::Raft)?
             .ok_or_else(|| MonError::NotInitialized(config.dir.clone()))?;
+        let fresh = !db.has_raft_state().map_err(MonError::Raft)?;
         let (listener, addr) = config.net.bind(&config.listen).await?;
-        let (map_tx, _) = watch::channel(Arc::new(map.encode()));
+        let sm = StateMachine::open(db.clone()).map_err(MonError::Raft)?;
+        let raft_config = raft::raft_config(config.raft).map_err(MonError::Raft)?;
+        let raft = MonRaft::new(
+            boot.id,
+            Arc::new(raft_config),
+            raft::Network {
+                net: config.net.clone(),
+            },
+            LogStore::new(db.clone()),
+            sm.clone(),
+        )
+        .await
+        .map_err(|e| MonError::Raft(e.to_string()))?;
+        if fresh && boot.members.first().map(|m| m.0) == Some(boot.id) {
+            let members: std::collections::BTreeMap<u64, openraft::BasicNode> = boot
+                .members
+                .iter()
+                .map(|(id, a)| {
+                    let a = if a.is_empty() {
+                        addr.clone()
+                    } else {
+                        a.clone()
+                    };
+                    (*id, openraft::BasicNode::new(a))
+                })
+                .collect();
+            tracing::info!("starting a group of {} monitors", members.len());
+            if let Err(e) = raft.initialize(members).await {
+                tracing::warn!("initializing the monitor group: {e}");
+            }
+        }
+        let metrics = raft.metrics();
         tracing::info!(
-            "monitor listening on {addr}, cluster {:016x}, epoch {}",
-            map.cluster_id,
-            map.epoch
+            "monitor {} listening on {addr}, epoch {}",
+            boot.id,
+            sm.current().map_or(0, |a| a.epoch)
         );
-        let mon = Arc::new(Monitor {
-            // Every daemon the map calls up gets a full grace period after a monitor restart.
-            // Every daemon the map calls up gets a full grace period after a monitor restart.
-            node: Mutex::new(MonNode::new(
-                MonCore::new(
-                    map,
-                    MonTiming {
-                        down_after_ms: config.down_after_ms,
-                        out_after_ms: config.out_after_ms,
-                    },
-                    0,
-                ),
-                Box::new(store),
-            )),
-            map_tx,
+        let (node_tx, node_rx) = std::sync::mpsc::channel();
+        let thread = NodeThread {
+            id: boot.id,
+            raft: raft.clone(),
+            sm: sm.clone(),
+            metrics: metrics.clone(),
+            rt: tokio::runtime::Handle::current(),
+            timing: MonTiming {
+                down_after_ms: config.down_after_ms,
+                out_after_ms: config.out_after_ms,
+            },
+            seed: boot.seed.clone(),
             started: Instant::now(),
+        };
+        std::thread::Builder::new()
+            .name(format!("mon.{}", boot.id))
+            .spawn(move || thread.run(node_rx))?;
+        let mon = Arc::new(Monitor {
+            id: boot.id,
+            raft,
+            sm,
+            metrics,
+            node: node_tx,
+            net: config.net.clone(),
+            leader_conn: tokio::sync::Mutex::new(None),
         });
         Ok(BoundMonitor {
             addr,
@@ -303,22 +814,12 @@ impl BoundMonitor {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), MonError> {
         let mon = self.mon.clone();
-        let ticker = tokio::spawn({
-            let mon = mon.clone();
-            async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(200));
-                loop {
-                    tick.tick().await;
-                    mon.check_heartbeats();
-                }
-            }
-        });
         let accept = accept_loop_via(&self.net, self.listener, "monitor", MonService(mon.clone()));
         tokio::select! {
             _ = accept => {}
             _ = shutdown => {}
         }
-        ticker.abort();
+        let _ = mon.raft.shutdown().await;
         Ok(())
     }
 }

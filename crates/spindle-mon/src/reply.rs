@@ -258,6 +258,28 @@ pub struct LockReleased {
     pub epoch: u64,
 }
 
+/// One monitor of the Raft group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MonMember {
+    pub id: u64,
+    pub addr: String,
+    /// A voter (a learner still catching up is not).
+    pub voter: bool,
+}
+
+/// `mon ls`, `mon add`, `mon rm`: the monitors as the answering monitor sees them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MonList {
+    /// The monitor that answered.
+    pub answered_by: u64,
+    /// The leader it follows (None while an election runs).
+    pub leader: Option<u64>,
+    pub term: u64,
+    /// The map epoch it has applied.
+    pub epoch: u64,
+    pub mons: Vec<MonMember>,
+}
+
 /// The answer of any command, as the monitor produces it (serialized without a tag: the
 /// command says which it is).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -276,6 +298,7 @@ pub enum AdminReply {
     ImageLocked(ImageLocked),
     LockRenewed(LockRenewed),
     LockReleased(LockReleased),
+    MonList(MonList),
 }
 
 impl AdminReply {
@@ -297,6 +320,9 @@ impl AdminReply {
             AdminCommand::LockAcquire { .. } => AdminReply::ImageLocked(from_str(json)?),
             AdminCommand::LockRenew { .. } => AdminReply::LockRenewed(from_str(json)?),
             AdminCommand::LockRelease { .. } => AdminReply::LockReleased(from_str(json)?),
+            AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => {
+                AdminReply::MonList(from_str(json)?)
+            }
         })
     }
 }
@@ -446,6 +472,21 @@ impl Admin<LockReleased> {
             image: image.into(),
             client,
         })
+    }
+}
+
+impl Admin<MonList> {
+    pub fn mon_ls() -> Self {
+        Admin::new(AdminCommand::MonLs)
+    }
+    pub fn mon_add(id: u64, addr: &str) -> Self {
+        Admin::new(AdminCommand::MonAdd {
+            id,
+            addr: addr.into(),
+        })
+    }
+    pub fn mon_rm(id: u64) -> Self {
+        Admin::new(AdminCommand::MonRm { id })
     }
 }
 

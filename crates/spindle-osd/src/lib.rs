@@ -218,6 +218,8 @@ struct Inner {
     pgs: Mutex<HashMap<(u32, u32), PgState>>,
     peers: Mutex<HashMap<u32, Arc<RpcConn>>>,
     mon: Mutex<Option<Arc<RpcConn>>>,
+    /// The monitors (`config.mon_addr` parsed) and which one is in use.
+    mons: spindle_proto::MonAddrs,
     push_tx: mpsc::UnboundedSender<Incoming>,
     throttle: recovery::Throttle,
     /// Stray groups being removed: requests for them get `Again`.
@@ -291,6 +293,7 @@ impl Osd {
         config: OsdConfig,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), OsdError> {
+        let mons = spindle_proto::MonAddrs::parse(&config.mon_addr).map_err(OsdError::Boot)?;
         let store_dir = config.dir.join("store");
         let store = tokio::task::spawn_blocking(move || Store::open(StoreConfig::new(store_dir)))
             .await
@@ -301,6 +304,7 @@ impl Osd {
         let (map_tx, _) = watch::channel(0u64);
         let osd = Osd {
             inner: Arc::new(Inner {
+                mons,
                 id: config.id,
                 addr: addr.clone(),
                 store: Arc::new(store),
@@ -428,6 +432,18 @@ impl Osd {
                                 Ok(typed::HeartbeatAck { epoch: mon_epoch }) => {
                                     session.on_heartbeat_answered(now_ms(), mon_epoch, self.epoch())
                                 }
+                                Err(spindle_proto::CallError::Remote(e))
+                                    if e.code == spindle_proto::ErrorCode::NoLeader =>
+                                {
+                                    // This monitor has no leader to pass the heartbeat
+                                    // to: boot again through another one.
+                                    tracing::warn!(
+                                        "osd.{}: {e}; trying another monitor",
+                                        self.inner.id
+                                    );
+                                    self.inner.mons.failed(c.peer());
+                                    session.on_link_failed(now_ms())
+                                }
                                 Err(spindle_proto::CallError::Remote(e)) => {
                                     // Answered, with a refusal: the link is fine.
                                     tracing::warn!("osd.{}: heartbeat refused: {e}", self.inner.id);
@@ -435,6 +451,7 @@ impl Osd {
                                 }
                                 Err(e) => {
                                     tracing::warn!("osd.{}: monitor link lost: {e}", self.inner.id);
+                                    self.inner.mons.failed(c.peer());
                                     session.on_link_failed(now_ms())
                                 }
                             }
@@ -463,15 +480,21 @@ impl Osd {
 
     /// Connects to the monitor and boots over the new connection.
     async fn connect_and_boot(&self) -> Result<Arc<RpcConn>, String> {
-        let conn = RpcConn::connect_via(
-            &self.inner.config.net,
-            &self.inner.config.mon_addr,
-            2000,
-            Some(self.inner.push_tx.clone()),
-        )
-        .await
-        .map_err(|e| format!("monitor unreachable: {e}"))?;
-        self.boot(&conn).await?;
+        let conn = self
+            .inner
+            .mons
+            .connect(
+                &self.inner.config.net,
+                2000,
+                Some(self.inner.push_tx.clone()),
+            )
+            .await
+            .map_err(|e| format!("monitor unreachable: {e}"))?;
+        if let Err(e) = self.boot(&conn).await {
+            // The next boot tries the next monitor (this one has no leader, or failed).
+            self.inner.mons.failed(conn.peer());
+            return Err(e);
+        }
         Ok(conn)
     }
 

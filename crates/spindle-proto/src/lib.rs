@@ -37,10 +37,12 @@ pub use frame::{
     encode_frame, frame_header, Frame, FrameDecoder, FrameError, FrameHeader, HEADER_LEN, MAGIC,
     VERSION,
 };
+pub mod mons;
 pub mod msg;
 pub mod net;
 pub mod request;
 pub mod transport;
 
+pub use mons::MonAddrs;
 pub use msg::{typed, ErrorCode, Msg, MsgKind};
 pub use request::{AdminRequest, CallError, MapReply, RemoteError, Reply, Request};

@@ -22,6 +22,9 @@ pub const DATA_MAX: usize = spindle_types::limits::MESSAGE_DATA_BYTES_MAX;
 const LIST_MAX: u32 = 1 << 22;
 const MAP_MAX: usize = spindle_types::limits::CLUSTER_MAP_BYTES_MAX;
 const TEXT_MAX: usize = 1 << 20;
+/// A Raft request carries log entries of whole maps (the sender splits batches that would
+/// not fit: `spindle-mon` answers `PayloadTooLarge` with a smaller count).
+pub const RAFT_MAX: usize = spindle_types::limits::FRAME_PAYLOAD_BYTES_MAX / 2;
 
 /// Error codes carried in `ErrorReply`.
 pub use spindle_types::ErrorCode;
@@ -761,6 +764,16 @@ messages! {
     CommandReply = 7, "command_reply" {
         ok: bool = Flag("ok"),
         output: String = Text("output", MAP_MAX),
+    };
+    /// Monitor -> monitor: one Raft RPC of the replicated monitor map (`rpc`: 1 append
+    /// entries, 2 vote, 3 full snapshot), its `openraft` request encoded by `spindle-mon`.
+    MonRaft = 8, "mon_raft" {
+        rpc: u32 = U32("raft rpc"),
+        body: Vec<u8> = Bytes("raft request", RAFT_MAX),
+    };
+    /// Answer to `MonRaft`: the `openraft` result, encoded by `spindle-mon`.
+    MonRaftReply = 9, "mon_raft_reply" {
+        body: Vec<u8> = Bytes("raft reply", RAFT_MAX),
     };
 
     // ---- client -> primary ----

@@ -105,6 +105,7 @@ replies!(
     ObjState,
     ScrubResult,
     ScrubMap,
+    MonRaftReply,
     Ok
 );
 
@@ -151,6 +152,7 @@ requests! {
     Heartbeat => typed::HeartbeatAck,
     GetMap => MapReply,
     Command => typed::CommandReply,
+    MonRaft => typed::MonRaftReply,
     // Client protocol.
     ObjRequest => typed::ObjReply,
     ScrubPg => typed::ScrubResult,
@@ -223,15 +225,17 @@ mod tests {
             .copied()
             .filter(|k| reply_kind(*k).is_some())
             .collect();
-        assert_eq!(requests.len(), 16);
+        assert_eq!(requests.len(), 17);
         for k in [
             MsgKind::Ok,
             MsgKind::Error,
             MsgKind::MapUpdate,
             MsgKind::PgInfo,
+            MsgKind::MonRaftReply,
         ] {
             assert_eq!(reply_kind(k), None, "{k:?}");
         }
+        assert_eq!(reply_kind(MsgKind::MonRaft), Some("MonRaftReply"));
         assert_eq!(reply_kind(MsgKind::ShardRead), Some("ObjReply"));
     }
 }

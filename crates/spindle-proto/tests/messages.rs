@@ -56,6 +56,11 @@ fn samples() -> Vec<Msg> {
             ok: true,
             output: "{}".into(),
         },
+        Msg::MonRaft {
+            rpc: 2,
+            body: vec![1, 2, 3, 4],
+        },
+        Msg::MonRaftReply { body: vec![5, 6] },
         Msg::ObjRequest {
             pool: 1,
             pg: 2,

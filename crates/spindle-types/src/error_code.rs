@@ -49,11 +49,15 @@ pub enum ErrorCode {
     /// writes are refused. Final: the sender must stop serving the image.
     #[error("fenced")]
     Fenced = 14,
+    /// The monitor that got the request is not the leader of the monitors and could not
+    /// pass it on (no leader elected, or the leader unreachable): try another monitor.
+    #[error("no monitor leader")]
+    NoLeader = 15,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 15] = [
         Self::NotFound,
         Self::StaleMap,
         Self::NeedMap,
@@ -68,6 +72,7 @@ impl ErrorCode {
         Self::NoSpace,
         Self::Busy,
         Self::Fenced,
+        Self::NoLeader,
     ];
 
     /// The code with wire value `v`, None for a value no version of Spindle sends.
@@ -96,6 +101,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(*c as u16), Some(*c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(15), None);
+        assert_eq!(ErrorCode::from_u16(16), None);
     }
 }

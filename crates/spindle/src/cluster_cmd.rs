@@ -377,6 +377,133 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
     }
 }
 
+#[derive(Subcommand)]
+pub enum MonCommand {
+    /// The monitors: id, address, voter or learner, the leader and the term.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add a monitor. Embedded cluster (`--dir`): starts a new one on a free local port
+    /// and adds it. Otherwise give `--id` and `--addr` of a monitor already started with
+    /// `spindle mon run --dir D --id ID --listen ADDR`.
+    Add {
+        #[arg(long)]
+        id: Option<u64>,
+        #[arg(long)]
+        addr: Option<String>,
+    },
+    /// Remove monitor ID from the group (embedded cluster: also stops it and moves its
+    /// directory aside).
+    Rm { id: u64 },
+    /// Stop monitor ID of the embedded cluster (it stays a member: `spindle up` or
+    /// `spindle mon start` brings it back).
+    Stop { id: u64 },
+    /// Start monitor ID of the embedded cluster.
+    Start { id: u64 },
+    /// Run a monitor in the foreground (what `spindle up` starts).
+    Run(crate::daemon::MonRunArgs),
+}
+
+fn print_mons(l: &spindle_mon::MonList) {
+    for m in &l.mons {
+        println!(
+            "mon.{}	{}	{}{}",
+            m.id,
+            m.addr,
+            if m.voter { "voter" } else { "learner" },
+            if l.leader == Some(m.id) {
+                "\tleader"
+            } else {
+                ""
+            }
+        );
+    }
+    println!(
+        "term {}, epoch {} (as seen by mon.{})",
+        l.term, l.epoch, l.answered_by
+    );
+}
+
+pub fn mon(command: MonCommand, target: Target) -> anyhow::Result<()> {
+    match command {
+        MonCommand::Run(args) => crate::daemon::mon_run(args),
+        MonCommand::Ls { json } => runtime()?.block_on(async {
+            let client = target.client().await?;
+            let l = admin(&client, Admin::mon_ls()).await?;
+            if json {
+                println!("{}", serde_json::to_string(&l)?);
+            } else {
+                print_mons(&l);
+            }
+            anyhow::Ok(())
+        }),
+        MonCommand::Add { id, addr } => {
+            let (id, addr) = match (id, addr) {
+                (Some(id), Some(addr)) => (id, addr),
+                (None, None) => {
+                    // Embedded: the next id, a free port, a new directory.
+                    let dir = &target.dir;
+                    let id = spindle_cluster::mon_ids(dir)
+                        .into_iter()
+                        .max()
+                        .map_or(0, |m| m + 1);
+                    let addr = spindle_cluster::free_local_addrs(1)?
+                        .pop()
+                        .ok_or_else(|| anyhow!("no free port"))?;
+                    let d = spindle_cluster::mon_dir(dir, id);
+                    std::fs::create_dir_all(&d)?;
+                    write_atomic(&d.join("addr"), &addr)?;
+                    let pid = spindle_cluster::start_mon(dir, id, true)?;
+                    println!("started mon.{id} at {addr} (pid {pid}); adding it");
+                    (id, addr)
+                }
+                _ => bail!("give both --id and --addr, or neither (embedded cluster)"),
+            };
+            runtime()?.block_on(async {
+                let client = target.client().await?;
+                let l = admin(&client, Admin::mon_add(id, &addr)).await?;
+                println!("mon.{id} at {addr} is a member");
+                print_mons(&l);
+                anyhow::Ok(())
+            })
+        }
+        MonCommand::Rm { id } => {
+            runtime()?.block_on(async {
+                let client = target.client().await?;
+                let l = admin(&client, Admin::mon_rm(id)).await?;
+                println!("removed mon.{id}");
+                print_mons(&l);
+                anyhow::Ok(())
+            })?;
+            let d = spindle_cluster::mon_dir(&target.dir, id);
+            if target.mon.is_none() && d.exists() {
+                if let Some(pid) = read_pid(&d) {
+                    stop_pid(pid, &format!("mon.{id}"))?;
+                }
+                let aside = target.dir.join(format!("removed-mon.{id}"));
+                let _ = std::fs::remove_dir_all(&aside);
+                std::fs::rename(&d, &aside)?;
+                println!("stopped mon.{id}; its directory is now {}", aside.display());
+            }
+            Ok(())
+        }
+        MonCommand::Stop { id } => {
+            let d = spindle_cluster::mon_dir(&target.dir, id);
+            let pid = read_pid(&d)
+                .ok_or_else(|| anyhow!("mon.{id} has no pid file in {}", d.display()))?;
+            stop_pid(pid, &format!("mon.{id}"))?;
+            println!("stopped mon.{id}");
+            Ok(())
+        }
+        MonCommand::Start { id } => {
+            let pid = spindle_cluster::start_mon(&target.dir, id, false)?;
+            println!("started mon.{id} (pid {pid})");
+            Ok(())
+        }
+    }
+}
+
 pub fn put(args: ObjArgs, target: Target, name: String, file: PathBuf) -> anyhow::Result<()> {
     let data = if file.as_os_str() == "-" {
         let mut v = Vec::new();

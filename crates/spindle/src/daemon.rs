@@ -10,6 +10,11 @@ pub struct MonRunArgs {
     /// Monitor directory (database, address file).
     #[arg(long)]
     pub dir: PathBuf,
+    /// A new monitor joining a running group as this id: an empty directory is prepared
+    /// for it (then `spindle mon add --id ID --addr ADDR` makes it a member). Ignored when
+    /// the directory holds a monitor.
+    #[arg(long)]
+    pub id: Option<u64>,
     /// Address to listen on. Default: the address used last time (from DIR/addr), else a
     /// free port on 127.0.0.1.
     #[arg(long)]
@@ -50,7 +55,9 @@ pub struct OsdRunArgs {
 
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SPINDLE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // openraft logs every retry to an unreachable monitor (twice a second) as an
+        // error; the monitor logs peers going and coming back itself.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=off"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -102,6 +109,9 @@ pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {
             .map(|s| s.trim().to_string())
             .unwrap_or_else(|_| "127.0.0.1:0".to_string()),
     };
+    if let Some(id) = args.id {
+        spindle_mon::prepare_join(&args.dir, id)?;
+    }
     let rt = daemon_runtime()?;
     rt.block_on(async move {
         let mut config = spindle_mon::MonConfig::new(&args.dir);

@@ -64,10 +64,12 @@ enum Command {
         #[command(flatten)]
         target: spindle_cluster::Target,
     },
-    /// The monitor daemon.
+    /// Monitors: ls, add, rm, stop, start, run.
     Mon {
         #[command(subcommand)]
-        command: MonCommand,
+        command: cluster_cmd::MonCommand,
+        #[command(flatten)]
+        target: spindle_cluster::Target,
     },
     /// Store a file as an object ("-" reads stdin).
     Put {
@@ -136,12 +138,6 @@ enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
-}
-
-#[derive(Subcommand)]
-enum MonCommand {
-    /// Run the monitor in the foreground (what `spindle up` starts).
-    Run(daemon::MonRunArgs),
 }
 
 #[derive(Subcommand)]
@@ -242,9 +238,7 @@ fn main() {
         Command::Status(args) => cluster_cmd::status(args),
         Command::Pool { command, target } => cluster_cmd::pool(command, target),
         Command::Osd { command, target } => cluster_cmd::osd(command, target),
-        Command::Mon {
-            command: MonCommand::Run(args),
-        } => daemon::mon_run(args),
+        Command::Mon { command, target } => cluster_cmd::mon(command, target),
         Command::Put {
             name,
             file,

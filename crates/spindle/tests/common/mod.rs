@@ -103,11 +103,39 @@ impl Cluster {
         self.up_with(&[])
     }
 
+    /// Every monitor's address, comma-separated (monitor 0 in `mon/`, others in `mon.N/`).
     pub fn mon_addr(&self) -> String {
-        std::fs::read_to_string(self.dir.join("mon/addr"))
+        let addrs: Vec<String> = (0..16)
+            .filter_map(|id| std::fs::read_to_string(self.mon_dir(id).join("addr")).ok())
+            .map(|a| a.trim().to_string())
+            .collect();
+        assert!(
+            !addrs.is_empty(),
+            "no monitor address in {}",
+            self.dir.display()
+        );
+        addrs.join(",")
+    }
+
+    pub fn mon_dir(&self, id: u64) -> PathBuf {
+        if id == 0 {
+            self.dir.join("mon")
+        } else {
+            self.dir.join(format!("mon.{id}"))
+        }
+    }
+
+    pub fn mon_addr_of(&self, id: u64) -> String {
+        std::fs::read_to_string(self.mon_dir(id).join("addr"))
             .expect("mon addr")
             .trim()
             .to_string()
+    }
+
+    /// SIGKILLs monitor `id`.
+    pub fn kill_mon_id(&self, id: u64) {
+        let pid = Self::pid(&self.mon_dir(id)).expect("mon pid");
+        Self::kill_and_wait(pid);
     }
 
     pub fn osd_dir(&self, id: u32) -> PathBuf {
