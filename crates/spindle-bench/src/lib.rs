@@ -16,6 +16,7 @@
 pub mod common;
 pub mod crush;
 pub mod ec;
+pub mod failover;
 pub mod fio;
 pub mod io;
 pub mod objects;

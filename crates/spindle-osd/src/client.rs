@@ -109,6 +109,19 @@ impl Osd {
             );
             return;
         }
+        // Reads only under a read lease from every other copy (`lease.rs`): a primary cut
+        // off from its copies may have been replaced by a map this client has not seen.
+        if !matches!(op, ObjOp::Mutate(_)) {
+            if let Err(why) = self.may_read(mapping, epoch) {
+                OsdCounters::bump(&self.inner.counters.reads_without_lease);
+                reply.send(
+                    rid,
+                    epoch,
+                    &Msg::error(ErrorCode::Again, format!("pg {pgid}: {why}")),
+                );
+                return;
+            }
+        }
         // New data is refused before anything is assigned or sent; deletes and truncates
         // always go through (they are how space is freed).
         let adds_data = match &op {

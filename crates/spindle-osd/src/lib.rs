@@ -30,6 +30,7 @@ mod counters;
 use counters::OsdCounters;
 mod ec;
 mod fanout;
+mod lease;
 mod peering;
 mod recovery;
 mod replication;
@@ -57,7 +58,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 #[derive(Debug, thiserror::Error)]
@@ -220,6 +221,10 @@ struct Inner {
     mon: Mutex<Option<Arc<RpcConn>>>,
     /// The monitors (`config.mon_addr` parsed) and which one is in use.
     mons: spindle_proto::MonAddrs,
+    /// Read leases granted to this daemon as a primary, and promised by it as a copy.
+    leases: Mutex<lease::Leases>,
+    /// Peers with a ping in flight (one at a time each).
+    pinging: Mutex<std::collections::HashSet<u32>>,
     push_tx: mpsc::UnboundedSender<Incoming>,
     throttle: recovery::Throttle,
     /// Stray groups being removed: requests for them get `Again`.
@@ -305,6 +310,8 @@ impl Osd {
         let osd = Osd {
             inner: Arc::new(Inner {
                 mons,
+                leases: Mutex::new(lease::Leases::default()),
+                pinging: Mutex::new(Default::default()),
                 id: config.id,
                 addr: addr.clone(),
                 store: Arc::new(store),
@@ -351,6 +358,10 @@ impl Osd {
             let osd = osd.clone();
             tokio::spawn(async move { osd.scrub_loop().await })
         };
+        let pinger = {
+            let osd = osd.clone();
+            tokio::spawn(async move { osd.ping_loop().await })
+        };
         shutdown.await;
         tracing::info!("osd.{} shutting down", osd.inner.id);
         server.abort();
@@ -358,6 +369,7 @@ impl Osd {
         pusher.abort();
         strays.abort();
         scrubber.abort();
+        pinger.abort();
         Ok(())
     }
 
@@ -826,6 +838,111 @@ impl Osd {
         Ok(state.version.map(|v| (state.data, v)))
     }
 
+    // ------------------------------------------------------------------ read leases
+
+    /// The other daemons of a group's acting set (shards included).
+    fn other_copies(&self, mapping: &PgMapping) -> Vec<u32> {
+        let mut v: Vec<u32> = mapping
+            .up
+            .iter()
+            .copied()
+            .chain(mapping.shards.iter().flatten().copied())
+            .filter(|&o| o != self.inner.id)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Whether this daemon, primary of `mapping` at `epoch`, may serve a read now.
+    pub(crate) fn may_read(&self, mapping: &PgMapping, epoch: u64) -> Result<(), String> {
+        let peers = self.other_copies(mapping);
+        lock(&self.inner.leases).may_read(peers, epoch, Instant::now())
+    }
+
+    /// Waits until no read lease this copy granted to another daemon at an older epoch
+    /// is running, before it answers the peering of `primary` at `epoch` (bounded by the
+    /// lease length).
+    pub(crate) async fn lease_hold_back(&self, primary: Option<u32>, epoch: u64) {
+        let primary = primary.unwrap_or(u32::MAX);
+        let mut logged = false;
+        loop {
+            let now = Instant::now();
+            let Some(until) = lock(&self.inner.leases).held_back_until(primary, epoch, now) else {
+                return;
+            };
+            if !logged {
+                tracing::info!(
+                    "osd.{}: peering of osd.{primary} waits {} ms for a read lease granted at an older epoch",
+                    self.inner.id,
+                    until.saturating_duration_since(now).as_millis()
+                );
+                logged = true;
+            }
+            // Short steps: a ping at the new epoch from the old primary ends it early.
+            tokio::time::sleep(
+                until
+                    .saturating_duration_since(now)
+                    .min(Duration::from_millis(10)),
+            )
+            .await;
+        }
+    }
+
+    /// Pings the other copies of every group this daemon is primary of, every
+    /// `lease::PING_INTERVAL` and at once on each new map.
+    async fn ping_loop(&self) {
+        let mut epochs = self.inner.map_tx.subscribe();
+        loop {
+            if let Some(ms) = self.map_state() {
+                let epoch = ms.map.epoch;
+                let me = self.inner.id;
+                let mut peers: Vec<u32> = ms
+                    .placement
+                    .iter()
+                    .filter(|(_, m)| m.primary() == Some(me))
+                    .flat_map(|(_, m)| self.other_copies(m))
+                    .collect();
+                peers.sort_unstable();
+                peers.dedup();
+                lock(&self.inner.leases).retain(|p| ms.map.osds.contains_key(&p), Instant::now());
+                for peer in peers {
+                    if !lock(&self.inner.pinging).insert(peer) {
+                        continue;
+                    }
+                    let osd = self.clone();
+                    tokio::spawn(async move {
+                        let sent = Instant::now();
+                        let res = match osd.peer_conn(peer).await {
+                            Ok(c) => c
+                                .request(
+                                    epoch,
+                                    typed::PeerPing { osd_id: me },
+                                    lease::LEASE.as_millis() as u64,
+                                )
+                                .await
+                                .map_err(|e| e.to_string()),
+                            Err(e) => Err(e),
+                        };
+                        lock(&osd.inner.pinging).remove(&peer);
+                        if let Ok(typed::PeerPong { epoch: theirs }) = res {
+                            lock(&osd.inner.leases).answered(peer, sent, theirs);
+                            if theirs > osd.epoch() {
+                                osd.kick_map_fetch();
+                            }
+                        }
+                    });
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(lease::PING_INTERVAL) => {}
+                changed = epochs.changed() => if changed.is_err() {
+                    return;
+                },
+            }
+        }
+    }
+
     // ------------------------------------------------------------------ peers
 
     async fn peer_conn(&self, osd: u32) -> Result<Arc<RpcConn>, String> {
@@ -915,6 +1032,14 @@ impl Osd {
             return;
         };
         let epoch = ms.map.epoch;
+        if let Msg::PeerPing { osd_id } = inc.msg {
+            lock(&self.inner.leases).pinged(osd_id, inc.epoch, epoch, Instant::now());
+            if inc.epoch > epoch {
+                self.kick_map_fetch();
+            }
+            reply.send(rid, epoch, &Msg::PeerPong { epoch });
+            return;
+        }
         // Map exchange first: never act on a placement the sender or we have outdated.
         match &inc.msg {
             Msg::MapUpdate { map } => {

@@ -38,6 +38,10 @@ impl Osd {
                 let osd = self.clone();
                 tokio::spawn(async move {
                     let pgid = PgId { pool, pg };
+                    let primary = osd
+                        .map_state()
+                        .and_then(|ms| ms.placement.pg(pool, pg).and_then(|m| m.primary()));
+                    osd.lease_hold_back(primary, epoch).await;
                     let msg = match osd.inflight_drain(pgid).await {
                         Ok(()) => {
                             let info = osd.local_log_info(pgid);

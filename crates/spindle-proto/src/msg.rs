@@ -885,6 +885,18 @@ messages! {
     ScrubMap = 53, "scrub_map" {
         entries: Vec<ScrubEntry> = ScrubEntries,
     };
+    /// Primary -> the other copies of its groups, every 250 ms and on each new map (the
+    /// frame carries the sender's epoch): a copy at the same epoch promises not to help a
+    /// newer primary take over before the read lease it grants runs out (reply
+    /// `PeerPong`; `spindle-osd/src/lease.rs`).
+    PeerPing = 70, "peer_ping" {
+        osd_id: u32 = U32("osd id"),
+    };
+    /// Answer to `PeerPing`: the copy's epoch (a lease counts only when it equals the
+    /// primary's).
+    PeerPong = 71, "peer_pong" {
+        epoch: u64 = U64("epoch"),
+    };
     /// Generic success reply.
     Ok = 40, "ok";
     /// Failure reply to any request. `map` carries the newer map for `StaleMap`.

@@ -106,6 +106,7 @@ replies!(
     ScrubResult,
     ScrubMap,
     MonRaftReply,
+    PeerPong,
     Ok
 );
 
@@ -153,6 +154,7 @@ requests! {
     GetMap => MapReply,
     Command => typed::CommandReply,
     MonRaft => typed::MonRaftReply,
+    PeerPing => typed::PeerPong,
     // Client protocol.
     ObjRequest => typed::ObjReply,
     ScrubPg => typed::ScrubResult,
@@ -225,13 +227,14 @@ mod tests {
             .copied()
             .filter(|k| reply_kind(*k).is_some())
             .collect();
-        assert_eq!(requests.len(), 17);
+        assert_eq!(requests.len(), 18);
         for k in [
             MsgKind::Ok,
             MsgKind::Error,
             MsgKind::MapUpdate,
             MsgKind::PgInfo,
             MsgKind::MonRaftReply,
+            MsgKind::PeerPong,
         ] {
             assert_eq!(reply_kind(k), None, "{k:?}");
         }

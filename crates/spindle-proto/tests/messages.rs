@@ -61,6 +61,8 @@ fn samples() -> Vec<Msg> {
             body: vec![1, 2, 3, 4],
         },
         Msg::MonRaftReply { body: vec![5, 6] },
+        Msg::PeerPing { osd_id: 3 },
+        Msg::PeerPong { epoch: 77 },
         Msg::ObjRequest {
             pool: 1,
             pg: 2,

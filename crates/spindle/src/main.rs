@@ -152,6 +152,9 @@ enum BenchCommand {
     Io(spindle_bench::io::BenchIoArgs),
     /// Recovery speed and client impact after losing a daemon (own scratch cluster).
     Recovery(spindle_bench::recovery::BenchRecoveryArgs),
+    /// Leader-monitor failover: SIGKILL to the next committed map change, and to a client
+    /// seeing it (own scratch cluster with 3 monitors).
+    Failover(spindle_bench::failover::BenchFailoverArgs),
     /// Block images over NBD with fio (DeLiBA matrix) against Ceph RBD and nbdkit memory.
     Fio(spindle_bench::fio::BenchFioArgs),
     /// Many short-lived clients: descriptors and memory of every process must stay flat.
@@ -270,6 +273,7 @@ fn main() {
             BenchCommand::Ec(args) => spindle_bench::ec::run(args),
             BenchCommand::Io(args) => spindle_bench::io::run(args),
             BenchCommand::Recovery(args) => spindle_bench::recovery::run(args),
+            BenchCommand::Failover(args) => spindle_bench::failover::run(args),
             BenchCommand::Fio(args) => spindle_bench::fio::run(args),
             BenchCommand::Soak(args) => spindle_bench::soak::run(args),
             BenchCommand::Stages(args) => spindle_bench::stages::run(args),

@@ -1,0 +1,206 @@
+//! `spindle bench failover`: how long the cluster cannot change its map after the leader
+//! monitor dies, and how long clients take to see the next map.
+//!
+//! On a fresh embedded cluster with three monitors in a scratch directory (never the
+//! user's cluster: monitors are killed), each round:
+//! 1. finds the leader, and connects an observer client whose map subscription is on it;
+//! 2. SIGKILLs the leader;
+//! 3. times the first committed map change (another client retries a change until it
+//!    commits: the failover time; target under 3 s with the default timeouts);
+//! 4. times until the observer has that epoch (its subscription moved to a live monitor);
+//! 5. restarts the killed monitor and waits until all three agree again.
+
+use crate::common::{print_report, BenchResult};
+use clap::Args;
+use spindle_client::{Client, ClientConfig};
+use spindle_cluster::{self as cluster_cmd, admin, SettingsArgs, Target, UpArgs};
+use spindle_mon::Admin;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Args)]
+pub struct BenchFailoverArgs {
+    /// Scratch directory for the benchmark's own cluster (removed afterwards unless --keep).
+    #[arg(long)]
+    pub scratch: Option<PathBuf>,
+    /// Leader kills to time.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: u32,
+    #[arg(long)]
+    pub keep: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The failover target of issue #20 (default timeouts).
+const FAILOVER_TARGET_S: f64 = 3.0;
+
+pub fn run(args: BenchFailoverArgs) -> anyhow::Result<()> {
+    if args.rounds == 0 {
+        anyhow::bail!("--rounds must be at least 1");
+    }
+    let scratch = args.scratch.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("spindle-bench-failover-{}", std::process::id()))
+    });
+    if scratch.join("cluster.json").exists() {
+        anyhow::bail!(
+            "{} already holds a cluster; give an empty --scratch directory",
+            scratch.display()
+        );
+    }
+    std::fs::create_dir_all(&scratch)?;
+    let result = run_in(&args, &scratch);
+    let _ = cluster_cmd::down_quiet(Target {
+        dir: scratch.clone(),
+        mon: None,
+    });
+    if !args.keep {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    result
+}
+
+/// One map change (the near-full ratio, toggled), retried until it commits: its epoch.
+async fn change_map(client: &Client, deadline: Instant) -> anyhow::Result<u64> {
+    loop {
+        let now = client.map().nearfull_ratio_ppm;
+        let ratio = if now == 860_000 { "0.87" } else { "0.86" };
+        let r: Result<spindle_mon::RatioSet, _> = client
+            .command_as(vec![
+                "osd".into(),
+                "set-nearfull-ratio".into(),
+                ratio.into(),
+            ])
+            .await;
+        match r {
+            Ok(r) => return Ok(r.epoch),
+            Err(e) if Instant::now() > deadline => {
+                anyhow::bail!("no map change committed before the deadline: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
+    let progress = |msg: &str| {
+        if !args.json {
+            eprintln!("bench failover: {msg}");
+            let _ = std::io::stderr().flush();
+        }
+    };
+    progress("starting a scratch cluster with 3 monitors");
+    cluster_cmd::up_quiet(UpArgs {
+        mons: 3,
+        osds: 3,
+        pg_count: 16,
+        wait_seconds: 60,
+        settings: SettingsArgs::default(),
+        target: Target {
+            dir: scratch.to_path_buf(),
+            mon: None,
+        },
+    })?;
+    let target = Target {
+        dir: scratch.to_path_buf(),
+        mon: None,
+    };
+    let rt = spindle_cluster::runtime()?;
+    rt.block_on(async {
+        let all = target.mon_addr()?;
+        let mut config = ClientConfig::new(all.clone());
+        // Commands retry across the election (NoLeader, broken connections) themselves.
+        config.op_timeout_ms = 20_000;
+        let client = Client::connect(config).await?;
+        let (mut failover_s, mut seen_s) = (Vec::new(), Vec::new());
+        for round in 0..args.rounds {
+            // Settle: every monitor up, one leader that all agree on.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let leader = loop {
+                let l = admin(&client, Admin::mon_ls()).await?;
+                if let Some(id) = l.leader {
+                    if l.mons.len() == 3 {
+                        break l.mons.into_iter().find(|m| m.id == id);
+                    }
+                }
+                if Instant::now() > deadline {
+                    anyhow::bail!("no leader within 30 s");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            let Some(leader) = leader else {
+                anyhow::bail!("the leader is not a member");
+            };
+            // The observer lists the leader first: its subscription is on it.
+            let others: Vec<&str> = all.split(',').filter(|a| *a != leader.addr).collect();
+            let observer = Client::connect(ClientConfig::new(format!(
+                "{},{}",
+                leader.addr,
+                others.join(",")
+            )))
+            .await?;
+            let dir = cluster_cmd::mon_dir(scratch, leader.id);
+            let pid = cluster_cmd::read_pid(&dir)
+                .ok_or_else(|| anyhow::anyhow!("mon.{} has no pid file", leader.id))?;
+            let killed = Instant::now();
+            // SAFETY: kill(2) of a monitor of the benchmark's own scratch cluster.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let epoch = change_map(&client, killed + Duration::from_secs(30)).await?;
+            let failover = killed.elapsed().as_secs_f64();
+            if !observer.wait_for_epoch(epoch, 30_000).await {
+                anyhow::bail!("the observer did not see epoch {epoch} within 30 s");
+            }
+            let seen = killed.elapsed().as_secs_f64();
+            progress(&format!(
+                "round {}: leader mon.{} killed; map change committed after {:.2} s, seen by a client subscribed to it after {:.2} s",
+                round + 1,
+                leader.id,
+                failover,
+                seen
+            ));
+            failover_s.push(failover);
+            seen_s.push(seen);
+            drop(observer);
+            // Reap it (the benchmark's process is not its parent: it was started with
+            // setsid by `spindle up`), then start it again.
+            while cluster_cmd::pid_alive(pid) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            cluster_cmd::start_mon(scratch, leader.id, false)?;
+        }
+        let max_failover = failover_s.iter().copied().fold(0.0, f64::max);
+        let results = vec![
+            BenchResult::lower_is_better(
+                "leader failover: SIGKILL to first committed map change (median)",
+                "s",
+                median(&mut failover_s),
+                "target",
+                FAILOVER_TARGET_S,
+            ),
+            BenchResult::lower_is_better(
+                "leader failover: SIGKILL to first committed map change (worst)",
+                "s",
+                max_failover,
+                "target",
+                FAILOVER_TARGET_S,
+            ),
+            BenchResult::lower_is_better(
+                "SIGKILL to the new epoch at a client subscribed to the dead leader (median)",
+                "s",
+                median(&mut seen_s),
+                "target",
+                FAILOVER_TARGET_S,
+            ),
+        ];
+        progress(
+            "not measured: the cost of authentication and frame integrity (not built yet, issue #20 item 4)",
+        );
+        print_report("failover", &results, args.json)
+    })
+}
