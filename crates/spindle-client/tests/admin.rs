@@ -23,6 +23,7 @@ async fn monitor(tag: &str) -> (Scratch, String, tokio::sync::oneshot::Sender<()
         Scratch(std::env::temp_dir().join(format!("spindle-client-{tag}-{}", std::process::id())));
     let spec = InitSpec {
         osd_count: 3,
+        osd_hosts: Vec::new(),
         default_pool: Some(("default".into(), 3, 2, 8)),
     };
     spindle_mon::init(&dir.0, &spec).unwrap();

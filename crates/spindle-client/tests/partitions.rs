@@ -60,6 +60,7 @@ impl Cluster {
         let mon_dir = dir.0.join("mon");
         let spec = InitSpec {
             osd_count: DAEMONS,
+            osd_hosts: Vec::new(),
             default_pool: Some((POOL.into(), 3, 2, 8)),
         };
         spindle_mon::init(&mon_dir, &spec).unwrap();

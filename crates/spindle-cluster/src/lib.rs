@@ -7,6 +7,8 @@
 //! Embedded cluster layout: `DIR/cluster.json` (daemon count, settings), `DIR/mon/`
 //! (database, `addr`, `pid`, `log`), `DIR/osd.N/` (store, `pid`, `log`).
 
+pub mod config;
+
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use serde_json::Value;
@@ -362,6 +364,7 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
                 &mons,
                 &spindle_mon::InitSpec {
                     osd_count: args.osds,
+                    osd_hosts: Vec::new(),
                     default_pool: Some(("default".into(), size, min_size, args.pg_count)),
                 },
             )?;

@@ -338,6 +338,33 @@ impl ClusterMap {
     }
 }
 
+/// One daemon of Spindle's own CRUSH hierarchy (root `default` -> host -> daemon).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrushDaemon {
+    pub id: u32,
+    /// CRUSH weight, 16.16 fixed point (0x10000 = 1.0).
+    pub weight: u32,
+    /// The host bucket it is in: the failure domain of the embedded rules.
+    pub host: String,
+}
+
+/// The host bucket of daemon `id` in a single-machine embedded cluster: one per daemon,
+/// so that the failure domain "host" separates copies even on one machine.
+pub fn own_host(id: u32) -> String {
+    format!("host-{id}")
+}
+
+/// Whether `name` can be a host bucket's name (letters, digits, `.`, `_`, `-`; at most 64
+/// bytes; not starting with a digit, so that it never reads as an id).
+pub fn valid_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 /// The CRUSH map of an embedded cluster: one host bucket per daemon (so that the failure
 /// domain "host" separates copies even on one machine, and daemons can be added later),
 /// under root `default`, rule 0 `replicated_rule` = chooseleaf firstn over hosts and rule 1
@@ -348,8 +375,25 @@ pub fn embedded_crush_map(osd_ids: &[u32]) -> Result<CrushMap, MapError> {
     embedded_crush_map_weighted(&weighted)
 }
 
-/// The embedded cluster's CRUSH map with a CRUSH weight (16.16) per daemon.
+/// The embedded cluster's CRUSH map with a CRUSH weight (16.16) per daemon, each daemon
+/// its own host.
 pub fn embedded_crush_map_weighted(osds: &[(u32, u32)]) -> Result<CrushMap, MapError> {
+    let daemons: Vec<CrushDaemon> = osds
+        .iter()
+        .map(|&(id, weight)| CrushDaemon {
+            id,
+            weight,
+            host: own_host(id),
+        })
+        .collect();
+    crush_map_of_hosts(&daemons)
+}
+
+/// Spindle's CRUSH hierarchy for daemons on hosts: a straw2 host bucket per host (in the
+/// order hosts first appear in `daemons`) holding its daemons, a straw2 root `default`
+/// over the hosts, and the two rules over the failure domain `host` (see
+/// [`embedded_crush_map`]).
+pub fn crush_map_of_hosts(daemons: &[CrushDaemon]) -> Result<CrushMap, MapError> {
     use spindle_crush::builder::MapBuilder;
     use spindle_crush::BucketAlg;
     let err = |e: spindle_crush::CrushError| MapError::InvalidCrush(e.to_string());
@@ -357,17 +401,29 @@ pub fn embedded_crush_map_weighted(osds: &[(u32, u32)]) -> Result<CrushMap, MapE
     b.add_type(0, "osd")
         .add_type(1, "host")
         .add_type(10, "root");
-    let mut hosts = Vec::new();
-    for &(id, weight) in osds {
-        b.add_device(id as i32, &format!("osd.{id}"), None)
+    let mut order: Vec<&str> = Vec::new();
+    for d in daemons {
+        if !valid_host_name(&d.host) {
+            return Err(MapError::InvalidCrush(format!(
+                "bad host name {:?} (letters, digits, '.', '_', '-'; at most 64)",
+                d.host
+            )));
+        }
+        if !order.contains(&d.host.as_str()) {
+            order.push(&d.host);
+        }
+        b.add_device(d.id as i32, &format!("osd.{}", d.id), None)
             .map_err(err)?;
+    }
+    let mut hosts = Vec::new();
+    for h in order {
+        let items: Vec<(i32, u32)> = daemons
+            .iter()
+            .filter(|d| d.host == h)
+            .map(|d| (d.id as i32, d.weight))
+            .collect();
         let host = b
-            .add_bucket(
-                &format!("host-{id}"),
-                "host",
-                BucketAlg::Straw2,
-                &[(id as i32, weight)],
-            )
+            .add_bucket(h, "host", BucketAlg::Straw2, &items)
             .map_err(err)?;
         hosts.push((host, 0));
     }
@@ -397,19 +453,28 @@ pub fn embedded_crush_map_weighted(osds: &[(u32, u32)]) -> Result<CrushMap, MapE
     Ok(b.build())
 }
 
-/// If `crush` is exactly the embedded map of `osd_ids` (as built by
-/// [`embedded_crush_map_weighted`]), the CRUSH weight of each daemon; None for a map an
+/// If `crush` is exactly Spindle's own hierarchy of `osd_ids` (as built by
+/// [`crush_map_of_hosts`]), each daemon with its weight and host; None for a map an
 /// operator loaded by hand.
-pub fn embedded_weights(crush: &CrushMap, osd_ids: &[u32]) -> Option<Vec<(u32, u32)>> {
-    let mut weighted = Vec::with_capacity(osd_ids.len());
+pub fn embedded_layout(crush: &CrushMap, osd_ids: &[u32]) -> Option<Vec<CrushDaemon>> {
+    let mut daemons = Vec::with_capacity(osd_ids.len());
     for &id in osd_ids {
-        let host = crush.bucket(crush.item_id(&format!("host-{id}"))?)?;
-        if host.items != [id as i32] {
-            return None;
-        }
-        weighted.push((id, *host.item_weights.first()?));
+        let (host, weight) = crush.buckets.iter().flatten().find_map(|b| {
+            let i = b.items.iter().position(|&it| it == id as i32)?;
+            Some((
+                crush.item_names.get(&b.id)?.clone(),
+                *b.item_weights.get(i)?,
+            ))
+        })?;
+        daemons.push(CrushDaemon { id, weight, host });
     }
-    let rebuilt = embedded_crush_map_weighted(&weighted).ok()?;
+    let rebuilt = crush_map_of_hosts(&daemons).ok()?;
     (spindle_crush::text::print_text(&rebuilt) == spindle_crush::text::print_text(crush))
-        .then_some(weighted)
+        .then_some(daemons)
+}
+
+/// [`embedded_layout`] as (id, weight) pairs, for maps where every daemon is its own host.
+pub fn embedded_weights(crush: &CrushMap, osd_ids: &[u32]) -> Option<Vec<(u32, u32)>> {
+    let layout = embedded_layout(crush, osd_ids)?;
+    Some(layout.iter().map(|d| (d.id, d.weight)).collect())
 }

@@ -52,9 +52,11 @@ pub enum AdminCommand {
         verb: OsdVerb,
         id: u32,
     },
-    /// Add a daemon to the embedded CRUSH map with this weight (0 < weight <= 65535).
+    /// Add a daemon to Spindle's CRUSH hierarchy with this weight (0 < weight <= 65535),
+    /// in host bucket `host` (a new host if none has that name), or in a host of its own.
     OsdAdd {
         weight: f64,
+        host: Option<String>,
     },
     /// Set the full (`full: true`) or nearfull ratio, in parts per million (0, 1e6].
     SetRatio {
@@ -169,12 +171,21 @@ impl AdminCommand {
                 },
                 id: number(id, "osd id")?,
             },
-            ["osd", "add", weight] => AdminCommand::OsdAdd {
+            ["osd", "add", weight, host @ ..] if host.len() <= 1 => AdminCommand::OsdAdd {
                 weight: weight
                     .parse()
                     .ok()
                     .filter(|w: &f64| w.is_finite() && *w > 0.0 && *w <= 65535.0)
                     .ok_or_else(|| format!("weight must be a positive number, got '{weight}'"))?,
+                host: match host.first() {
+                    None => None,
+                    Some(h) if spindle_map::valid_host_name(h) => Some(h.to_string()),
+                    Some(h) => {
+                        return Err(format!(
+                            "bad host name '{h}' (letters, digits, '.', '_', '-'; at most 64; not starting with a digit)"
+                        ))
+                    }
+                },
             },
             ["osd", verb @ ("set-full-ratio" | "set-nearfull-ratio"), ratio] => {
                 AdminCommand::SetRatio {
@@ -284,8 +295,10 @@ impl AdminCommand {
             AdminCommand::Osd { verb, id } => {
                 vec!["osd".into(), verb.as_str().into(), id.to_string()]
             }
-            AdminCommand::OsdAdd { weight } => {
-                vec!["osd".into(), "add".into(), weight.to_string()]
+            AdminCommand::OsdAdd { weight, host } => {
+                let mut v = vec!["osd".into(), "add".into(), weight.to_string()];
+                v.extend(host.clone());
+                v
             }
             AdminCommand::SetRatio { full, ratio_ppm } => vec![
                 "osd".into(),
@@ -385,7 +398,14 @@ mod tests {
                 verb: OsdVerb::Down,
                 id: 0,
             },
-            AdminCommand::OsdAdd { weight: 1.5 },
+            AdminCommand::OsdAdd {
+                weight: 1.5,
+                host: None,
+            },
+            AdminCommand::OsdAdd {
+                weight: 1.0,
+                host: Some("rack1-h2".into()),
+            },
             AdminCommand::SetRatio {
                 full: true,
                 ratio_ppm: 950_000,

@@ -502,18 +502,22 @@ impl MonCore {
                 let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
                 Ok((AdminReply::CrushSet(CrushSet { epoch }), next))
             }
-            AdminCommand::OsdAdd { weight } => {
+            AdminCommand::OsdAdd { weight, host } => {
                 let weight = *weight;
                 let (id, next) = propose(&self.map, |m| {
                     let ids: Vec<u32> = m.osds.keys().copied().collect();
-                    let mut weighted = spindle_map::embedded_weights(&m.crush, &ids).ok_or(
+                    let mut daemons = spindle_map::embedded_layout(&m.crush, &ids).ok_or(
                         "the CRUSH map was set by hand: add the new daemon to it \
                          (`spindle crush set-map`) instead",
                     )?;
                     let id = ids.iter().max().map_or(0, |x| x + 1);
-                    weighted.push((id, (weight * 65536.0) as u32));
-                    let crush = spindle_map::embedded_crush_map_weighted(&weighted)
-                        .map_err(|e| e.to_string())?;
+                    daemons.push(spindle_map::CrushDaemon {
+                        id,
+                        weight: (weight * 65536.0) as u32,
+                        host: host.clone().unwrap_or_else(|| spindle_map::own_host(id)),
+                    });
+                    let crush =
+                        spindle_map::crush_map_of_hosts(&daemons).map_err(|e| e.to_string())?;
                     m.crush = crush;
                     m.osds.insert(id, OsdInfo::joining(id));
                     Ok(id)
@@ -599,6 +603,7 @@ mod tests {
     fn core_with(osds: u32, timing: MonTiming) -> MonCore {
         let spec = InitSpec {
             osd_count: osds,
+            osd_hosts: Vec::new(),
             default_pool: Some(("default".into(), 3, 2, 8)),
         };
         let map = first_map(&spec, 7).expect("first map");

@@ -93,6 +93,9 @@ impl MonConfig {
 #[derive(Clone, Debug)]
 pub struct InitSpec {
     pub osd_count: u32,
+    /// The host of each daemon (by id; the CRUSH failure domain). Empty: every daemon
+    /// its own host (one machine).
+    pub osd_hosts: Vec<String>,
     /// Default pool created with the cluster: (name, size, min_size, pg_count).
     pub default_pool: Option<(String, u32, u32, u32)>,
 }
@@ -106,7 +109,27 @@ pub fn first_map(spec: &InitSpec, cluster_id: u64) -> Result<ClusterMap, MonErro
         epoch: 1,
         osds: ids.iter().map(|&id| (id, OsdInfo::joining(id))).collect(),
         pools: Default::default(),
-        crush: spindle_map::embedded_crush_map(&ids)?,
+        crush: if spec.osd_hosts.is_empty() {
+            spindle_map::embedded_crush_map(&ids)?
+        } else {
+            if spec.osd_hosts.len() != ids.len() {
+                return Err(MonError::Raft(format!(
+                    "{} daemons but {} hosts given",
+                    ids.len(),
+                    spec.osd_hosts.len()
+                )));
+            }
+            let daemons: Vec<spindle_map::CrushDaemon> = ids
+                .iter()
+                .zip(&spec.osd_hosts)
+                .map(|(&id, h)| spindle_map::CrushDaemon {
+                    id,
+                    weight: 0x10000,
+                    host: h.clone(),
+                })
+                .collect();
+            spindle_map::crush_map_of_hosts(&daemons)?
+        },
         nearfull_ratio_ppm: spindle_map::NEARFULL_RATIO_PPM_DEFAULT,
         full_ratio_ppm: spindle_map::FULL_RATIO_PPM_DEFAULT,
         image_locks: Default::default(),
@@ -173,6 +196,33 @@ pub fn init_monitors(mons: &[(PathBuf, String)], spec: &InitSpec) -> Result<Clus
         .map_err(MonError::Raft)?;
     }
     Ok(map)
+}
+
+/// Prepares the directory of monitor `id` of a group of `members` (id, address) whose
+/// first map is `first` (a multi-host cluster: every host computes the same first map
+/// from the configuration file). A directory that holds a monitor already is left alone.
+pub fn init_member(
+    dir: &Path,
+    id: u64,
+    members: &[(u64, String)],
+    first: &ClusterMap,
+) -> Result<(), MonError> {
+    std::fs::create_dir_all(dir)?;
+    let db = RaftDb::open(&dir.join(RAFT_DB)).map_err(MonError::Raft)?;
+    if db.boot().map_err(MonError::Raft)?.is_some() {
+        return Ok(());
+    }
+    if !members.iter().any(|(m, _)| *m == id) {
+        return Err(MonError::Raft(format!(
+            "monitor {id} is not among the members"
+        )));
+    }
+    db.set_boot(&Boot {
+        id,
+        members: members.to_vec(),
+        seed: Some(first.encode()),
+    })
+    .map_err(MonError::Raft)
 }
 
 /// Prepares a directory for a monitor that joins a running cluster as `id` (it waits to

@@ -270,6 +270,7 @@ mod tests {
     fn core(now_ms: u64) -> MonCore {
         let spec = InitSpec {
             osd_count: 3,
+            osd_hosts: Vec::new(),
             default_pool: Some(("rbd".into(), 3, 2, 8)),
         };
         let map = first_map(&spec, 7).expect("first map");

@@ -196,6 +196,7 @@ mod tests {
     fn node(store: &MemMapStore) -> MonNode {
         let spec = InitSpec {
             osd_count: 3,
+            osd_hosts: Vec::new(),
             default_pool: Some(("rbd".into(), 3, 2, 8)),
         };
         let map = first_map(&spec, 7).unwrap();

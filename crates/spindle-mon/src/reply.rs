@@ -417,7 +417,14 @@ impl Admin<OsdMarked> {
 
 impl Admin<OsdAdded> {
     pub fn osd_add(weight: f64) -> Self {
-        Admin::new(AdminCommand::OsdAdd { weight })
+        Admin::new(AdminCommand::OsdAdd { weight, host: None })
+    }
+    /// Adds a daemon in host bucket `host`.
+    pub fn osd_add_on(weight: f64, host: &str) -> Self {
+        Admin::new(AdminCommand::OsdAdd {
+            weight,
+            host: Some(host.into()),
+        })
     }
 }
 
@@ -506,6 +513,7 @@ mod tests {
     fn core() -> MonCore {
         let spec = InitSpec {
             osd_count: 3,
+            osd_hosts: Vec::new(),
             default_pool: Some(("default".into(), 3, 2, 8)),
         };
         let map = first_map(&spec, 7).expect("first map");

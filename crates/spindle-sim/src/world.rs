@@ -196,6 +196,7 @@ impl World {
         let mut rng = SimRng::new(cfg.seed);
         let spec = InitSpec {
             osd_count: cfg.daemons,
+            osd_hosts: Vec::new(),
             default_pool: Some(("default".into(), 3.min(cfg.daemons), 1, 16)),
         };
         let first = spindle_mon::first_map(&spec, rng.next_u64()).expect("valid first map");

@@ -74,6 +74,13 @@ pub enum OsdCommand {
         /// CRUSH weight (1.0 = the weight of every daemon `spindle up` created).
         #[arg(long, default_value_t = 1.0)]
         weight: f64,
+        /// The host (CRUSH failure domain) the daemon is on; default: a host of its own.
+        #[arg(long)]
+        host: Option<String>,
+        /// Only add it to the map (a cluster from a configuration file: add the daemon to
+        /// the file and run `spindle host start` on its host).
+        #[arg(long)]
+        no_start: bool,
     },
     /// Run a storage daemon in the foreground (what `spindle up` starts).
     Run(crate::daemon::OsdRunArgs),
@@ -302,22 +309,38 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
             println!("stopped osd.{id}");
             Ok(())
         }
-        OsdCommand::Add { weight } => {
+        OsdCommand::Add {
+            weight,
+            host,
+            no_start,
+        } => {
             let dir = target.dir.clone();
-            let count = cluster_osd_count(&dir)?;
-            let mon = target.mon_addr()?;
             let id = runtime()?.block_on(async {
                 let client = target.client().await?;
-                let r = admin(&client, Admin::osd_add(weight)).await?;
+                let req = match &host {
+                    Some(h) => Admin::osd_add_on(weight, h),
+                    None => Admin::osd_add(weight),
+                };
+                let r = admin(&client, req).await?;
                 anyhow::Ok(r.osd)
             })?;
+            let on = host
+                .as_deref()
+                .map(|h| format!(" on host {h}"))
+                .unwrap_or_default();
+            if no_start {
+                println!("added osd.{id} (weight {weight}){on}; start it on its host");
+                return Ok(());
+            }
+            let count = cluster_osd_count(&dir)?;
+            let mon = target.mon_addr()?;
             if id + 1 > count {
                 let mut v = read_cluster_json(&dir)?;
                 v["osds"] = serde_json::json!(id + 1);
                 write_atomic(&dir.join("cluster.json"), &v.to_string())?;
             }
             let pid = start_osd(&dir, id, &mon)?;
-            println!("added osd.{id} (weight {weight}, pid {pid}); data is rebalancing (see `spindle status`)");
+            println!("added osd.{id} (weight {weight}, pid {pid}){on}; data is rebalancing (see `spindle status`)");
             Ok(())
         }
         OsdCommand::Start { id } => {
@@ -373,6 +396,78 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
                 println!("marked osd.{id} {} (epoch {})", verb.as_str(), r.epoch);
                 anyhow::Ok(())
             })
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum HostCommand {
+    /// Start this host's monitors and storage daemons from the cluster configuration
+    /// file (their directories are created the first time).
+    Start {
+        #[arg(long)]
+        config: PathBuf,
+        /// This host's name in the file (default: the machine's host name).
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Stop this host's daemons.
+    Stop {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Check a configuration file and print the cluster it describes.
+    Check {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+pub fn host(command: HostCommand) -> anyhow::Result<()> {
+    use spindle_cluster::config::{host_start, host_stop, this_host, ClusterConfig};
+    match command {
+        HostCommand::Start { config, host } => {
+            let c = ClusterConfig::load(&config)?;
+            host_start(&c, &host.unwrap_or_else(this_host), false)
+        }
+        HostCommand::Stop { config, host } => {
+            let c = ClusterConfig::load(&config)?;
+            host_stop(&c, &host.unwrap_or_else(this_host))
+        }
+        HostCommand::Check { config } => {
+            let c = ClusterConfig::load(&config)?;
+            let spec = c.init_spec();
+            println!(
+                "cluster {}: {} monitors, {} storage daemons",
+                c.cluster_id,
+                c.mon.len(),
+                c.osd.len()
+            );
+            for h in c.hosts() {
+                let mons: Vec<String> = c
+                    .mon
+                    .iter()
+                    .filter(|m| m.host == h)
+                    .map(|m| format!("mon.{}", m.id))
+                    .collect();
+                let osds: Vec<String> = c
+                    .osd
+                    .iter()
+                    .filter(|o| o.host == h)
+                    .map(|o| format!("osd.{}", o.id))
+                    .collect();
+                println!(
+                    "  host {h}: {}",
+                    mons.into_iter().chain(osds).collect::<Vec<_>>().join(" ")
+                );
+            }
+            if let Some((name, size, min_size, pgs)) = spec.default_pool {
+                println!("pool '{name}': {size} copies (min {min_size}) on distinct hosts, {pgs} placement groups");
+            }
+            println!("clients: --mon {}", c.mon_addrs());
+            Ok(())
         }
     }
 }

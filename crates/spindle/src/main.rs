@@ -64,6 +64,12 @@ enum Command {
         #[command(flatten)]
         target: spindle_cluster::Target,
     },
+    /// A cluster on several hosts from a configuration file: start or stop this host's
+    /// daemons.
+    Host {
+        #[command(subcommand)]
+        command: cluster_cmd::HostCommand,
+    },
     /// Monitors: ls, add, rm, stop, start, run.
     Mon {
         #[command(subcommand)]
@@ -242,6 +248,7 @@ fn main() {
         Command::Pool { command, target } => cluster_cmd::pool(command, target),
         Command::Osd { command, target } => cluster_cmd::osd(command, target),
         Command::Mon { command, target } => cluster_cmd::mon(command, target),
+        Command::Host { command } => cluster_cmd::host(command),
         Command::Put {
             name,
             file,

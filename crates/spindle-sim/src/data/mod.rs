@@ -615,6 +615,7 @@ impl DataWorld {
         let min_size = 2.min(size);
         let spec = spindle_mon::InitSpec {
             osd_count: cfg.daemons,
+            osd_hosts: Vec::new(),
             default_pool: Some(("data".into(), size, min_size, cfg.pgs.next_power_of_two())),
         };
         let mut map = match spindle_mon::first_map(&spec, rng.next_u64()) {
