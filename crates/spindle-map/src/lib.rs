@@ -473,8 +473,65 @@ pub fn embedded_layout(crush: &CrushMap, osd_ids: &[u32]) -> Option<Vec<CrushDae
         .then_some(daemons)
 }
 
+/// The name of the bucket of type `host` that holds daemon `id`, if any.
+pub fn host_of(crush: &CrushMap, id: u32) -> Option<String> {
+    let host_type = crush.type_id("host")?;
+    crush
+        .buckets
+        .iter()
+        .flatten()
+        .find(|b| i32::from(b.type_id) == host_type && b.items.contains(&(id as i32)))
+        .and_then(|b| crush.item_names.get(&b.id).cloned())
+}
+
 /// [`embedded_layout`] as (id, weight) pairs, for maps where every daemon is its own host.
 pub fn embedded_weights(crush: &CrushMap, osd_ids: &[u32]) -> Option<Vec<(u32, u32)>> {
     let layout = embedded_layout(crush, osd_ids)?;
     Some(layout.iter().map(|d| (d.id, d.weight)).collect())
+}
+
+#[cfg(test)]
+mod hierarchy_tests {
+    use super::*;
+
+    fn d(id: u32, host: &str) -> CrushDaemon {
+        CrushDaemon {
+            id,
+            weight: 0x10000,
+            host: host.into(),
+        }
+    }
+
+    #[test]
+    fn hosts_group_daemons_and_the_layout_is_recognised() {
+        let daemons = vec![d(0, "h1"), d(1, "h2"), d(2, "h1"), d(3, "h3")];
+        let crush = crush_map_of_hosts(&daemons).unwrap();
+        let h1 = crush.bucket(crush.item_id("h1").unwrap()).unwrap();
+        assert_eq!(h1.items, [0, 2]);
+        assert_eq!(
+            embedded_layout(&crush, &[0, 1, 2, 3]),
+            Some(daemons.clone())
+        );
+        // Adding a daemon to an existing host keeps the other hosts' bucket ids.
+        let mut more = daemons.clone();
+        more.push(d(4, "h2"));
+        let grown = crush_map_of_hosts(&more).unwrap();
+        for h in ["h1", "h2", "h3"] {
+            assert_eq!(grown.item_id(h), crush.item_id(h), "{h}");
+        }
+        // One host per daemon is the single-machine map.
+        let own = embedded_crush_map(&[0, 1]).unwrap();
+        assert_eq!(
+            embedded_layout(&own, &[0, 1]).unwrap(),
+            vec![d(0, "host-0"), d(1, "host-1")]
+        );
+        // A map that is not Spindle's own is not recognised (a daemon missing from it).
+        assert_eq!(embedded_layout(&crush, &[0, 1, 2, 3, 9]), None);
+        // Bad host names are refused.
+        assert!(crush_map_of_hosts(&[d(0, "7up")]).is_err());
+        assert!(crush_map_of_hosts(&[d(0, "a b")]).is_err());
+        assert!(valid_host_name("rack1.h-2_x"));
+        assert_eq!(host_of(&crush, 2).as_deref(), Some("h1"));
+        assert_eq!(host_of(&crush, 9), None);
+    }
 }

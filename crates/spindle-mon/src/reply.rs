@@ -136,6 +136,9 @@ pub struct OsdStatus {
     pub full: bool,
     /// False once its store refused I/O after a disk error.
     pub healthy: bool,
+    /// Its CRUSH host (the failure domain), if the CRUSH map has one for it.
+    #[serde(default)]
+    pub host: Option<String>,
     pub id: u32,
     #[serde(rename = "in")]
     pub in_cluster: bool,

@@ -150,6 +150,7 @@ pub fn status(st: &MonCore) -> Status {
                 nearfull: o.nearfull,
                 full: o.full,
                 healthy: get("store_failed").is_none_or(|f| f == 0),
+                host: spindle_map::host_of(&map.crush, o.id),
                 counters,
             }
         })

@@ -114,6 +114,15 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         let osds = &s.osds;
         let up = osds.iter().filter(|o| o.up).count();
         let inn = osds.iter().filter(|o| o.in_cluster).count();
+        if let Ok(m) = admin(&client, Admin::mon_ls()).await {
+            let voters = m.mons.iter().filter(|x| x.voter).count();
+            println!(
+                "mons: {voters} ({}, term {})",
+                m.leader
+                    .map_or("no leader".to_string(), |l| format!("leader mon.{l}")),
+                m.term
+            );
+        }
         println!("osds: {} total, {up} up, {inn} in", osds.len());
         for o in osds {
             let (Some(total), Some(used)) = (o.total_bytes, o.used_bytes) else {
@@ -357,12 +366,13 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
             } else {
                 for o in &s.osds {
                     println!(
-                        "osd.{}\t{}\t{}\t{}\tpid {}",
+                        "osd.{}\t{}\t{}\t{}\tpid {}\thost {}",
                         o.id,
                         if o.up { "up" } else { "down" },
                         if o.in_cluster { "in" } else { "out" },
                         o.addr,
-                        o.pid
+                        o.pid,
+                        o.host.as_deref().unwrap_or("-")
                     );
                 }
             }

@@ -135,6 +135,12 @@ async fn three_hosts_from_a_configuration_file_keep_copies_apart_and_survive_a_h
     cfg.op_timeout_ms = 60_000;
     let client = Client::connect(cfg).await.unwrap();
     wait_clean(&client).await;
+    let status = client.admin(&spindle_mon::Admin::status()).await.unwrap();
+    for o in &status.osds {
+        assert_eq!(o.host.as_deref(), Some(HOSTS[o.id as usize / 2]), "{o:?}");
+    }
+    let out = run_ok(spindle().args(["status", "--mon"]).arg(&c.mons));
+    assert!(out.contains("mons: 3 (leader mon."), "{out}");
     copies_on_distinct_hosts(&client, POOL, 3);
     client
         .admin(&spindle_mon::Admin::pool_create_ec(
