@@ -8,7 +8,8 @@
 //! 3. times the first committed map change (another client retries a change until it
 //!    commits: the failover time; target under 3 s with the default timeouts);
 //! 4. times until the observer has that epoch (its subscription moved to a live monitor);
-//! 5. restarts the killed monitor and waits until all three agree again.
+//! 5. restarts the killed monitor; the next round starts once every monitor has caught up
+//!    (same applied epoch, same leader) and a second has passed.
 
 use crate::common::{print_report, BenchResult};
 use clap::Args;
@@ -120,20 +121,40 @@ fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
         let client = Client::connect(config).await?;
         let (mut failover_s, mut seen_s) = (Vec::new(), Vec::new());
         for round in 0..args.rounds {
-            // Settle: every monitor up, one leader that all agree on.
+            // Settle: every monitor up and caught up (the same applied epoch and the same
+            // leader in each one's own view), then a second of steady heartbeats: the
+            // failover measured is that of a healthy group, not of one whose previous
+            // victim is still catching up (that monitor, with an old log, cannot win an
+            // election but can start one, and the group then needs another round).
             let deadline = Instant::now() + Duration::from_secs(30);
             let leader = loop {
-                let l = admin(&client, Admin::mon_ls()).await?;
-                if let Some(id) = l.leader {
-                    if l.mons.len() == 3 {
-                        break l.mons.into_iter().find(|m| m.id == id);
+                let mut views = Vec::new();
+                for addr in all.split(',') {
+                    let one = async {
+                        let c = Client::connect(ClientConfig::new(addr)).await.ok()?;
+                        admin(&c, Admin::mon_ls()).await.ok()
+                    };
+                    views.push(one.await);
+                }
+                let agreed = views.iter().all(|v| {
+                    v.as_ref().is_some_and(|v| {
+                        views[0].as_ref().is_some_and(|f| {
+                            v.leader.is_some() && v.leader == f.leader && v.epoch == f.epoch
+                        })
+                    })
+                });
+                if agreed {
+                    if let Some(Some(v)) = views.into_iter().next() {
+                        let id = v.leader;
+                        break v.mons.into_iter().find(|m| Some(m.id) == id);
                     }
                 }
                 if Instant::now() > deadline {
-                    anyhow::bail!("no leader within 30 s");
+                    anyhow::bail!("the monitors did not settle within 30 s");
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             };
+            tokio::time::sleep(Duration::from_secs(1)).await;
             let Some(leader) = leader else {
                 anyhow::bail!("the leader is not a member");
             };
