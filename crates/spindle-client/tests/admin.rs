@@ -137,3 +137,43 @@ async fn image_locks_between_two_clients() {
     let _ = stop_tx.send(());
     served.await.unwrap().unwrap();
 }
+
+/// A monitor directory of the single-monitor version (`mon.redb`, no Raft) becomes a group
+/// of one at its next start and goes on from its epoch; preparing it to "join" (what
+/// `spindle mon start` does for a directory without a Raft database) does not hide it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_monitor_database_of_the_earlier_version_is_converted() {
+    use spindle_mon::MapStore;
+    let dir = Scratch(
+        std::env::temp_dir().join(format!("spindle-client-convert-{}", std::process::id())),
+    );
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let spec = InitSpec {
+        osd_count: 3,
+        osd_hosts: Vec::new(),
+        default_pool: Some(("default".into(), 3, 2, 8)),
+    };
+    let mut map = spindle_mon::first_map(&spec, 0xfeed).unwrap();
+    map.epoch = 41;
+    spindle_mon::RedbMapStore::open(&dir.0.join("mon.redb"))
+        .unwrap()
+        .save(&map)
+        .unwrap();
+    spindle_mon::prepare_join(&dir.0, 0).unwrap();
+    let mon = BoundMonitor::bind(MonConfig::new(&dir.0)).await.unwrap();
+    let addr = mon.addr.to_string();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(mon.run(async move {
+        let _ = stop_rx.await;
+    }));
+    let client = Client::connect(ClientConfig::new(addr)).await.unwrap();
+    assert_eq!(client.epoch(), 41);
+    assert_eq!(client.map().cluster_id, 0xfeed);
+    let created = client
+        .admin(&Admin::pool_create("after", 2, 1, 4))
+        .await
+        .unwrap();
+    assert_eq!(created.epoch, 42);
+    let _ = stop_tx.send(());
+    served.await.unwrap().unwrap();
+}

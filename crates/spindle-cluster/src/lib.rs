@@ -254,7 +254,7 @@ pub fn start_mon(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
         "--dir".into(),
         d.display().to_string(),
     ];
-    if join || !d.join(spindle_mon::RAFT_DB).exists() {
+    if join || !(d.join(spindle_mon::RAFT_DB).exists() || d.join("mon.redb").exists()) {
         // An empty directory (a new monitor, or one whose disk was replaced) joins the
         // group as `id` and catches up from the leader.
         args.extend(["--id".into(), id.to_string()]);

@@ -230,6 +230,11 @@ pub fn init_member(
 /// holds a monitor already is left alone.
 pub fn prepare_join(dir: &Path, id: u64) -> Result<(), MonError> {
     std::fs::create_dir_all(dir)?;
+    if dir.join("mon.redb").exists() {
+        // A single-monitor database of an earlier version: `BoundMonitor::bind` converts
+        // it (a join database written here would hide it).
+        return Ok(());
+    }
     let db = RaftDb::open(&dir.join(RAFT_DB)).map_err(MonError::Raft)?;
     if db.boot().map_err(MonError::Raft)?.is_none() {
         db.set_boot(&Boot {
