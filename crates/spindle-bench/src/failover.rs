@@ -98,7 +98,7 @@ fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
     };
     progress("starting a scratch cluster with 3 monitors");
     cluster_cmd::up_quiet(UpArgs {
-        mons: 3,
+        mons: Some(3),
         osds: 3,
         pg_count: 16,
         wait_seconds: 60,

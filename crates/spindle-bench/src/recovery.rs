@@ -210,7 +210,7 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
     let disk_mbps = disk_write_mbps(scratch, 512 << 20)?;
     progress("starting a scratch cluster");
     cluster_cmd::up_quiet(UpArgs {
-        mons: 1,
+        mons: Some(1),
         osds: args.osds,
         pg_count: 64,
         wait_seconds: 60,

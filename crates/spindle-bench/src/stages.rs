@@ -265,7 +265,7 @@ pub fn run(args: BenchStagesArgs) -> anyhow::Result<()> {
         scratch.display()
     ));
     cluster::up_quiet(UpArgs {
-        mons: 1,
+        mons: Some(1),
         osds: 3,
         pg_count: 64,
         wait_seconds: 60,

@@ -76,9 +76,9 @@ impl Target {
 #[derive(Args)]
 pub struct UpArgs {
     /// Number of monitors of a new cluster (a Raft group: 3 survive the loss of one,
-    /// 5 of two).
-    #[arg(long, default_value_t = 1)]
-    pub mons: u32,
+    /// 5 of two). Default 1. An existing cluster keeps its monitors (`spindle mon add|rm`).
+    #[arg(long)]
+    pub mons: Option<u32>,
     /// Number of storage daemons of a new cluster.
     #[arg(long, default_value_t = 3)]
     pub osds: u32,
@@ -334,7 +334,8 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
             if args.osds == 0 {
                 bail!("--osds must be at least 1");
             }
-            if args.mons == 0 || args.mons as usize > spindle_mon::MONITORS_MAX {
+            let mon_count = args.mons.unwrap_or(1);
+            if mon_count == 0 || mon_count as usize > spindle_mon::MONITORS_MAX {
                 bail!(
                     "--mons must be 1..={} (3 or 5 survive the loss of 1 or 2)",
                     spindle_mon::MONITORS_MAX
@@ -344,10 +345,10 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
             let min_size = if size >= 2 { 2 } else { 1 };
             // One monitor takes any free port when it first binds; a group needs its
             // addresses up front (they are its Raft membership).
-            let addrs = if args.mons == 1 {
+            let addrs = if mon_count == 1 {
                 vec![String::new()]
             } else {
-                free_local_addrs(args.mons as usize)?
+                free_local_addrs(mon_count as usize)?
             };
             let mons: Vec<(PathBuf, String)> = addrs
                 .iter()
@@ -375,8 +376,8 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
             say!(
                 "created a cluster of {} storage daemons and {} monitor{} in {} (pool 'default': {size} copies, min {min_size})",
                 args.osds,
-                args.mons,
-                if args.mons == 1 { "" } else { "s" },
+                mon_count,
+                if mon_count == 1 { "" } else { "s" },
                 dir.display()
             );
             args.osds
@@ -386,6 +387,13 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
     let ids = mon_ids(&dir);
     if ids.is_empty() {
         bail!("no monitor directory in {}", dir.display());
+    }
+    if let Some(n) = args.mons.filter(|&n| n as usize != ids.len()) {
+        eprintln!(
+            "note: the cluster in {} has {} monitor(s); --mons {n} applies to new clusters only (`spindle mon add|rm` changes them)",
+            dir.display(),
+            ids.len()
+        );
     }
     let mut mon_pids = Vec::new();
     for &id in &ids {
