@@ -108,3 +108,34 @@ pub fn print_report(bench: &str, results: &[BenchResult], json: bool) -> anyhow:
     }
     Ok(())
 }
+
+/// Runs a benchmark that kills daemons on its own cluster in a scratch directory (never
+/// the user's: `scratch`, else a new one under the temporary directory named after
+/// `bench`): refuses a directory that already holds a cluster, stops the cluster however
+/// `run` ends, and removes the directory unless `keep`.
+pub fn in_scratch_cluster(
+    bench: &str,
+    scratch: Option<std::path::PathBuf>,
+    keep: bool,
+    run: impl FnOnce(&std::path::Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let scratch = scratch.unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("spindle-bench-{bench}-{}", std::process::id()))
+    });
+    if scratch.join("cluster.json").exists() {
+        anyhow::bail!(
+            "{} already holds a cluster; give an empty --scratch directory",
+            scratch.display()
+        );
+    }
+    std::fs::create_dir_all(&scratch)?;
+    let result = run(&scratch);
+    let _ = spindle_cluster::down_quiet(spindle_cluster::Target {
+        dir: scratch.clone(),
+        mon: None,
+    });
+    if !keep {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    result
+}

@@ -41,25 +41,9 @@ pub fn run(args: BenchFailoverArgs) -> anyhow::Result<()> {
     if args.rounds == 0 {
         anyhow::bail!("--rounds must be at least 1");
     }
-    let scratch = args.scratch.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("spindle-bench-failover-{}", std::process::id()))
-    });
-    if scratch.join("cluster.json").exists() {
-        anyhow::bail!(
-            "{} already holds a cluster; give an empty --scratch directory",
-            scratch.display()
-        );
-    }
-    std::fs::create_dir_all(&scratch)?;
-    let result = run_in(&args, &scratch);
-    let _ = cluster_cmd::down_quiet(Target {
-        dir: scratch.clone(),
-        mon: None,
-    });
-    if !args.keep {
-        let _ = std::fs::remove_dir_all(&scratch);
-    }
-    result
+    crate::common::in_scratch_cluster("failover", args.scratch.clone(), args.keep, |scratch| {
+        run_in(&args, scratch)
+    })
 }
 
 /// One map change (the near-full ratio, toggled), retried until it commits: its epoch.

@@ -178,25 +178,9 @@ pub fn run(args: BenchRecoveryArgs) -> anyhow::Result<()> {
     if args.osds < 5 {
         anyhow::bail!("--osds must be at least 5 (two daemons are lost, 3 copies are kept)");
     }
-    let scratch = args.scratch.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("spindle-bench-recovery-{}", std::process::id()))
-    });
-    if scratch.join("cluster.json").exists() {
-        anyhow::bail!(
-            "{} already holds a cluster; give an empty --scratch directory",
-            scratch.display()
-        );
-    }
-    std::fs::create_dir_all(&scratch)?;
-    let result = run_in(&args, &scratch);
-    let _ = cluster_cmd::down_quiet(Target {
-        dir: scratch.clone(),
-        mon: None,
-    });
-    if !args.keep {
-        let _ = std::fs::remove_dir_all(&scratch);
-    }
-    result
+    crate::common::in_scratch_cluster("recovery", args.scratch.clone(), args.keep, |scratch| {
+        run_in(&args, scratch)
+    })
 }
 
 fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {

@@ -306,18 +306,12 @@ async fn an_erasure_coded_pool_keeps_writing_with_a_shard_cut_off_and_heals() {
     cluster.stop().await;
 }
 
-/// A primary cut off from the monitor, its copies and the writer, while a reader with the
-/// old map still reaches it (and nothing else): the monitor marks it down, a new primary
-/// takes a write, and the old primary must not answer the reader with the data the write
-/// replaced (its read lease from the copies ran out; `spindle-osd/src/lease.rs`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replaced_primary_serves_no_stale_read_to_a_client_with_the_old_map() {
-    let cluster = Cluster::start("lease").await;
-    let mut acked = BTreeMap::new();
-    write_all(&cluster.client, 8, 0, &mut acked).await;
+/// A client on host "reader" (operations time out after `op_timeout_ms`) that has read
+/// obj-0, and obj-0's primary.
+async fn reader_and_primary(cluster: &Cluster, op_timeout_ms: u64) -> (Client, u32) {
     let mut cc = ClientConfig::new(MON);
     cc.net = Net::Mem(cluster.net.host("reader"));
-    cc.op_timeout_ms = 6_000;
+    cc.op_timeout_ms = op_timeout_ms;
     let reader = Client::connect(cc).await.unwrap();
     assert_eq!(
         reader.read_full(POOL, "obj-0").await.unwrap(),
@@ -328,13 +322,38 @@ async fn a_replaced_primary_serves_no_stale_read_to_a_client_with_the_old_map() 
     let pg = spindle_map::object_pg("obj-0", pool.pg_count);
     let view = spindle_map::MapView::decode(&map.encode()).unwrap();
     let primary = view.placement.pg(pool.id, pg).unwrap().primary().unwrap();
+    (reader, primary)
+}
+
+/// Cuts daemon `primary` and the reader off from every other host (the two still reach
+/// each other: the reader keeps the old map and can ask only the old primary).
+fn cut_off_with_reader(cluster: &Cluster, primary: u32) {
     let p = format!("osd.{primary}");
     for h in hosts().iter().filter(|h| **h != p && *h != "reader") {
         cluster.net.partition(&p, h);
-    }
-    for h in hosts().iter().filter(|h| **h != p && *h != "reader") {
         cluster.net.partition("reader", h);
     }
+}
+
+fn heal_with_reader(cluster: &Cluster, primary: u32) {
+    let p = format!("osd.{primary}");
+    for h in hosts() {
+        cluster.net.heal(&p, &h);
+        cluster.net.heal("reader", &h);
+    }
+}
+
+/// A primary cut off from the monitor, its copies and the writer, while a reader with the
+/// old map still reaches it (and nothing else): the monitor marks it down, a new primary
+/// takes a write, and the old primary must not answer the reader with the data the write
+/// replaced (its read lease from the copies ran out; `spindle-osd/src/lease.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_primary_serves_no_stale_read_to_a_client_with_the_old_map() {
+    let cluster = Cluster::start("lease").await;
+    let mut acked = BTreeMap::new();
+    write_all(&cluster.client, 8, 0, &mut acked).await;
+    let (reader, primary) = reader_and_primary(&cluster, 6_000).await;
+    cut_off_with_reader(&cluster, primary);
     cluster.wait_down(primary).await;
     let took = write_all(&cluster.client, 1, 1, &mut acked).await;
     eprintln!("write through the new primary took {took:?}");
@@ -353,10 +372,7 @@ async fn a_replaced_primary_serves_no_stale_read_to_a_client_with_the_old_map() 
             "a stale read: the old primary returned the data the acknowledged write replaced"
         );
     }
-    for h in hosts() {
-        cluster.net.heal(&p, &h);
-        cluster.net.heal("reader", &h);
-    }
+    heal_with_reader(&cluster, primary);
     cluster.wait_clean(Duration::from_secs(60)).await;
     // It was the lease that refused: the old primary counted the reads it turned away.
     let s = cluster.status().await;
@@ -387,24 +403,8 @@ async fn a_primary_moved_by_an_administrator_waits_out_the_old_primary_s_read_le
     let cluster = Cluster::start("lease-out").await;
     let mut acked = BTreeMap::new();
     write_all(&cluster.client, 8, 0, &mut acked).await;
-    let mut cc = ClientConfig::new(MON);
-    cc.net = Net::Mem(cluster.net.host("reader"));
-    cc.op_timeout_ms = 3_000;
-    let reader = Client::connect(cc).await.unwrap();
-    assert_eq!(
-        reader.read_full(POOL, "obj-0").await.unwrap(),
-        content(0, 0)
-    );
-    let map = reader.map();
-    let pool = map.pool_by_name(POOL).unwrap();
-    let pg = spindle_map::object_pg("obj-0", pool.pg_count);
-    let view = spindle_map::MapView::decode(&map.encode()).unwrap();
-    let primary = view.placement.pg(pool.id, pg).unwrap().primary().unwrap();
-    let p = format!("osd.{primary}");
-    for h in hosts().iter().filter(|h| **h != p && *h != "reader") {
-        cluster.net.partition(&p, h);
-        cluster.net.partition("reader", h);
-    }
+    let (reader, primary) = reader_and_primary(&cluster, 3_000).await;
+    cut_off_with_reader(&cluster, primary);
     let cut = Instant::now();
     cluster
         .client
@@ -424,10 +424,7 @@ async fn a_primary_moved_by_an_administrator_waits_out_the_old_primary_s_read_le
             "a stale read: the old primary returned the data the acknowledged write replaced"
         );
     }
-    for h in hosts() {
-        cluster.net.heal(&p, &h);
-        cluster.net.heal("reader", &h);
-    }
+    heal_with_reader(&cluster, primary);
     cluster
         .client
         .admin(&Admin::osd(spindle_mon::OsdVerb::In, primary))
