@@ -133,6 +133,8 @@ pub fn in_scratch_cluster(
     let _ = spindle_cluster::down_quiet(spindle_cluster::Target {
         dir: scratch.clone(),
         mon: None,
+        keyring: None,
+        entity: "client.admin".into(),
     });
     if !keep {
         let _ = std::fs::remove_dir_all(&scratch);

@@ -32,6 +32,13 @@ pub struct BenchFailoverArgs {
     pub keep: bool,
     #[arg(long)]
     pub json: bool,
+    /// Seconds of each fio run of the authentication cost comparison (0: skip it).
+    #[arg(long, default_value_t = 10)]
+    pub auth_seconds: u64,
+    /// Clusters of each kind (with and without authentication) in that comparison,
+    /// alternated; the better run of each counts.
+    #[arg(long, default_value_t = 2)]
+    pub auth_rounds: u32,
 }
 
 /// The failover target of issue #20 (default timeouts).
@@ -41,9 +48,28 @@ pub fn run(args: BenchFailoverArgs) -> anyhow::Result<()> {
     if args.rounds == 0 {
         anyhow::bail!("--rounds must be at least 1");
     }
+    let mut results = Vec::new();
     crate::common::in_scratch_cluster("failover", args.scratch.clone(), args.keep, |scratch| {
-        run_in(&args, scratch)
-    })
+        results = run_in(&args, scratch)?;
+        Ok(())
+    })?;
+    if args.auth_seconds > 0 {
+        results.extend(crate::auth_cost::auth_cost(
+            args.auth_seconds,
+            args.auth_rounds,
+            args.keep,
+            &progress,
+        )?);
+    } else {
+        progress("not measured: the cost of authentication (--auth-seconds 0)");
+    }
+    print_report("failover", &results, args.json)
+}
+
+/// A progress line on stderr (stdout may be JSON).
+fn progress(line: &str) {
+    eprintln!("bench failover: {line}");
+    let _ = std::io::stderr().flush();
 }
 
 /// One map change (the near-full ratio, toggled), retried until it commits: its epoch.
@@ -73,7 +99,7 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
+fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<Vec<BenchResult>> {
     let progress = |msg: &str| {
         if !args.json {
             eprintln!("bench failover: {msg}");
@@ -82,6 +108,7 @@ fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
     };
     progress("starting a scratch cluster with 3 monitors");
     cluster_cmd::up_quiet(UpArgs {
+        no_auth: false,
         mons: Some(3),
         osds: 3,
         pg_count: 16,
@@ -90,19 +117,23 @@ fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
         target: Target {
             dir: scratch.to_path_buf(),
             mon: None,
+            keyring: None,
+            entity: "client.admin".into(),
         },
     })?;
     let target = Target {
         dir: scratch.to_path_buf(),
         mon: None,
+        keyring: None,
+        entity: "client.admin".into(),
     };
     let rt = spindle_cluster::runtime()?;
     rt.block_on(async {
         let all = target.mon_addr()?;
-        let mut config = ClientConfig::new(all.clone());
+        let mut config = target.client_config()?;
         // Commands retry across the election (NoLeader, broken connections) themselves.
         config.op_timeout_ms = 20_000;
-        let client = Client::connect(config).await?;
+        let client = Client::connect(config.clone()).await?;
         let (mut failover_s, mut seen_s) = (Vec::new(), Vec::new());
         for round in 0..args.rounds {
             // Settle: every monitor up and caught up (the same applied epoch and the same
@@ -115,7 +146,9 @@ fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
                 let mut views = Vec::new();
                 for addr in all.split(',') {
                     let one = async {
-                        let c = Client::connect(ClientConfig::new(addr)).await.ok()?;
+                        let mut one = config.clone();
+                        one.mon_addr = addr.to_string();
+                        let c = Client::connect(one).await.ok()?;
                         admin(&c, Admin::mon_ls()).await.ok()
                     };
                     views.push(one.await);
@@ -144,11 +177,10 @@ fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
             };
             // The observer lists the leader first: its subscription is on it.
             let others: Vec<&str> = all.split(',').filter(|a| *a != leader.addr).collect();
-            let observer = Client::connect(ClientConfig::new(format!(
-                "{},{}",
-                leader.addr,
-                others.join(",")
-            )))
+            let observer = Client::connect(ClientConfig {
+                mon_addr: format!("{},{}", leader.addr, others.join(",")),
+                ..config.clone()
+            })
             .await?;
             let dir = cluster_cmd::mon_dir(scratch, leader.id);
             let pid = cluster_cmd::read_pid(&dir)
@@ -203,9 +235,6 @@ fn run_in(args: &BenchFailoverArgs, scratch: &Path) -> anyhow::Result<()> {
                 FAILOVER_TARGET_S,
             ),
         ];
-        progress(
-            "not measured: the cost of authentication and frame integrity (not built yet, issue #20 item 4)",
-        );
-        print_report("failover", &results, args.json)
+        anyhow::Ok(results)
     })
 }

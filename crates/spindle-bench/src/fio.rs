@@ -585,6 +585,11 @@ impl Engine {
         }
     }
 
+    /// `--ioengine=...` and the options naming the target.
+    pub(crate) fn engine_args(&self) -> &[String] {
+        &self.args
+    }
+
     fn size_arg(&self) -> String {
         match self.size_bytes {
             Some(bytes) => format!("--size={bytes}"),
@@ -594,7 +599,10 @@ impl Engine {
 }
 
 /// Runs fio with `args` (plus the JSON output flag) and returns its parsed report.
-fn fio_json(args: &[String], env: &[(String, OsString)]) -> anyhow::Result<serde_json::Value> {
+pub(crate) fn fio_json(
+    args: &[String],
+    env: &[(String, OsString)],
+) -> anyhow::Result<serde_json::Value> {
     let out = Command::new("fio")
         .args(args)
         .arg("--output-format=json")
@@ -640,7 +648,7 @@ pub(crate) fn prefill(engine: &Engine) -> anyhow::Result<()> {
 }
 
 /// The figures of one point from fio's JSON report, and the I/Os it counted.
-fn parse_figures(v: &serde_json::Value, p: &Point) -> anyhow::Result<(Figures, u64)> {
+pub(crate) fn parse_figures(v: &serde_json::Value, p: &Point) -> anyhow::Result<(Figures, u64)> {
     let dir = if p.rw.contains("read") {
         "read"
     } else {

@@ -13,6 +13,7 @@
 //!   time goes, stage by stage;
 //! - [`common`]: the report every benchmark prints; [`proc_cpu`]: CPU time of processes.
 
+pub mod auth_cost;
 pub mod common;
 pub mod crush;
 pub mod ec;

@@ -194,6 +194,7 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
     let disk_mbps = disk_write_mbps(scratch, 512 << 20)?;
     progress("starting a scratch cluster");
     cluster_cmd::up_quiet(UpArgs {
+        no_auth: false,
         mons: Some(1),
         osds: args.osds,
         pg_count: 64,
@@ -207,11 +208,15 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
         target: Target {
             dir: scratch.to_path_buf(),
             mon: None,
+            keyring: None,
+            entity: "client.admin".into(),
         },
     })?;
     let target = Target {
         dir: scratch.to_path_buf(),
         mon: None,
+        keyring: None,
+        entity: "client.admin".into(),
     };
     let rt = spindle_cluster::runtime()?;
     rt.block_on(async {

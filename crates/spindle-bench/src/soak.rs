@@ -156,7 +156,8 @@ struct Shared {
     object_bytes: usize,
     window: usize,
     run: u64,
-    mon: String,
+    /// Monitors and identity of every client.
+    config: ClientConfig,
     next: AtomicU64,
     ops: AtomicU64,
     clients: AtomicU64,
@@ -169,7 +170,7 @@ struct Shared {
 
 /// One short-lived client's work; returns the operations it did.
 async fn one_client(sh: &Shared) -> anyhow::Result<u64> {
-    let client = Client::connect(ClientConfig::new(sh.mon.clone())).await?;
+    let client = Client::connect(sh.config.clone()).await?;
     let i = sh.next.fetch_add(1, Ordering::Relaxed);
     let name = object_name(sh.run, i);
     let data = content(i, sh.object_bytes);
@@ -212,8 +213,8 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
     if args.seconds < 10 {
         bail!("--seconds must be at least 10 (the first fifth is warm-up)");
     }
-    let mon = args.target.mon_addr()?;
-    let probe = Client::connect(ClientConfig::new(mon.clone())).await?;
+    let config = args.target.client_config()?;
+    let probe = Client::connect(config.clone()).await?;
     let scratch = args.pool.is_none();
     let pool = match &args.pool {
         Some(p) => {
@@ -234,7 +235,7 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
         }
     };
     let procs = processes(&probe, &args.target).await?;
-    let result = soak(&args, mon, pool.clone(), procs).await;
+    let result = soak(&args, config, pool.clone(), procs).await;
     if scratch {
         if let Err(e) = spindle_cluster::admin(&probe, Admin::pool_rm(&pool)).await {
             eprintln!("bench soak: could not remove the scratch pool {pool}: {e}");
@@ -245,7 +246,7 @@ async fn run_async(args: BenchSoakArgs) -> anyhow::Result<()> {
 
 async fn soak(
     args: &BenchSoakArgs,
-    mon: String,
+    config: ClientConfig,
     pool: String,
     procs: Vec<Proc>,
 ) -> anyhow::Result<()> {
@@ -258,7 +259,7 @@ async fn soak(
             ^ std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() & 0xffff_ffff),
-        mon,
+        config,
         next: AtomicU64::new(0),
         ops: AtomicU64::new(0),
         clients: AtomicU64::new(0),
@@ -350,7 +351,7 @@ async fn soak(
         .map(|p| sample(p.pid))
         .collect::<anyhow::Result<_>>()?;
     // Clean up the objects still alive (not measured).
-    if let Ok(client) = Client::connect(ClientConfig::new(sh.mon.clone())).await {
+    if let Ok(client) = Client::connect(sh.config.clone()).await {
         let live: Vec<u64> = sh
             .live
             .lock()

@@ -234,6 +234,8 @@ pub fn run(args: BenchStagesArgs) -> anyhow::Result<()> {
     let target = Target {
         dir: scratch.clone(),
         mon: None,
+        keyring: None,
+        entity: "client.admin".into(),
     };
     // Only a directory this bench made (it holds the marker) is removed: `--dir` pointing
     // at anything else that is not empty is refused.
@@ -265,6 +267,7 @@ pub fn run(args: BenchStagesArgs) -> anyhow::Result<()> {
         scratch.display()
     ));
     cluster::up_quiet(UpArgs {
+        no_auth: false,
         mons: Some(1),
         osds: 3,
         pg_count: 64,

@@ -57,6 +57,13 @@ pub enum ClientError {
     /// parse as its reply type.
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The cluster refused this client's credentials (no key, a wrong key, an unknown
+    /// entity).
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// The client's capabilities do not allow the operation.
+    #[error("permission denied: {0}")]
+    Denied(String),
 }
 
 #[derive(Clone, Debug)]
@@ -70,6 +77,9 @@ pub struct ClientConfig {
     /// write log's offload agent takes its front end's id, so that fencing the front end
     /// fences the agent's writes too.
     pub client_id: Option<u64>,
+    /// The entity and key this client authenticates with (None: a cluster without
+    /// authentication).
+    pub auth: Option<spindle_proto::auth::Identity>,
 }
 
 impl ClientConfig {
@@ -79,7 +89,27 @@ impl ClientConfig {
             op_timeout_ms: 30_000,
             net: spindle_proto::transport::Net::Tcp,
             client_id: None,
+            auth: None,
         }
+    }
+
+    /// Authenticates as `entity` with its key from the keyring file at `path`, if that
+    /// file exists (a cluster without authentication has none); a keyring without that
+    /// entity, or one others can read, is an error.
+    pub fn with_keyring(
+        mut self,
+        path: &std::path::Path,
+        entity: &str,
+    ) -> Result<Self, ClientError> {
+        if path.exists() {
+            let k = spindle_proto::auth::Keyring::load(path)
+                .map_err(|e| ClientError::Auth(e.to_string()))?;
+            self.auth = Some(
+                k.identity(entity)
+                    .map_err(|e| ClientError::Auth(e.to_string()))?,
+            );
+        }
+        Ok(self)
     }
 }
 
@@ -127,6 +157,27 @@ struct Inner {
     mon: Mutex<Option<Arc<RpcConn>>>,
     osds: Mutex<HashMap<u32, Arc<RpcConn>>>,
     push_tx: mpsc::UnboundedSender<Incoming>,
+    /// Identity and ticket, with authentication.
+    creds: Option<Arc<Credentials>>,
+}
+
+use spindle_proto::tickets::Credentials;
+
+fn mon_auth(creds: &Option<Arc<Credentials>>) -> spindle_proto::auth::ConnectAuth {
+    creds
+        .as_ref()
+        .map_or_else(Default::default, |c| c.mon_auth())
+}
+
+/// A monitor connection failure as a client error (an authentication failure is final).
+fn mon_error(mons: &MonAddrs, e: NetError) -> ClientError {
+    match e {
+        NetError::Auth(why) => ClientError::Auth(why),
+        e => ClientError::Monitor {
+            addr: mons.joined(),
+            reason: e.to_string(),
+        },
+    }
 }
 
 /// A connection to a cluster. Cheap to clone; use from any number of tasks.
@@ -162,15 +213,22 @@ impl Client {
             reason,
         })?;
         let (push_tx, push_rx) = mpsc::unbounded_channel();
+        let creds = config.auth.clone().map(Credentials::new);
         let deadline = Instant::now() + Duration::from_millis(config.op_timeout_ms.min(30_000));
         let (mon, map) = loop {
-            let mon = mons
-                .connect(&config.net, 3000, Some(push_tx.clone()))
+            let mon = match mons
+                .connect(&config.net, 3000, Some(push_tx.clone()), &mon_auth(&creds))
                 .await
-                .map_err(|e| ClientError::Monitor {
-                    addr: mons.joined(),
-                    reason: e.to_string(),
-                })?;
+            {
+                Ok(m) => m,
+                // Answered, but not ready to authenticate anyone yet: wait.
+                Err(NetError::Closed(why)) if Instant::now() < deadline => {
+                    tracing::debug!("monitors not ready: {why}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                Err(e) => return Err(mon_error(&mons, e)),
+            };
             let reply = mon
                 .request(
                     0,
@@ -182,8 +240,22 @@ impl Client {
                 )
                 .await;
             let why = match reply {
-                Ok(MapReply::Newer(map)) => break (mon, map),
+                Ok(MapReply::Newer(map)) => match &creds {
+                    None => break (mon, map),
+                    Some(c) => match c.fetch_ticket(&mon).await {
+                        Ok(()) => break (mon, map),
+                        Err(e) => {
+                            mons.failed(mon.peer());
+                            e
+                        }
+                    },
+                },
                 Ok(MapReply::Current) => "the monitor has no map yet".to_string(),
+                Err(CallError::Remote(e))
+                    if matches!(e.code, ErrorCode::Denied | ErrorCode::AuthFailed) =>
+                {
+                    return Err(ClientError::Denied(e.message));
+                }
                 Err(e) => {
                     mons.failed(mon.peer());
                     e.to_string()
@@ -212,6 +284,7 @@ impl Client {
                 mon: Mutex::new(None),
                 osds: Mutex::new(HashMap::new()),
                 push_tx,
+                creds,
             }),
         };
         client.subscribe(&mon);
@@ -338,6 +411,11 @@ impl Client {
                     self.mon_failed(&mon);
                     e.message
                 }
+                Err(CallError::Remote(e))
+                    if matches!(e.code, ErrorCode::Denied | ErrorCode::AuthFailed) =>
+                {
+                    return Err(ClientError::Denied(e.message))
+                }
                 Err(CallError::Remote(e)) => return Err(ClientError::Command(e.message)),
                 Err(e @ CallError::Unexpected { .. }) => {
                     return Err(ClientError::Protocol(e.to_string()))
@@ -384,7 +462,31 @@ impl Client {
                 return Ok(c.clone());
             }
         }
-        let conn = RpcConn::connect_via(&self.inner.config.net, addr, 2000, None).await?;
+        let auth = match &self.inner.creds {
+            None => Default::default(),
+            Some(c) => {
+                if c.needs_ticket() {
+                    let mon = self
+                        .mon()
+                        .await
+                        .map_err(|e| NetError::Auth(format!("no ticket: {e}")))?;
+                    if let Err(e) = c.fetch_ticket(&mon).await {
+                        self.mon_failed(&mon);
+                        return Err(NetError::Auth(format!("no ticket: {e}")));
+                    }
+                }
+                c.osd_auth()
+                    .ok_or_else(|| NetError::Auth("no ticket".into()))?
+            }
+        };
+        let conn = RpcConn::connect_auth(&self.inner.config.net, addr, 2000, None, &auth)
+            .await
+            .inspect_err(|e| {
+                if let (NetError::Auth(_), Some(c)) = (e, &self.inner.creds) {
+                    // Refused: perhaps expired, or made before the daemon's key changed.
+                    c.forget_ticket();
+                }
+            })?;
         lock(&self.inner.osds).insert(osd, conn.clone());
         Ok(conn)
     }
@@ -602,6 +704,7 @@ impl Client {
                 ErrorCode::Conflict => ClientError::Conflict(message),
                 ErrorCode::NoSpace => ClientError::NoSpace(message),
                 ErrorCode::Fenced => ClientError::Fenced(message),
+                ErrorCode::Denied | ErrorCode::AuthFailed => ClientError::Denied(message),
                 _ => ClientError::Daemon(format!("{code:?}: {message}")),
             },
             e @ CallError::Unexpected { .. } => ClientError::Protocol(e.to_string()),
@@ -893,12 +996,14 @@ async fn mon_conn(inner: &Arc<Inner>) -> Result<Arc<RpcConn>, ClientError> {
     }
     let conn = inner
         .mons
-        .connect(&inner.config.net, 3000, Some(inner.push_tx.clone()))
+        .connect(
+            &inner.config.net,
+            3000,
+            Some(inner.push_tx.clone()),
+            &mon_auth(&inner.creds),
+        )
         .await
-        .map_err(|e| ClientError::Monitor {
-            addr: inner.mons.joined(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| mon_error(&inner.mons, e))?;
     let have = inner
         .map
         .read()
@@ -932,6 +1037,16 @@ async fn mon_keeper(weak: std::sync::Weak<Inner>) {
                 inner.mons.failed(c.peer());
             }
             let _ = mon_conn(&inner).await;
+        }
+        // Renew the ticket at half its life, while the old one still works.
+        if let Some(c) = &inner.creds {
+            if c.needs_ticket() {
+                if let Ok(mon) = mon_conn(&inner).await {
+                    if let Err(e) = c.fetch_ticket(&mon).await {
+                        tracing::warn!("renewing the ticket of {}: {e}", c.entity());
+                    }
+                }
+            }
         }
     }
 }

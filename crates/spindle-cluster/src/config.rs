@@ -43,6 +43,12 @@ pub struct ClusterConfig {
     /// A daemon down this long is marked out (its data re-created elsewhere); 0 = never.
     #[serde(default = "default_out_after_ms")]
     pub out_after_ms: u64,
+    /// The cluster's keyring (made by `spindle host keygen`, mode 0600): every host reads
+    /// its daemons' keys from it, the first monitor seeds the key database from it, the
+    /// administrator's client uses `client.admin` from it. Absent: the cluster runs
+    /// without authentication.
+    #[serde(default)]
+    pub keyring: Option<PathBuf>,
     pub mon: Vec<MonEntry>,
     pub osd: Vec<OsdEntry>,
 }
@@ -241,9 +247,17 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
     let members: Vec<(u64, String)> = config.mon.iter().map(|m| (m.id, m.addr.clone())).collect();
     let first = spindle_mon::first_map(&config.init_spec(), config.cluster_id()?)?;
     let mons = config.mon_addrs();
+    let keyring = config
+        .keyring
+        .as_ref()
+        .map(|p| spindle_proto::auth::Keyring::load(p))
+        .transpose()?;
+    if keyring.is_none() && !quiet {
+        println!("note: no keyring in the configuration: the cluster runs without authentication");
+    }
     for m in config.mon.iter().filter(|m| m.host == host) {
         std::fs::create_dir_all(&m.dir).with_context(|| format!("creating {}", m.dir.display()))?;
-        spindle_mon::init_member(&m.dir, m.id, &members, &first)?;
+        spindle_mon::init_member(&m.dir, m.id, &members, &first, keyring.as_ref())?;
         if let Some(pid) = read_pid(&m.dir).filter(|&p| pid_alive(p)) {
             if !quiet {
                 println!("mon.{} already runs (pid {pid})", m.id);
@@ -269,6 +283,12 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
     }
     for o in config.osd.iter().filter(|o| o.host == host) {
         std::fs::create_dir_all(&o.dir).with_context(|| format!("creating {}", o.dir.display()))?;
+        if let Some(k) = &keyring {
+            let path = o.dir.join(crate::KEYRING);
+            if !path.exists() {
+                crate::write_keyring_of(k, &format!("osd.{}", o.id), &path)?;
+            }
+        }
         if let Some(pid) = read_pid(&o.dir).filter(|&p| pid_alive(p)) {
             if !quiet {
                 println!("osd.{} already runs (pid {pid})", o.id);
@@ -296,6 +316,27 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
     if !quiet {
         println!("monitors: {mons}  (clients: --mon {mons})");
     }
+    Ok(())
+}
+
+/// Writes a new keyring for the cluster of `config` to `out` (mode 0600): `client.admin`,
+/// the monitors' `mon.` and every daemon's key. Refuses to replace an existing file.
+pub fn keygen(config: &ClusterConfig, out: &Path) -> anyhow::Result<()> {
+    if out.exists() {
+        bail!(
+            "{} exists; remove it first (a cluster keeps the keys it was made with)",
+            out.display()
+        );
+    }
+    let mut k = crate::new_cluster_keyring(0);
+    for o in &config.osd {
+        k.set(spindle_proto::auth::KeyringEntry {
+            entity: format!("osd.{}", o.id),
+            key: spindle_proto::auth::Key::random(),
+            caps: None,
+        });
+    }
+    k.save(out)?;
     Ok(())
 }
 

@@ -33,6 +33,19 @@ pub struct Target {
     /// Monitor address (overrides --dir for finding the monitor).
     #[arg(long, global = true)]
     pub mon: Option<String>,
+    /// Keyring file with this client's key (default: DIR/keyring if it exists; a cluster
+    /// made with `spindle up --no-auth` needs none).
+    #[arg(long, env = "SPINDLE_KEYRING", global = true)]
+    pub keyring: Option<PathBuf>,
+    /// The entity to authenticate as.
+    #[arg(
+        long = "name",
+        id = "auth_entity",
+        env = "SPINDLE_NAME",
+        default_value = "client.admin",
+        global = true
+    )]
+    pub entity: String,
 }
 
 impl Target {
@@ -60,17 +73,79 @@ impl Target {
         Ok(addrs.join(","))
     }
 
-    pub async fn client(&self) -> anyhow::Result<Client> {
-        let addr = self.mon_addr()?;
-        Client::connect(ClientConfig::new(addr.clone()))
-            .await
-            .with_context(|| {
-                format!(
-                    "is the cluster in {} running? (`spindle up` starts it)",
-                    self.dir.display()
-                )
-            })
+    /// The identity to authenticate with: `--keyring`, else `DIR/keyring` if it exists
+    /// (None: a cluster without authentication).
+    pub fn identity(&self) -> anyhow::Result<Option<spindle_proto::auth::Identity>> {
+        let path = match &self.keyring {
+            Some(p) => p.clone(),
+            None => self.dir.join(KEYRING),
+        };
+        if self.keyring.is_none() && !path.exists() {
+            return Ok(None);
+        }
+        let k = spindle_proto::auth::Keyring::load(&path)?;
+        Ok(Some(k.identity(&self.entity)?))
     }
+
+    /// A client configuration for this target (monitors and identity).
+    pub fn client_config(&self) -> anyhow::Result<ClientConfig> {
+        let mut c = ClientConfig::new(self.mon_addr()?);
+        c.auth = self.identity()?;
+        Ok(c)
+    }
+
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        let r = Client::connect(self.client_config()?).await;
+        if let Err(
+            e @ (spindle_client::ClientError::Auth(_) | spindle_client::ClientError::Denied(_)),
+        ) = r
+        {
+            return Err(e.into());
+        }
+        r.with_context(|| {
+            format!(
+                "is the cluster in {} running? (`spindle up` starts it)",
+                self.dir.display()
+            )
+        })
+    }
+}
+
+/// The keyring file of a cluster, monitor or daemon directory.
+pub const KEYRING: &str = "keyring";
+
+/// The keys of a new cluster: `client.admin` (every capability), the monitors' `mon.`, and
+/// one per storage daemon.
+pub fn new_cluster_keyring(osds: u32) -> spindle_proto::auth::Keyring {
+    use spindle_proto::auth::{Key, Keyring, KeyringEntry};
+    let mut k = Keyring::default();
+    for entity in ["client.admin".to_string(), "mon.".to_string()]
+        .into_iter()
+        .chain((0..osds).map(|i| format!("osd.{i}")))
+    {
+        k.set(KeyringEntry {
+            entity,
+            key: Key::random(),
+            caps: None,
+        });
+    }
+    k
+}
+
+/// Writes `entity`'s entry of `keyring` alone to `path` (mode 0600).
+pub fn write_keyring_of(
+    keyring: &spindle_proto::auth::Keyring,
+    entity: &str,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let e = keyring
+        .get(entity)
+        .ok_or_else(|| anyhow!("the keyring has no key for {entity}"))?;
+    spindle_proto::auth::Keyring {
+        entries: vec![e.clone()],
+    }
+    .save(path)?;
+    Ok(())
 }
 
 #[derive(Args)]
@@ -88,6 +163,10 @@ pub struct UpArgs {
     /// Seconds to wait for the cluster to become clean.
     #[arg(long, default_value_t = 60)]
     pub wait_seconds: u64,
+    /// Make a new cluster without authentication (anyone who can reach it may do
+    /// anything). Default: keys for every entity, the administrator's in DIR/keyring.
+    #[arg(long)]
+    pub no_auth: bool,
     #[command(flatten)]
     pub settings: SettingsArgs,
     #[command(flatten)]
@@ -247,6 +326,17 @@ pub fn start_mon(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
     if let Some(pid) = read_pid(&d).filter(|&p| pid_alive(p)) {
         return Ok(pid);
     }
+    // The monitors share one key: a new (or wiped) monitor's directory gets it from
+    // another monitor of the cluster.
+    if !d.join(KEYRING).exists() {
+        if let Some(k) = mon_ids(dir)
+            .into_iter()
+            .map(|other| mon_dir(dir, other).join(KEYRING))
+            .find(|p| p.exists())
+        {
+            spindle_proto::auth::Keyring::load(&k)?.save(&d.join(KEYRING))?;
+        }
+    }
     let _ = std::fs::remove_file(d.join("pid"));
     let mut args: Vec<String> = vec![
         "mon".into(),
@@ -361,14 +451,24 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
                     write_atomic(&d.join("addr"), a)?;
                 }
             }
-            spindle_mon::init_monitors(
+            let keyring = (!args.no_auth).then(|| new_cluster_keyring(args.osds));
+            spindle_mon::init_monitors_auth(
                 &mons,
                 &spindle_mon::InitSpec {
                     osd_count: args.osds,
                     osd_hosts: Vec::new(),
                     default_pool: Some(("default".into(), size, min_size, args.pg_count)),
                 },
+                keyring.as_ref(),
             )?;
+            if let Some(k) = &keyring {
+                for id in 0..args.osds {
+                    let d = osd_dir(&dir, id);
+                    std::fs::create_dir_all(&d)?;
+                    write_keyring_of(k, &format!("osd.{id}"), &d.join(KEYRING))?;
+                }
+                write_keyring_of(k, "client.admin", &dir.join(KEYRING))?;
+            }
             write_atomic(
                 &dir.join("cluster.json"),
                 &serde_json::json!({"osds": args.osds}).to_string(),
@@ -403,6 +503,8 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
         Target {
             dir: dir.clone(),
             mon: None,
+            keyring: None,
+            entity: "client.admin".into(),
         }
         .mon_addr()
     })?;
@@ -413,6 +515,7 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
     let target = Target {
         dir: dir.clone(),
         mon: Some(mon_addr.clone()),
+        ..args.target.clone()
     };
     let rt = runtime()?;
     let status = rt.block_on(async {

@@ -103,6 +103,31 @@ pub enum AdminCommand {
     MonRm {
         id: u64,
     },
+    /// Entities and their capabilities (no keys).
+    AuthLs,
+    /// An entity's key (sealed under the asking entity's key) and capabilities.
+    AuthGet {
+        entity: String,
+    },
+    /// Add an entity with capabilities `caps` (canonical text) and a new key, or the key
+    /// in `key_sealed` (hex, sealed under the asking entity's key).
+    AuthAdd {
+        entity: String,
+        caps: String,
+        key_sealed: Option<String>,
+    },
+    /// Replace an entity's capabilities.
+    AuthCaps {
+        entity: String,
+        caps: String,
+    },
+    AuthRm {
+        entity: String,
+    },
+    /// Monitor to leader: apply a key database change (hex, sealed under the monitors' key).
+    AuthApply {
+        sealed: String,
+    },
 }
 
 /// Shortest and longest image lock lease a client may ask for.
@@ -116,7 +141,25 @@ fn client_id(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("client id must be a non-zero hex number, got '{s}'"))
 }
 
-const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set, lock acquire|renew|release, mon ls|add|rm";
+const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set, lock acquire|renew|release, mon ls|add|rm, auth ls|get|add|caps|rm";
+
+fn entity(s: &str) -> Result<String, String> {
+    spindle_proto::auth::parse_entity(s).map_err(|e| e.to_string())?;
+    Ok(s.to_string())
+}
+
+fn caps(s: &str) -> Result<String, String> {
+    spindle_proto::auth::Caps::parse(s)
+        .map(|c| c.to_text())
+        .map_err(|e| format!("bad capabilities: {e}"))
+}
+
+fn hex_arg(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 1024 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("expected a hex string".into());
+    }
+    Ok(s.to_string())
+}
 
 fn mon_id(s: &str) -> Result<u64, String> {
     s.parse::<u64>()
@@ -241,6 +284,21 @@ impl AdminCommand {
                 }
             }
             ["mon", "rm", id] => AdminCommand::MonRm { id: mon_id(id)? },
+            ["auth", "ls"] => AdminCommand::AuthLs,
+            ["auth", "get", e] => AdminCommand::AuthGet { entity: entity(e)? },
+            ["auth", "add", e, c, key @ ..] if key.len() <= 1 => AdminCommand::AuthAdd {
+                entity: entity(e)?,
+                caps: caps(c)?,
+                key_sealed: key.first().map(|k| hex_arg(k)).transpose()?,
+            },
+            ["auth", "caps", e, c] => AdminCommand::AuthCaps {
+                entity: entity(e)?,
+                caps: caps(c)?,
+            },
+            ["auth", "rm", e] => AdminCommand::AuthRm { entity: entity(e)? },
+            ["auth", "apply", sealed] => AdminCommand::AuthApply {
+                sealed: hex_arg(sealed)?,
+            },
             _ => {
                 return Err(format!(
                     "unknown command '{}' (known: {KNOWN})",
@@ -356,6 +414,24 @@ impl AdminCommand {
                 vec!["mon".into(), "add".into(), id.to_string(), addr.clone()]
             }
             AdminCommand::MonRm { id } => vec!["mon".into(), "rm".into(), id.to_string()],
+            AdminCommand::AuthLs => vec!["auth".into(), "ls".into()],
+            AdminCommand::AuthGet { entity } => vec!["auth".into(), "get".into(), entity.clone()],
+            AdminCommand::AuthAdd {
+                entity,
+                caps,
+                key_sealed,
+            } => {
+                let mut v = vec!["auth".into(), "add".into(), entity.clone(), caps.clone()];
+                v.extend(key_sealed.clone());
+                v
+            }
+            AdminCommand::AuthCaps { entity, caps } => {
+                vec!["auth".into(), "caps".into(), entity.clone(), caps.clone()]
+            }
+            AdminCommand::AuthRm { entity } => vec!["auth".into(), "rm".into(), entity.clone()],
+            AdminCommand::AuthApply { sealed } => {
+                vec!["auth".into(), "apply".into(), sealed.clone()]
+            }
         };
         v
     }
@@ -442,6 +518,30 @@ mod tests {
                 addr: "10.0.0.3:6789".into(),
             },
             AdminCommand::MonRm { id: 1 },
+            AdminCommand::AuthLs,
+            AdminCommand::AuthGet {
+                entity: "client.a".into(),
+            },
+            AdminCommand::AuthAdd {
+                entity: "osd.3".into(),
+                caps: String::new(),
+                key_sealed: Some("00ff".into()),
+            },
+            AdminCommand::AuthAdd {
+                entity: "client.r".into(),
+                caps: "mon allow r; osd allow r pool=default".into(),
+                key_sealed: None,
+            },
+            AdminCommand::AuthCaps {
+                entity: "client.r".into(),
+                caps: "osd allow rw".into(),
+            },
+            AdminCommand::AuthRm {
+                entity: "client.r".into(),
+            },
+            AdminCommand::AuthApply {
+                sealed: "abcd".into(),
+            },
         ];
         for c in all {
             assert_eq!(AdminCommand::parse(&c.to_args()), Ok(c.clone()), "{c:?}");
@@ -476,6 +576,11 @@ mod tests {
         ]))
         .unwrap_err();
         assert!(e.contains("lease must be"), "{e}");
+        let e = AdminCommand::parse(&args(&["auth", "add", "bob", ""])).unwrap_err();
+        assert!(e.contains("bad entity name"), "{e}");
+        let e =
+            AdminCommand::parse(&args(&["auth", "caps", "client.a", "osd allow x"])).unwrap_err();
+        assert!(e.contains("bad capabilities"), "{e}");
         let e = AdminCommand::parse(&args(&["frobnicate"])).unwrap_err();
         assert!(e.starts_with("unknown command 'frobnicate'"), "{e}");
     }

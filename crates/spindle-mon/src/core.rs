@@ -360,6 +360,14 @@ impl MonCore {
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => Err(
                 "monitor membership is Raft state: the monitor shell runs mon commands".to_string(),
             ),
+            AdminCommand::AuthLs
+            | AdminCommand::AuthGet { .. }
+            | AdminCommand::AuthAdd { .. }
+            | AdminCommand::AuthCaps { .. }
+            | AdminCommand::AuthRm { .. }
+            | AdminCommand::AuthApply { .. } => Err(
+                "the key database is Raft state: the monitor shell runs auth commands".to_string(),
+            ),
             AdminCommand::Status => Ok((
                 AdminReply::Status(Box::new(crate::status::status(self))),
                 None,

@@ -14,6 +14,7 @@
 //! - epochs strictly increase by one per change;
 //! - malformed requests get an error reply; the monitor never panics on input.
 
+pub mod auth;
 pub mod command;
 pub mod core;
 mod locks;
@@ -23,13 +24,15 @@ pub mod reply;
 mod status;
 mod store;
 
+pub use auth::{AuthChange, AuthDb, AuthEntity};
 pub use command::{AdminCommand, OsdVerb};
 pub use core::{propose, MapChange, MonCore, MonTiming};
 pub use node::{Committed, Handled, MonNode};
 pub use reply::{
-    Admin, AdminReply, ClusterRecovery, CrushSet, ErasureStatus, HealthCheck, HealthReport,
-    ImageLocked, InconsistentPg, LockReleased, LockRenewed, MonList, MonMember, OsdAdded,
-    OsdMarked, OsdStatus, PoolCreated, PoolRecovery, PoolRemoved, PoolStatus, RatioSet, Status,
+    Admin, AdminReply, AuthEntry, ClusterRecovery, CrushSet, ErasureStatus, HealthCheck,
+    HealthReport, ImageLocked, InconsistentPg, LockReleased, LockRenewed, MonList, MonMember,
+    OsdAdded, OsdMarked, OsdStatus, PoolCreated, PoolRecovery, PoolRemoved, PoolStatus, RatioSet,
+    Status,
 };
 pub use spindle_proto::mons::MONITORS_MAX;
 pub use status::{status, Health, Severity};
@@ -165,6 +168,33 @@ pub fn init(dir: &Path, spec: &InitSpec) -> Result<ClusterMap, MonError> {
 /// first directory that already holds a monitor keeps it: its map is returned and nothing
 /// is written.
 pub fn init_monitors(mons: &[(PathBuf, String)], spec: &InitSpec) -> Result<ClusterMap, MonError> {
+    init_monitors_auth(mons, spec, None)
+}
+
+/// The file of a monitor's (or daemon's) directory that holds its key: with it, the
+/// process authenticates and requires authentication.
+pub const KEYRING: &str = "keyring";
+
+/// Writes `mon.`'s entry of `keyring` into the monitor directory `dir` (mode 0600).
+fn write_mon_keyring(dir: &Path, keyring: &spindle_proto::auth::Keyring) -> Result<(), MonError> {
+    let entry = keyring
+        .get("mon.")
+        .ok_or_else(|| MonError::Raft("the keyring has no key for mon.".into()))?;
+    spindle_proto::auth::Keyring {
+        entries: vec![entry.clone()],
+    }
+    .save(&dir.join(KEYRING))
+    .map_err(|e| MonError::Raft(e.to_string()))
+}
+
+/// [`init_monitors`] for a cluster that authenticates: every monitor gets `mon.`'s key
+/// from `auth` (in `DIR/keyring`) and the first key database is made from it (every
+/// entry but `mon.`; see [`AuthDb::from_keyring`]).
+pub fn init_monitors_auth(
+    mons: &[(PathBuf, String)],
+    spec: &InitSpec,
+    auth: Option<&spindle_proto::auth::Keyring>,
+) -> Result<ClusterMap, MonError> {
     let Some((first_dir, _)) = mons.first() else {
         return Err(MonError::Raft(
             "a cluster needs at least one monitor".into(),
@@ -185,13 +215,21 @@ pub fn init_monitors(mons: &[(PathBuf, String)], spec: &InitSpec) -> Result<Clus
         .enumerate()
         .map(|(i, (_, a))| (i as u64, a.clone()))
         .collect();
+    let auth_seed = auth
+        .map(|k| AuthDb::from_keyring(k).map(|d| d.encode()))
+        .transpose()
+        .map_err(|e| MonError::Raft(e.to_string()))?;
     for (i, (dir, _)) in mons.iter().enumerate() {
         std::fs::create_dir_all(dir)?;
+        if let Some(k) = auth {
+            write_mon_keyring(dir, k)?;
+        }
         let db = RaftDb::open(&dir.join(RAFT_DB)).map_err(MonError::Raft)?;
         db.set_boot(&Boot {
             id: i as u64,
             members: members.clone(),
             seed: Some(map.encode()),
+            auth_seed: auth_seed.clone(),
         })
         .map_err(MonError::Raft)?;
     }
@@ -206,12 +244,31 @@ pub fn init_member(
     id: u64,
     members: &[(u64, String)],
     first: &ClusterMap,
+    auth: Option<&spindle_proto::auth::Keyring>,
 ) -> Result<(), MonError> {
     std::fs::create_dir_all(dir)?;
     let db = RaftDb::open(&dir.join(RAFT_DB)).map_err(MonError::Raft)?;
     if db.boot().map_err(MonError::Raft)?.is_some() {
         return Ok(());
     }
+    // Only the first member seeds the key database (it initializes the group); every
+    // member needs the monitors' key.
+    let first_member = members.first().map(|m| m.0) == Some(id);
+    let auth_seed = match auth {
+        Some(k) => {
+            write_mon_keyring(dir, k)?;
+            if first_member {
+                Some(
+                    AuthDb::from_keyring(k)
+                        .map_err(|e| MonError::Raft(e.to_string()))?
+                        .encode(),
+                )
+            } else {
+                None
+            }
+        }
+        None => None,
+    };
     if !members.iter().any(|(m, _)| *m == id) {
         return Err(MonError::Raft(format!(
             "monitor {id} is not among the members"
@@ -221,6 +278,7 @@ pub fn init_member(
         id,
         members: members.to_vec(),
         seed: Some(first.encode()),
+        auth_seed,
     })
     .map_err(MonError::Raft)
 }
@@ -241,6 +299,7 @@ pub fn prepare_join(dir: &Path, id: u64) -> Result<(), MonError> {
             id,
             members: Vec::new(),
             seed: None,
+            auth_seed: None,
         })
         .map_err(MonError::Raft)?;
     }
@@ -312,7 +371,7 @@ impl MapStore for RaftMapStore {
     }
 
     fn save(&mut self, map: &ClusterMap) -> Result<(), MapStoreError> {
-        let p = Proposal {
+        let p = Proposal::Map {
             base_epoch: map.epoch.saturating_sub(1),
             map: map.encode(),
         };
@@ -344,6 +403,7 @@ struct NodeThread {
     rt: tokio::runtime::Handle,
     timing: MonTiming,
     seed: Option<Vec<u8>>,
+    auth_seed: Option<Vec<u8>>,
     started: Instant,
 }
 
@@ -386,7 +446,7 @@ impl NodeThread {
                         raft: self.raft.clone(),
                         rt: self.rt.clone(),
                     };
-                    match store.propose(Proposal {
+                    match store.propose(Proposal::Map {
                         base_epoch: 0,
                         map: seed.clone(),
                     }) {
@@ -401,6 +461,19 @@ impl NodeThread {
                 }
                 continue;
             };
+            if let (Some(seed), None) = (&self.auth_seed, self.sm.auth()) {
+                let store = RaftMapStore {
+                    raft: self.raft.clone(),
+                    rt: self.rt.clone(),
+                };
+                match store.propose(Proposal::Auth {
+                    base_version: 0,
+                    db: seed.clone(),
+                }) {
+                    Ok(o) => tracing::info!("proposed the first key database: {o:?}"),
+                    Err(e) => tracing::warn!("proposing the first key database: {e}"),
+                }
+            }
             if node.as_ref().is_none_or(|n| n.epoch() != applied.epoch) {
                 match ClusterMap::decode(&applied.bytes) {
                     Ok(map) => {
@@ -468,6 +541,10 @@ pub struct Monitor {
     metrics: watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
     node: std::sync::mpsc::Sender<ActorMsg>,
     net: Net,
+    /// The monitors' key (`mon.`), if the cluster authenticates.
+    mon_key: Option<spindle_proto::auth::Key>,
+    /// How this monitor authenticates to the others.
+    peer_auth: spindle_proto::auth::ConnectAuth,
     /// The connection requests are passed on over, to the leader.
     leader_conn: tokio::sync::Mutex<Option<Arc<RpcConn>>>,
 }
@@ -518,7 +595,41 @@ impl Monitor {
 
     fn handle(self: &Arc<Self>, inc: Incoming, reply: Replier) {
         let rid = inc.request_id;
+        if let Some(peer) = &inc.peer {
+            if let Some(why) = auth::refusal(peer, &inc.msg) {
+                spindle_proto::auth::log_refusal("monitor", &why);
+                reply.send(rid, self.epoch(), &Msg::error(ErrorCode::Denied, why));
+                return;
+            }
+        }
+        if let Msg::Command { args } = &inc.msg {
+            if args.first().map(String::as_str) == Some("auth") {
+                let me = self.clone();
+                let args = args.clone();
+                let peer = inc.peer.clone();
+                tokio::spawn(async move {
+                    let msg = me.auth_command(peer.as_deref(), &args).await;
+                    reply.send(rid, me.epoch(), &msg);
+                });
+                return;
+            }
+        }
         match inc.msg {
+            Msg::AuthTicketGet => {
+                let msg = match (&inc.peer, self.sm.auth()) {
+                    (Some(p), Some(db)) => db
+                        .ticket_for(&p.entity, spindle_proto::auth::unix_ms())
+                        .unwrap_or_else(|e| Msg::error(ErrorCode::AuthFailed, e)),
+                    (Some(_), None) => {
+                        Msg::error(ErrorCode::Again, "this monitor has no key database yet")
+                    }
+                    (None, _) => Msg::error(
+                        ErrorCode::Invalid,
+                        "this cluster runs without authentication: no tickets",
+                    ),
+                };
+                reply.send(rid, self.epoch(), &msg);
+            }
             Msg::MonRaft { rpc, body } => {
                 let me = self.clone();
                 tokio::spawn(async move {
@@ -611,7 +722,9 @@ impl Monitor {
             let mut g = self.leader_conn.lock().await;
             match &*g {
                 Some(c) if c.peer() == addr && !c.is_closed() => c.clone(),
-                _ => match RpcConn::connect_via(&self.net, &addr, 1000, None).await {
+                _ => match RpcConn::connect_auth(&self.net, &addr, 1000, None, &self.peer_auth)
+                    .await
+                {
                     Ok(c) => {
                         *g = Some(c.clone());
                         c
@@ -626,6 +739,178 @@ impl Monitor {
             Ok(inc) => inc.msg,
             Err(e) => no_leader(format!("leader monitor {leader} did not answer: {e}")),
         }
+    }
+
+    /// `auth ...`: run at the monitor that got it (keys are sealed for the asking entity
+    /// here); a change is passed on to the leader sealed under the monitors' key.
+    async fn auth_command(&self, peer: Option<&spindle_proto::auth::Peer>, args: &[String]) -> Msg {
+        let res = self.auth_command_inner(peer, args).await;
+        match res {
+            Ok(output) => Msg::CommandReply { ok: true, output },
+            Err(output) => Msg::CommandReply { ok: false, output },
+        }
+    }
+
+    async fn auth_command_inner(
+        &self,
+        peer: Option<&spindle_proto::auth::Peer>,
+        args: &[String],
+    ) -> Result<String, String> {
+        use spindle_proto::auth::{open, seal, Key};
+        let cmd = AdminCommand::parse(args)?;
+        let (Some(mon_key), Some(peer)) = (&self.mon_key, peer) else {
+            return Err("this cluster runs without authentication: no keys to manage".into());
+        };
+        let db = self
+            .sm
+            .auth()
+            .ok_or("this monitor has no key database yet; retry")?;
+        // The asking entity's key: what keys are sealed under, both ways.
+        let asker_key = if peer.kind == spindle_proto::auth::EntityKind::Mon {
+            mon_key.clone()
+        } else {
+            db.key_of(&peer.entity)
+                .ok_or_else(|| format!("{} is no longer in the key database", peer.entity))?
+        };
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let unhex = |s: &str| -> Result<Vec<u8>, String> {
+            (0..s.len() / 2)
+                .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string()))
+                .collect()
+        };
+        let entry = |entity: &str, caps: &str, key: Option<&Key>| AuthEntry {
+            entity: entity.to_string(),
+            caps: caps.to_string(),
+            key_sealed: key.map(|k| hex(&seal(&asker_key, AUTH_KEY_PURPOSE, &k.0))),
+        };
+        let json = |v: &dyn erased_json::Json| v.json();
+        let change = match cmd {
+            AdminCommand::AuthLs => {
+                let list: Vec<AuthEntry> = db
+                    .entities
+                    .iter()
+                    .map(|(e, v)| entry(e, &v.caps, None))
+                    .collect();
+                return json(&list);
+            }
+            AdminCommand::AuthGet { entity } => {
+                let e = db
+                    .entities
+                    .get(&entity)
+                    .ok_or_else(|| format!("no entity {entity}"))?;
+                return json(&entry(&entity, &e.caps, Some(&Key(e.key))));
+            }
+            AdminCommand::AuthAdd {
+                entity,
+                caps,
+                key_sealed,
+            } => {
+                let key = match key_sealed {
+                    Some(s) => {
+                        let plain = open(&asker_key, AUTH_KEY_PURPOSE, &unhex(&s)?)
+                            .map_err(|e| format!("the key given does not open: {e}"))?;
+                        Key(plain
+                            .try_into()
+                            .map_err(|_| "the key given is not 32 bytes")?)
+                    }
+                    None => Key::random(),
+                };
+                AuthChange::Add {
+                    entity,
+                    key: key.0,
+                    caps,
+                }
+            }
+            AdminCommand::AuthCaps { entity, caps } => AuthChange::SetCaps { entity, caps },
+            AdminCommand::AuthRm { entity } => AuthChange::Remove { entity },
+            AdminCommand::AuthApply { sealed } => {
+                if peer.kind != spindle_proto::auth::EntityKind::Mon {
+                    return Err("auth apply is for monitors".into());
+                }
+                let plain = open(mon_key, AUTH_CHANGE_PURPOSE, &unhex(&sealed)?)
+                    .map_err(|e| format!("auth apply: {e}"))?;
+                let change: AuthChange = raft::decode(&plain)?;
+                let after = self.apply_auth_change(&change).await?;
+                return json(&after);
+            }
+            _ => return Err("not an auth command".into()),
+        };
+        let after = if self.is_leader() {
+            self.apply_auth_change(&change).await?
+        } else {
+            let sealed = hex(&seal(mon_key, AUTH_CHANGE_PURPOSE, &raft::encode(&change)));
+            match self
+                .forward(
+                    0,
+                    Msg::Command {
+                        args: AdminCommand::AuthApply { sealed }.to_args(),
+                    },
+                )
+                .await
+            {
+                Msg::CommandReply { ok: true, output } => {
+                    serde_json::from_str(&output).map_err(|e| e.to_string())?
+                }
+                Msg::CommandReply { ok: false, output } => return Err(output),
+                Msg::Error { message, .. } => return Err(message),
+                other => return Err(format!("unexpected answer {}", other.name())),
+            }
+        };
+        // The key of an added entity goes back sealed for the asker.
+        let key = match &change {
+            AuthChange::Add { key, .. } => Some(Key(*key)),
+            _ => None,
+        };
+        json(&entry(&after.entity, &after.caps, key.as_ref()))
+    }
+
+    /// The leader applies a change to the latest key database (a few tries if other
+    /// changes commit in between) and answers with the entity after it.
+    async fn apply_auth_change(&self, change: &AuthChange) -> Result<AuthEntry, String> {
+        for _ in 0..5 {
+            if !self.is_leader() {
+                return Err("this monitor stopped leading; retry".into());
+            }
+            let db = self.sm.auth().ok_or("no key database yet; retry")?;
+            let next = change.apply(&db)?;
+            let entity = match change {
+                AuthChange::Add { entity, .. }
+                | AuthChange::SetCaps { entity, .. }
+                | AuthChange::Remove { entity } => entity.clone(),
+            };
+            let caps = next
+                .entities
+                .get(&entity)
+                .or_else(|| db.entities.get(&entity))
+                .map(|e| e.caps.clone())
+                .unwrap_or_default();
+            let result = AuthEntry {
+                entity,
+                caps,
+                key_sealed: None,
+            };
+            if next == *db {
+                return Ok(result);
+            }
+            let p = Proposal::Auth {
+                base_version: db.version,
+                db: next.encode(),
+            };
+            let outcome = tokio::time::timeout(COMMIT_TIMEOUT, self.raft.client_write(p))
+                .await
+                .map_err(|_| "not committed within 5 s (no majority of monitors?)".to_string())?
+                .map_err(|e| format!("not committed: {e}"))?
+                .data;
+            match outcome {
+                Outcome::AuthApplied { .. } => {
+                    tracing::info!("key database: {change:?}", change = redact(change));
+                    return Ok(result);
+                }
+                Outcome::Refused { reason } => tracing::debug!("auth change retried: {reason}"),
+                other => return Err(format!("unexpected outcome {other:?}")),
+            }
+        }
+        Err("the key database kept changing; retry".into())
     }
 
     /// `mon ls|add|rm`: membership of the Raft group.
@@ -732,12 +1017,41 @@ impl Monitor {
     }
 }
 
+/// Purpose of keys sealed in `auth` command answers and arguments.
+pub const AUTH_KEY_PURPOSE: &str = "auth key";
+/// Purpose of changes a follower passes on to the leader.
+const AUTH_CHANGE_PURPOSE: &str = "auth change";
+
+/// A change as the log shows it (no key).
+fn redact(c: &AuthChange) -> String {
+    match c {
+        AuthChange::Add { entity, caps, .. } => format!("added {entity} ({caps})"),
+        AuthChange::SetCaps { entity, caps } => format!("{entity} caps now {caps}"),
+        AuthChange::Remove { entity } => format!("removed {entity}"),
+    }
+}
+
+/// JSON of an answer (serializing plain data does not fail).
+mod erased_json {
+    pub trait Json {
+        fn json(&self) -> Result<String, String>;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn json(&self) -> Result<String, String> {
+            serde_json::to_string(self).map_err(|e| e.to_string())
+        }
+    }
+}
+
 #[derive(Clone)]
-struct MonService(Arc<Monitor>);
+struct MonService(Arc<Monitor>, Option<Arc<dyn spindle_proto::auth::Verifier>>);
 
 impl Service for MonService {
     fn epoch(&self) -> u64 {
         self.0.epoch()
+    }
+    fn verifier(&self) -> Option<Arc<dyn spindle_proto::auth::Verifier>> {
+        self.1.clone()
     }
     fn dispatch(&self, inc: Incoming, reply: Replier) {
         self.0.handle(inc, reply)
@@ -774,6 +1088,7 @@ impl BoundMonitor {
                 id: 0,
                 members: vec![(0, String::new())],
                 seed: Some(map.encode()),
+                auth_seed: None,
             })
             .map_err(MonError::Raft)?;
             tracing::info!(
@@ -787,6 +1102,28 @@ impl BoundMonitor {
             .map_err(MonError::Raft)?
             .ok_or_else(|| MonError::NotInitialized(config.dir.clone()))?;
         let fresh = !db.has_raft_state().map_err(MonError::Raft)?;
+        // With a keyring, the monitor authenticates and requires authentication.
+        let keyring_path = config.dir.join(KEYRING);
+        let mon_key = if keyring_path.exists() {
+            let k = spindle_proto::auth::Keyring::load(&keyring_path)
+                .map_err(|e| MonError::Raft(e.to_string()))?;
+            Some(
+                k.identity("mon.")
+                    .map_err(|e| MonError::Raft(e.to_string()))?
+                    .key,
+            )
+        } else {
+            None
+        };
+        let peer_auth = match &mon_key {
+            Some(k) => {
+                spindle_proto::auth::ConnectAuth::Key(Arc::new(spindle_proto::auth::Identity {
+                    entity: "mon.".into(),
+                    key: k.clone(),
+                }))
+            }
+            None => spindle_proto::auth::ConnectAuth::None,
+        };
         let (listener, addr) = config.net.bind(&config.listen).await?;
         let sm = StateMachine::open(db.clone()).map_err(MonError::Raft)?;
         let raft_config = raft::raft_config(config.raft).map_err(MonError::Raft)?;
@@ -795,6 +1132,7 @@ impl BoundMonitor {
             Arc::new(raft_config),
             raft::Network {
                 net: config.net.clone(),
+                auth: peer_auth.clone(),
             },
             LogStore::new(db.clone()),
             sm.clone(),
@@ -837,6 +1175,7 @@ impl BoundMonitor {
                 out_after_ms: config.out_after_ms,
             },
             seed: boot.seed.clone(),
+            auth_seed: boot.auth_seed.clone(),
             started: Instant::now(),
         };
         std::thread::Builder::new()
@@ -849,6 +1188,8 @@ impl BoundMonitor {
             metrics,
             node: node_tx,
             net: config.net.clone(),
+            mon_key: mon_key.clone(),
+            peer_auth,
             leader_conn: tokio::sync::Mutex::new(None),
         });
         Ok(BoundMonitor {
@@ -869,7 +1210,19 @@ impl BoundMonitor {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), MonError> {
         let mon = self.mon.clone();
-        let accept = accept_loop_via(&self.net, self.listener, "monitor", MonService(mon.clone()));
+        let verifier: Option<Arc<dyn spindle_proto::auth::Verifier>> =
+            mon.mon_key.as_ref().map(|k| {
+                Arc::new(auth::MonVerifier {
+                    mon_key: k.clone(),
+                    sm: mon.sm.clone(),
+                }) as Arc<dyn spindle_proto::auth::Verifier>
+            });
+        let accept = accept_loop_via(
+            &self.net,
+            self.listener,
+            "monitor",
+            MonService(mon.clone(), verifier),
+        );
         tokio::select! {
             _ = accept => {}
             _ = shutdown => {}

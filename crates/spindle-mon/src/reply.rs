@@ -302,6 +302,19 @@ pub enum AdminReply {
     LockRenewed(LockRenewed),
     LockReleased(LockReleased),
     MonList(MonList),
+    AuthList(Vec<AuthEntry>),
+    AuthEntry(AuthEntry),
+}
+
+/// An entity of the key database as `auth` commands show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuthEntry {
+    pub entity: String,
+    pub caps: String,
+    /// The key, hex of its sealing under the asking entity's key (`auth get|add` only;
+    /// `spindle_proto::auth::open(asker_key, "auth key", ..)` opens it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sealed: Option<String>,
 }
 
 impl AdminReply {
@@ -326,6 +339,12 @@ impl AdminReply {
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => {
                 AdminReply::MonList(from_str(json)?)
             }
+            AdminCommand::AuthLs => AdminReply::AuthList(from_str(json)?),
+            AdminCommand::AuthGet { .. }
+            | AdminCommand::AuthAdd { .. }
+            | AdminCommand::AuthCaps { .. }
+            | AdminCommand::AuthRm { .. }
+            | AdminCommand::AuthApply { .. } => AdminReply::AuthEntry(from_str(json)?),
         })
     }
 }
@@ -497,6 +516,40 @@ impl Admin<MonList> {
     }
     pub fn mon_rm(id: u64) -> Self {
         Admin::new(AdminCommand::MonRm { id })
+    }
+}
+
+impl Admin<Vec<AuthEntry>> {
+    pub fn auth_ls() -> Self {
+        Admin::new(AdminCommand::AuthLs)
+    }
+}
+
+impl Admin<AuthEntry> {
+    pub fn auth_get(entity: &str) -> Self {
+        Admin::new(AdminCommand::AuthGet {
+            entity: entity.into(),
+        })
+    }
+    /// `caps`: canonical text; `key_sealed`: hex of the key sealed under the caller's key
+    /// (None: the monitors make one).
+    pub fn auth_add(entity: &str, caps: &str, key_sealed: Option<String>) -> Self {
+        Admin::new(AdminCommand::AuthAdd {
+            entity: entity.into(),
+            caps: caps.into(),
+            key_sealed,
+        })
+    }
+    pub fn auth_caps(entity: &str, caps: &str) -> Self {
+        Admin::new(AdminCommand::AuthCaps {
+            entity: entity.into(),
+            caps: caps.into(),
+        })
+    }
+    pub fn auth_rm(entity: &str) -> Self {
+        Admin::new(AdminCommand::AuthRm {
+            entity: entity.into(),
+        })
     }
 }
 

@@ -221,6 +221,11 @@ struct Inner {
     mon: Mutex<Option<Arc<RpcConn>>>,
     /// The monitors (`config.mon_addr` parsed) and which one is in use.
     mons: spindle_proto::MonAddrs,
+    /// This daemon's identity, ticket and the service key (with authentication: a
+    /// keyring in its directory).
+    creds: Option<Arc<Credentials>>,
+    /// Checks the tickets of connecting entities (with authentication).
+    verifier: Option<Arc<dyn spindle_proto::auth::Verifier>>,
     /// Read leases granted to this daemon as a primary, and promised by it as a copy.
     leases: Mutex<lease::Leases>,
     /// Peers with a ping in flight (one at a time each).
@@ -277,9 +282,106 @@ pub struct Osd {
     inner: Arc<Inner>,
 }
 
+use spindle_proto::tickets::Credentials;
+
+/// A storage daemon's verifier: a connecting entity shows a ticket sealed with the service
+/// key (which this daemon got from the monitors) and proves its session key.
+struct OsdVerifier {
+    creds: Arc<Credentials>,
+}
+
+impl spindle_proto::auth::Verifier for OsdVerifier {
+    fn ready(&self, _entity: &str) -> Result<(), String> {
+        match self.creds.service_key() {
+            Some(_) => Ok(()),
+            None => Err("this daemon has no service key yet (booting)".into()),
+        }
+    }
+
+    fn accept(
+        &self,
+        entity: &str,
+        ticket: &[u8],
+    ) -> Result<
+        (spindle_proto::auth::Key, Arc<spindle_proto::auth::Peer>),
+        spindle_proto::auth::AuthError,
+    > {
+        use spindle_proto::auth::{parse_entity, unix_ms, AuthError, Caps, Peer, Ticket};
+        let kind = parse_entity(entity)?;
+        let service = self.creds.service_key().ok_or_else(|| {
+            AuthError("this daemon has no service key yet (booting); retry".into())
+        })?;
+        if ticket.is_empty() {
+            return Err(AuthError(
+                "a storage daemon needs a ticket from the monitors".into(),
+            ));
+        }
+        let t = Ticket::open(&service, ticket, unix_ms())?;
+        if t.entity != entity {
+            return Err(AuthError(format!(
+                "the ticket is {}'s, not {entity}'s",
+                t.entity
+            )));
+        }
+        let caps = Caps::parse(&t.caps)?;
+        Ok((
+            t.session_key,
+            Arc::new(Peer {
+                entity: t.entity,
+                kind,
+                caps,
+            }),
+        ))
+    }
+}
+
+/// Whether a client (not a daemon) may send `msg`, given the map `ms`: None if so.
+fn client_refusal(peer: &spindle_proto::auth::Peer, msg: &Msg, ms: &MapState) -> Option<String> {
+    use spindle_proto::auth::Access;
+    let who = &peer.entity;
+    let pool_name = |pool: u32| {
+        ms.map
+            .pools
+            .get(&pool)
+            .map_or_else(|| format!("#{pool}"), |p| p.name.clone())
+    };
+    match msg {
+        Msg::ObjRequest { pool, name, op, .. } => {
+            let access = match op {
+                ObjOp::Mutate(_) => Access::Write,
+                _ => Access::Read,
+            };
+            let p = pool_name(*pool);
+            (!peer.caps.osd_allows(&p, name, access)).then(|| {
+                let what = if matches!(access, Access::Write) {
+                    "write"
+                } else {
+                    "read"
+                };
+                if name.starts_with(spindle_proto::auth::IMAGE_OBJECT_PREFIX) {
+                    format!("{who} may not {what} image object {name} in pool {p} (needs `images`)")
+                } else {
+                    format!("{who} may not {what} {name} in pool {p}")
+                }
+            })
+        }
+        Msg::ScrubPg { pool, .. } => {
+            let p = pool_name(*pool);
+            (!peer.caps.osd_allows(&p, "", Access::Admin))
+                .then(|| format!("{who} may not scrub pool {p} (needs `osd allow *`)"))
+        }
+        // A client offers its newer map: taken from the monitors instead (see below).
+        Msg::MapUpdate { .. } => None,
+        other => Some(format!("{who} may not send {}", other.name())),
+    }
+}
+
 impl Service for Osd {
     fn epoch(&self) -> u64 {
         self.map_state().map_or(0, |m| m.map.epoch)
+    }
+    fn verifier(&self) -> Option<Arc<dyn spindle_proto::auth::Verifier>> {
+        self.inner.verifier.clone()
     }
     fn dispatch(&self, inc: Incoming, reply: Replier) {
         self.handle_request(inc, reply)
@@ -303,6 +405,22 @@ impl Osd {
         let store = tokio::task::spawn_blocking(move || Store::open(StoreConfig::new(store_dir)))
             .await
             .map_err(|e| OsdError::Boot(e.to_string()))??;
+        // With a keyring in its directory, the daemon authenticates as osd.N and requires
+        // authentication.
+        let keyring_path = config.dir.join("keyring");
+        let creds = if keyring_path.exists() {
+            let k = spindle_proto::auth::Keyring::load(&keyring_path)
+                .map_err(|e| OsdError::Boot(e.to_string()))?;
+            let id = k
+                .identity(&format!("osd.{}", config.id))
+                .map_err(|e| OsdError::Boot(e.to_string()))?;
+            Some(Credentials::new(id))
+        } else {
+            None
+        };
+        let verifier = creds.as_ref().map(|c| {
+            Arc::new(OsdVerifier { creds: c.clone() }) as Arc<dyn spindle_proto::auth::Verifier>
+        });
         let (listener, addr) = config.net.bind(&config.listen).await?;
         let net = config.net.clone();
         let (push_tx, push_rx) = mpsc::unbounded_channel();
@@ -310,6 +428,8 @@ impl Osd {
         let osd = Osd {
             inner: Arc::new(Inner {
                 mons,
+                creds,
+                verifier,
                 leases: Mutex::new(lease::Leases::default()),
                 pinging: Mutex::new(Default::default()),
                 id: config.id,
@@ -435,6 +555,16 @@ impl Osd {
                     SessionAction::Heartbeat => match &conn {
                         None => session.on_link_failed(now_ms()),
                         Some(c) => {
+                            if let Some(creds) = &self.inner.creds {
+                                if creds.needs_ticket() {
+                                    if let Err(e) = creds.fetch_ticket(c).await {
+                                        tracing::warn!(
+                                            "osd.{}: renewing the ticket: {e}",
+                                            self.inner.id
+                                        );
+                                    }
+                                }
+                            }
                             let beat = typed::Heartbeat {
                                 osd_id: self.inner.id,
                                 reports: self.pg_reports(),
@@ -499,9 +629,21 @@ impl Osd {
                 &self.inner.config.net,
                 2000,
                 Some(self.inner.push_tx.clone()),
+                &self
+                    .inner
+                    .creds
+                    .as_ref()
+                    .map_or_else(Default::default, |c| c.mon_auth()),
             )
             .await
             .map_err(|e| format!("monitor unreachable: {e}"))?;
+        if let Some(c) = &self.inner.creds {
+            // The service key comes with the ticket: needed before serving anyone.
+            if let Err(e) = c.fetch_ticket(&conn).await {
+                self.inner.mons.failed(conn.peer());
+                return Err(e);
+            }
+        }
         if let Err(e) = self.boot(&conn).await {
             // The next boot tries the next monitor (this one has no leader, or failed).
             self.inner.mons.failed(conn.peer());
@@ -959,7 +1101,11 @@ impl Osd {
             .map(|o| o.addr.clone())
             .filter(|a| !a.is_empty())
             .ok_or_else(|| format!("osd.{osd} has no address"))?;
-        let conn = RpcConn::connect_via(&self.inner.config.net, &addr, 2000, None)
+        let auth = match &self.inner.creds {
+            None => Default::default(),
+            Some(c) => c.self_ticket().ok_or("no service key yet (not booted)")?,
+        };
+        let conn = RpcConn::connect_auth(&self.inner.config.net, &addr, 2000, None, &auth)
             .await
             .map_err(|e| e.to_string())?;
         lock(&self.inner.peers).insert(osd, conn.clone());
@@ -1032,6 +1178,20 @@ impl Osd {
             return;
         };
         let epoch = ms.map.epoch;
+        if let Some(peer) = inc.peer.as_deref().filter(|p| !p.is_daemon()) {
+            if let Some(why) = client_refusal(peer, &inc.msg, &ms) {
+                spindle_proto::auth::log_refusal(&format!("osd.{}", self.inner.id), &why);
+                reply.send(rid, epoch, &Msg::error(ErrorCode::Denied, why));
+                return;
+            }
+            if let Msg::MapUpdate { .. } = inc.msg {
+                // Maps come from the monitors and other daemons only: a client's offer
+                // says a newer one exists.
+                self.kick_map_fetch();
+                reply.send(rid, epoch, &Msg::Ok);
+                return;
+            }
+        }
         if let Msg::PeerPing { osd_id } = inc.msg {
             lock(&self.inner.leases).pinged(osd_id, inc.epoch, epoch, Instant::now());
             if inc.epoch > epoch {

@@ -29,6 +29,7 @@
 //! The message bodies (object I/O, replication, map updates) are encoded with [`codec`]
 //! and defined by the cluster crates on top of this one.
 
+pub mod auth;
 pub mod codec;
 pub mod frame;
 
@@ -41,6 +42,7 @@ pub mod mons;
 pub mod msg;
 pub mod net;
 pub mod request;
+pub mod tickets;
 pub mod transport;
 
 pub use mons::MonAddrs;

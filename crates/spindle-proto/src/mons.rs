@@ -5,6 +5,7 @@
 //! that answers: it moves to the next one when its connection fails or the monitor says it
 //! has no leader (`ErrorCode::NoLeader`).
 
+use crate::auth::ConnectAuth;
 use crate::net::{Incoming, NetError, RpcConn};
 use crate::transport::Transport;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -88,19 +89,38 @@ impl MonAddrs {
         transport: &T,
         timeout_ms: u64,
         push: Option<mpsc::UnboundedSender<Incoming>>,
+        auth: &ConnectAuth,
     ) -> Result<Arc<RpcConn>, NetError> {
         let start = self.current.load(Ordering::Relaxed) % self.addrs.len();
         let mut reasons = Vec::new();
+        let mut refused = 0;
+        let mut not_ready = false;
         for k in 0..self.addrs.len() {
             let i = (start + k) % self.addrs.len();
             let addr = &self.addrs[i];
-            match RpcConn::connect_via(transport, addr, timeout_ms, push.clone()).await {
+            match RpcConn::connect_auth(transport, addr, timeout_ms, push.clone(), auth).await {
                 Ok(c) => {
                     self.current.store(i, Ordering::Relaxed);
                     return Ok(c);
                 }
-                Err(e) => reasons.push(e.to_string()),
+                Err(e) => {
+                    refused += usize::from(matches!(e, NetError::Auth(_)));
+                    not_ready |= matches!(e, NetError::Closed(_));
+                    reasons.push(match e {
+                        NetError::Auth(why) => why,
+                        e => e.to_string(),
+                    })
+                }
             }
+        }
+        if refused == self.addrs.len() {
+            // Every monitor refused the credentials: retrying will not help.
+            return Err(NetError::Auth(reasons.join("; ")));
+        }
+        if not_ready {
+            // A monitor answered but could not authenticate anyone yet (a new cluster's
+            // key database not committed yet): worth retrying.
+            return Err(NetError::Closed(reasons.join("; ")));
         }
         Err(NetError::Connect {
             addr: self.joined(),

@@ -897,6 +897,37 @@ messages! {
     PeerPong = 71, "peer_pong" {
         epoch: u64 = U64("epoch"),
     };
+    // ---- authentication (`crate::auth`) ----
+    /// First frame of an authenticated connection: who connects, its nonce, and for a
+    /// storage daemon the ticket the monitors issued it (empty towards a monitor).
+    AuthHello = 80, "auth_hello" {
+        entity: String = Text("entity", crate::auth::ENTITY_BYTES_MAX),
+        nonce: Vec<u8> = Bytes("nonce", crate::auth::NONCE_BYTES),
+        ticket: Vec<u8> = Bytes("ticket", crate::auth::TICKET_BYTES_MAX),
+    };
+    /// The server's nonce.
+    AuthChallenge = 81, "auth_challenge" {
+        nonce: Vec<u8> = Bytes("nonce", crate::auth::NONCE_BYTES),
+    };
+    /// The connecting side's proof of its key over both nonces.
+    AuthProof = 82, "auth_proof" {
+        proof: Vec<u8> = Bytes("proof", crate::auth::PROOF_BYTES),
+    };
+    /// The server accepted the proof; its own proof (mutual authentication). Every later
+    /// frame in both directions carries a MAC.
+    AuthDone = 83, "auth_done" {
+        proof: Vec<u8> = Bytes("proof", crate::auth::PROOF_BYTES),
+    };
+    /// To a monitor, on an authenticated connection: a ticket for the storage daemons
+    /// (reply `AuthTicket`).
+    AuthTicketGet = 84, "auth_ticket_get";
+    /// A ticket (sealed with the service key), its session key sealed with the entity's
+    /// key, and for a storage daemon the service key sealed with its key (else empty).
+    AuthTicket = 85, "auth_ticket" {
+        ticket: Vec<u8> = Bytes("ticket", crate::auth::TICKET_BYTES_MAX),
+        session: Vec<u8> = Bytes("session", 256),
+        service: Vec<u8> = Bytes("service", 256),
+    };
     /// Generic success reply.
     Ok = 40, "ok";
     /// Failure reply to any request. `map` carries the newer map for `StaleMap`.
@@ -912,7 +943,14 @@ messages! {
 pub fn kind_is_client_request(kind: u16) -> bool {
     matches!(
         MsgKind::from_u16(kind),
-        Some(MsgKind::ObjRequest | MsgKind::Command | MsgKind::GetMap)
+        Some(
+            MsgKind::ObjRequest
+                | MsgKind::Command
+                | MsgKind::GetMap
+                | MsgKind::AuthHello
+                | MsgKind::AuthProof
+                | MsgKind::AuthTicketGet
+        )
     )
 }
 

@@ -9,6 +9,7 @@
 //! - request id 0 is never used for requests: frames with id 0 are unsolicited pushes
 //!   (map updates) delivered to the connection's push channel.
 
+use crate::auth::{ConnectAuth, FrameMac, Peer, Verifier, MAC_BYTES};
 use crate::frame::{
     encode_frame, frame_header, parse_header, FrameError, HEADER_LEN, PAYLOAD_LEN_MAX_DEFAULT,
 };
@@ -39,6 +40,9 @@ pub enum NetError {
     Codec(#[from] CodecError),
     #[error("i/o: {0}")]
     Io(String),
+    /// Authentication failed (final: retrying with the same key fails the same way).
+    #[error("authentication failed: {0}")]
+    Auth(String),
 }
 
 impl From<std::io::Error> for NetError {
@@ -58,12 +62,26 @@ pub struct Incoming {
     pub bulk_block_crcs: Vec<u32>,
     /// When the frame was decoded, if stage clocks are on (`spindle_trace`).
     pub received: Option<std::time::Instant>,
+    /// Who sent it, on an authenticated served connection (None without authentication).
+    pub peer: Option<Arc<Peer>>,
 }
 
 /// Reads one frame and decodes its message. `Ok(None)` on a clean end of stream between
 /// frames.
 pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Incoming>, NetError> {
-    match read_frame_raw(r).await? {
+    read_msg_mac(r, None).await
+}
+
+/// [`read_msg`], checking the frame's MAC with `mac` if given.
+async fn read_msg_mac<R: AsyncRead + Unpin>(
+    r: &mut R,
+    mac: Option<&mut FrameMac>,
+) -> Result<Option<Incoming>, NetError> {
+    let frame = match read_header(r).await? {
+        None => None,
+        Some(h) => Some(read_body(r, &h, mac).await?),
+    };
+    match frame {
         None => Ok(None),
         Some(mut f) => {
             let (request_id, epoch) = (f.request_id, f.epoch);
@@ -74,6 +92,7 @@ pub async fn read_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Incoming
                 msg: f.decode()?,
                 bulk_block_crcs,
                 received: spindle_trace::now(),
+                peer: None,
             }))
         }
     }
@@ -168,6 +187,7 @@ async fn read_header<R: AsyncRead + Unpin>(
 async fn read_body<R: AsyncRead + Unpin>(
     r: &mut R,
     h: &crate::frame::FrameHeader,
+    mac: Option<&mut FrameMac>,
 ) -> Result<RawFrame, NetError> {
     let len = h.payload_len as usize;
     let mut block_crcs = Vec::new();
@@ -203,6 +223,26 @@ async fn read_body<R: AsyncRead + Unpin>(
         }
         .into());
     }
+    if let Some(mac) = mac {
+        let mut st = mac.begin(h.kind, h.request_id, h.epoch, h.payload_len);
+        if len < 4 {
+            st.update(&fields);
+        } else {
+            st.update(&(bulk_claim).to_le_bytes());
+            st.update(&bulk);
+            st.update(&fields);
+        }
+        let mut got = [0u8; MAC_BYTES];
+        r.read_exact(&mut got)
+            .await
+            .map_err(|e| NetError::Closed(format!("stream ended inside a frame's MAC: {e}")))?;
+        if !crate::auth::equal_secret(&got, &st.finish()) {
+            return Err(NetError::Auth(format!(
+                "frame MAC mismatch (kind {}, request {}): altered, forged or replayed",
+                h.kind, h.request_id
+            )));
+        }
+    }
     Ok(RawFrame {
         kind: h.kind,
         request_id: h.request_id,
@@ -221,7 +261,7 @@ async fn read_body<R: AsyncRead + Unpin>(
 pub async fn read_frame_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<RawFrame>, NetError> {
     match read_header(r).await? {
         None => Ok(None),
-        Some(h) => Ok(Some(read_body(r, &h).await?)),
+        Some(h) => Ok(Some(read_body(r, &h, None).await?)),
     }
 }
 
@@ -364,9 +404,33 @@ async fn write_frames<W: AsyncWrite + Unpin>(
     w: &mut W,
     frames: &[Outgoing],
     stall: Option<Duration>,
+    mac: Option<&mut FrameMac>,
 ) -> Result<(), NetError> {
-    let mut slices = Vec::with_capacity(frames.len() * 4);
-    for f in frames {
+    let macs: Vec<[u8; MAC_BYTES]> = match mac {
+        None => Vec::new(),
+        Some(mac) => frames
+            .iter()
+            .map(|f| {
+                let h = &f.header;
+                let u16_at = |at: usize| u16::from_le_bytes([h[at], h[at + 1]]);
+                let u32_at =
+                    |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+                let u64_at = |at: usize| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(&h[at..at + 8]);
+                    u64::from_le_bytes(a)
+                };
+                let mut st = mac.begin(u16_at(6), u64_at(12), u64_at(20), u32_at(28));
+                let head = &f.body.head;
+                st.update(&head[..4]);
+                st.update(&f.body.bulk);
+                st.update(&head[4..]);
+                st.finish()
+            })
+            .collect(),
+    };
+    let mut slices = Vec::with_capacity(frames.len() * 5);
+    for (i, f) in frames.iter().enumerate() {
         spindle_trace::record(Stage::RpcWriterQueue, f.queued);
         let head = &f.body.head;
         slices.push(std::io::IoSlice::new(&f.header));
@@ -376,6 +440,9 @@ async fn write_frames<W: AsyncWrite + Unpin>(
         }
         if head.len() > 4 {
             slices.push(std::io::IoSlice::new(&head[4..]));
+        }
+        if let Some(m) = macs.get(i) {
+            slices.push(std::io::IoSlice::new(m));
         }
     }
     let mut rest: &mut [std::io::IoSlice<'_>] = &mut slices;
@@ -400,6 +467,7 @@ async fn write_queued<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     stall: Option<Duration>,
+    mut mac: Option<FrameMac>,
 ) -> Result<(), NetError> {
     let mut batch = Vec::with_capacity(FRAMES_PER_WRITE_MAX);
     while let Some(frame) = rx.recv().await {
@@ -411,7 +479,7 @@ async fn write_queued<W: AsyncWrite + Unpin>(
                 Err(_) => break,
             }
         }
-        write_frames(&mut w, &batch, stall).await?;
+        write_frames(&mut w, &batch, stall, mac.as_mut()).await?;
         if let Some(start) = start {
             spindle_trace::add(Stage::RpcWrite, batch.len() as u64, start.elapsed());
         }
@@ -426,7 +494,7 @@ pub async fn writer_loop<W: AsyncWrite + Unpin>(
     w: W,
     rx: mpsc::UnboundedReceiver<Outgoing>,
 ) -> Result<(), NetError> {
-    write_queued(w, rx, None).await
+    write_queued(w, rx, None, None).await
 }
 
 type Waiter = oneshot::Sender<Result<Incoming, NetError>>;
@@ -516,7 +584,20 @@ impl RpcConn {
         timeout_ms: u64,
         push: Option<mpsc::UnboundedSender<Incoming>>,
     ) -> Result<Arc<RpcConn>, NetError> {
-        let (read_half, write_half) =
+        Self::connect_auth(transport, addr, timeout_ms, push, &ConnectAuth::None).await
+    }
+
+    /// Connects over `transport` and authenticates as `auth` says (the handshake of
+    /// `crate::auth`; every later frame carries a MAC). An authentication failure is
+    /// [`NetError::Auth`].
+    pub async fn connect_auth<T: Transport>(
+        transport: &T,
+        addr: &str,
+        timeout_ms: u64,
+        push: Option<mpsc::UnboundedSender<Incoming>>,
+        auth: &ConnectAuth,
+    ) -> Result<Arc<RpcConn>, NetError> {
+        let (read_half, mut write_half) =
             tokio::time::timeout(Duration::from_millis(timeout_ms), transport.connect(addr))
                 .await
                 .map_err(|_| NetError::Connect {
@@ -527,6 +608,22 @@ impl RpcConn {
                     addr: addr.to_string(),
                     reason: e.to_string(),
                 })?;
+        let mut r = BufReader::with_capacity(CLIENT_READ_BUFFER_BYTES, read_half);
+        let macs = match auth {
+            ConnectAuth::None => None,
+            auth => Some(
+                tokio::time::timeout(
+                    Duration::from_millis(crate::auth::HANDSHAKE_MS_MAX.min(timeout_ms.max(1000))),
+                    client_handshake(&mut r, &mut write_half, auth, addr),
+                )
+                .await
+                .map_err(|_| NetError::Auth(format!("{addr}: the handshake timed out")))??,
+            ),
+        };
+        let (send_mac, mut recv_mac) = match macs {
+            Some(m) => (Some(m.send), Some(m.recv)),
+            None => (None, None),
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             pending: Mutex::new(HashMap::new()),
@@ -538,7 +635,7 @@ impl RpcConn {
             let shared = shared.clone();
             let peer = peer.clone();
             tokio::spawn(async move {
-                let reason = match writer_loop(write_half, rx).await {
+                let reason = match write_queued(write_half, rx, None, send_mac).await {
                     Ok(()) => "connection dropped by owner".to_string(),
                     Err(e) => format!("{peer}: write failed: {e}"),
                 };
@@ -549,9 +646,8 @@ impl RpcConn {
             let shared = shared.clone();
             let peer = peer.clone();
             tokio::spawn(async move {
-                let mut r = BufReader::with_capacity(CLIENT_READ_BUFFER_BYTES, read_half);
                 let reason = loop {
-                    match read_msg(&mut r).await {
+                    match read_msg_mac(&mut r, recv_mac.as_mut()).await {
                         Ok(None) => break format!("{peer} closed the connection"),
                         Err(e) => break format!("{peer}: {e}"),
                         Ok(Some(inc)) => {
@@ -661,6 +757,217 @@ impl RpcConn {
         let inc = self.call(epoch, &msg, timeout_ms).await?;
         crate::request::reply_to::<R>(inc.msg)
     }
+}
+
+/// The connecting side of the handshake (`crate::auth`): hello, challenge, proof, done.
+async fn client_handshake<R, W>(
+    r: &mut R,
+    w: &mut W,
+    auth: &ConnectAuth,
+    addr: &str,
+) -> Result<crate::auth::SessionMacs, NetError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    use crate::auth::{equal_secret, nonce, proof, session_macs};
+    let (entity, key, ticket) = match auth {
+        ConnectAuth::None => return Err(NetError::Auth("no credentials".into())),
+        ConnectAuth::Key(id) => (id.entity.as_str(), id.key.clone(), Vec::new()),
+        ConnectAuth::Ticket {
+            entity,
+            ticket,
+            session_key,
+        } => (entity.as_str(), session_key.clone(), ticket.to_vec()),
+    };
+    let refused = |m: Msg, step: &str| match m {
+        Msg::Error {
+            code: crate::ErrorCode::Again,
+            message,
+            ..
+        } => NetError::Closed(format!("{addr} cannot authenticate anyone yet: {message}")),
+        Msg::Error { message, .. } => NetError::Auth(format!("{addr} refused {entity}: {message}")),
+        other => NetError::Auth(format!(
+            "{addr}: unexpected {:?} in reply to the {step}",
+            other.msg_kind()
+        )),
+    };
+    let closed = || NetError::Closed(format!("{addr} closed the connection during the handshake"));
+    let cn = nonce();
+    write_msg(
+        w,
+        1,
+        0,
+        &Msg::AuthHello {
+            entity: entity.to_string(),
+            nonce: cn.to_vec(),
+            ticket,
+        },
+    )
+    .await?;
+    let sn = match read_handshake_msg(r).await?.ok_or_else(closed)?.msg {
+        Msg::AuthChallenge { nonce } => nonce,
+        other => return Err(refused(other, "hello")),
+    };
+    write_msg(
+        w,
+        2,
+        0,
+        &Msg::AuthProof {
+            proof: proof(&key, "client", entity, &cn, &sn).to_vec(),
+        },
+    )
+    .await?;
+    match read_handshake_msg(r).await?.ok_or_else(closed)?.msg {
+        Msg::AuthDone { proof: p } => {
+            if !equal_secret(&p, &proof(&key, "server", entity, &cn, &sn)) {
+                return Err(NetError::Auth(format!(
+                    "{addr} could not prove it knows the key of {entity}: not a server of this cluster"
+                )));
+            }
+        }
+        other => return Err(refused(other, "proof")),
+    }
+    Ok(session_macs(&key, entity, &cn, &sn, true))
+}
+
+/// Largest frame of the handshake (a hello with the largest ticket, with room to spare):
+/// a peer not authenticated yet cannot make a server read (and allocate) more.
+const HANDSHAKE_FRAME_BYTES_MAX: u32 = 16 << 10;
+const _: () = assert!(crate::auth::TICKET_BYTES_MAX + 1024 < HANDSHAKE_FRAME_BYTES_MAX as usize);
+
+/// Reads one handshake frame (at most [`HANDSHAKE_FRAME_BYTES_MAX`] of payload).
+async fn read_handshake_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Incoming>, NetError> {
+    let Some(h) = read_header(r).await? else {
+        return Ok(None);
+    };
+    if h.payload_len > HANDSHAKE_FRAME_BYTES_MAX {
+        return Err(FrameError::TooLarge {
+            len: h.payload_len,
+            max: HANDSHAKE_FRAME_BYTES_MAX,
+        }
+        .into());
+    }
+    let f = read_body(r, &h, None).await?;
+    Ok(Some(Incoming {
+        request_id: f.request_id,
+        epoch: f.epoch,
+        msg: f.decode()?,
+        bulk_block_crcs: Vec::new(),
+        received: None,
+        peer: None,
+    }))
+}
+
+/// Marks a handshake refused because the server cannot check anyone yet.
+const NOT_READY: &str = ": not ready: ";
+
+/// The accepting side of the handshake: the peer's identity and the session's MACs, or
+/// why it was refused (also sent to the peer as an `AuthFailed` error).
+async fn server_handshake<R, W>(
+    r: &mut R,
+    w: &mut W,
+    verifier: &dyn Verifier,
+    epoch: u64,
+) -> Result<(Arc<Peer>, crate::auth::SessionMacs), String>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    use crate::auth::{equal_secret, nonce, proof, session_macs, NONCE_BYTES};
+    async fn refuse<W: AsyncWrite + Unpin>(w: &mut W, rid: u64, epoch: u64, why: String) -> String {
+        let _ = write_msg(
+            w,
+            rid,
+            epoch,
+            &Msg::error(crate::ErrorCode::AuthFailed, why.clone()),
+        )
+        .await;
+        why
+    }
+    let first = match read_handshake_msg(r).await {
+        Ok(Some(inc)) => inc,
+        Ok(None) => return Err("closed before authenticating".into()),
+        Err(e) => {
+            // As for any bad frame: an error frame, then the connection closes.
+            let _ = write_msg(
+                w,
+                0,
+                epoch,
+                &Msg::error(
+                    crate::ErrorCode::Invalid,
+                    format!("closing connection: {e}"),
+                ),
+            )
+            .await;
+            return Err(format!("bad first frame: {e}"));
+        }
+    };
+    let rid = first.request_id;
+    let (entity, cn, ticket) = match first.msg {
+        Msg::AuthHello {
+            entity,
+            nonce,
+            ticket,
+        } => (entity, nonce, ticket),
+        other => {
+            let why = format!(
+                "no authentication (first message {:?}): this cluster requires a key (--keyring, --name)",
+                other.msg_kind()
+            );
+            return Err(refuse(w, rid, epoch, why).await);
+        }
+    };
+    if let Err(why) = verifier.ready(&entity) {
+        let _ = write_msg(
+            w,
+            rid,
+            epoch,
+            &Msg::error(crate::ErrorCode::Again, why.clone()),
+        )
+        .await;
+        return Err(format!("{entity}{NOT_READY}{why}"));
+    }
+    if cn.len() != NONCE_BYTES {
+        return Err(refuse(w, rid, epoch, format!("{entity}: bad nonce length")).await);
+    }
+    let (key, peer) = match verifier.accept(&entity, &ticket) {
+        Ok(k) => k,
+        Err(e) => return Err(refuse(w, rid, epoch, format!("{entity}: {e}")).await),
+    };
+    let sn = nonce();
+    write_msg(w, rid, epoch, &Msg::AuthChallenge { nonce: sn.to_vec() })
+        .await
+        .map_err(|e| e.to_string())?;
+    let second = match read_handshake_msg(r).await {
+        Ok(Some(inc)) => inc,
+        Ok(None) => return Err(format!("{entity}: closed during the handshake")),
+        Err(e) => return Err(format!("{entity}: bad frame during the handshake: {e}")),
+    };
+    let rid = second.request_id;
+    match second.msg {
+        Msg::AuthProof { proof: p }
+            if equal_secret(&p, &proof(&key, "client", &entity, &cn, &sn)) => {}
+        Msg::AuthProof { .. } => {
+            let why = format!("{entity}: wrong proof (a wrong key, or a replayed handshake)");
+            return Err(refuse(w, rid, epoch, why).await);
+        }
+        other => {
+            let why = format!("{entity}: expected a proof, got {:?}", other.msg_kind());
+            return Err(refuse(w, rid, epoch, why).await);
+        }
+    }
+    write_msg(
+        w,
+        rid,
+        epoch,
+        &Msg::AuthDone {
+            proof: proof(&key, "server", &entity, &cn, &sn).to_vec(),
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok((peer, session_macs(&key, &entity, &cn, &sn, false)))
 }
 
 impl Drop for RpcConn {
@@ -858,8 +1165,9 @@ async fn writer_loop_bounded<W: AsyncWrite + Unpin>(
     w: W,
     rx: mpsc::UnboundedReceiver<Outgoing>,
     stall: Duration,
+    mac: Option<FrameMac>,
 ) -> Result<(), NetError> {
-    write_queued(w, rx, Some(stall)).await
+    write_queued(w, rx, Some(stall), mac).await
 }
 
 /// Why a served connection ended.
@@ -875,6 +1183,30 @@ where
     F: FnMut(Incoming, Replier),
 {
     serve_with(stream, label, &default_limits(), epoch, dispatch).await
+}
+
+/// [`serve`] requiring authentication by `verifier`.
+pub async fn serve_authenticated<F>(
+    stream: TcpStream,
+    label: &str,
+    verifier: Arc<dyn Verifier>,
+    epoch: impl Fn() -> u64,
+    dispatch: F,
+) where
+    F: FnMut(Incoming, Replier),
+{
+    let (read_half, write_half, peer) = crate::transport::tcp_accepted(stream);
+    serve_halves(
+        read_half,
+        write_half,
+        &peer,
+        label,
+        &default_limits(),
+        Some(verifier),
+        epoch,
+        dispatch,
+    )
+    .await
 }
 
 /// Process-wide limits for services that do not bring their own.
@@ -903,17 +1235,24 @@ pub async fn serve_with<F>(
     F: FnMut(Incoming, Replier),
 {
     let (read_half, write_half, peer) = crate::transport::tcp_accepted(stream);
-    serve_halves(read_half, write_half, &peer, label, limits, epoch, dispatch).await
+    serve_halves(
+        read_half, write_half, &peer, label, limits, None, epoch, dispatch,
+    )
+    .await
 }
 
 /// [`serve_with`] over the halves of a connection of any [`Transport`] (`peer` names the
-/// other end in logs).
+/// other end in logs). With a `verifier`, the connection must authenticate first (the
+/// handshake of `crate::auth`, within [`crate::auth::HANDSHAKE_MS_MAX`]); every frame
+/// after it must carry a valid MAC, and every [`Incoming`] names the peer.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_halves<R, W, F>(
     read_half: R,
-    write_half: W,
+    mut write_half: W,
     peer: &str,
     label: &str,
     limits: &ServeLimits,
+    verifier: Option<Arc<dyn Verifier>>,
     epoch: impl Fn() -> u64,
     mut dispatch: F,
 ) where
@@ -922,18 +1261,50 @@ pub async fn serve_halves<R, W, F>(
     F: FnMut(Incoming, Replier),
 {
     limits.connections_open.fetch_add(1, Ordering::Relaxed);
+    let mut r = BufReader::with_capacity(SERVED_READ_BUFFER_BYTES, read_half);
+    let authenticated = verifier.is_some();
+    let (peer_auth, send_mac, mut recv_mac) = match verifier {
+        None => (None, None, None),
+        Some(v) => {
+            let shake = tokio::time::timeout(
+                Duration::from_millis(crate::auth::HANDSHAKE_MS_MAX.min(limits.idle_timeout_ms)),
+                server_handshake(&mut r, &mut write_half, &*v, epoch()),
+            )
+            .await
+            .unwrap_or_else(|_| Err("the handshake timed out".into()));
+            match shake {
+                Ok((p, macs)) => {
+                    tracing::debug!("{label}: {peer} authenticated as {}", p.entity);
+                    (Some(p), Some(macs.send), Some(macs.recv))
+                }
+                Err(why) if why.contains(NOT_READY) => {
+                    // Not a security event: a new cluster or a booting daemon.
+                    tracing::debug!("{label}: connection from {peer}: {why}");
+                    limits.connections_open.fetch_sub(1, Ordering::Relaxed);
+                    limits.connections_closed.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Err(why) => {
+                    crate::auth::log_refusal(label, &format!("connection from {peer}: {why}"));
+                    limits.connections_open.fetch_sub(1, Ordering::Relaxed);
+                    limits.connections_closed.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let mut writer = tokio::spawn(writer_loop_bounded(
         write_half,
         rx,
         Duration::from_millis(limits.write_stall_ms),
+        send_mac,
     ));
     let replier = Replier { tx, _held: None };
     let admission = Arc::new(tokio::sync::Semaphore::new(
         REQUESTS_IN_FLIGHT_PER_CONNECTION,
     ));
     let idle = Duration::from_millis(limits.idle_timeout_ms);
-    let mut r = BufReader::with_capacity(SERVED_READ_BUFFER_BYTES, read_half);
     // The connection ends when reading ends, or when the writer gave up (the peer takes
     // no bytes: its requests would be served into the void).
     let reading = async {
@@ -971,7 +1342,9 @@ pub async fn serve_halves<R, W, F>(
                     let budget = limits.budget_for(h.kind);
                     let charged = budget.acquire(h.payload_len as u64).await;
                     let deadline = limits.frame_deadline(h.payload_len);
-                    match tokio::time::timeout(deadline, read_body(&mut r, &h)).await {
+                    match tokio::time::timeout(deadline, read_body(&mut r, &h, recv_mac.as_mut()))
+                        .await
+                    {
                         Err(_) => {
                             break Ended::Error(format!(
                                 "frame of {} bytes not complete after {} ms",
@@ -993,6 +1366,16 @@ pub async fn serve_halves<R, W, F>(
                     let decoded = frame.decode();
                     spindle_trace::record(Stage::RpcRead, frame_start);
                     match decoded {
+                        Ok(Msg::AuthHello { .. }) if !authenticated => {
+                            replier.send(
+                                request_id,
+                                epoch(),
+                                &Msg::error(
+                                    crate::ErrorCode::AuthFailed,
+                                    "this server runs without authentication",
+                                ),
+                            );
+                        }
                         Ok(msg) => dispatch(
                             Incoming {
                                 request_id,
@@ -1000,6 +1383,7 @@ pub async fn serve_halves<R, W, F>(
                                 msg,
                                 bulk_block_crcs,
                                 received: spindle_trace::now(),
+                                peer: peer_auth.clone(),
                             },
                             Replier {
                                 tx: replier.tx.clone(),
@@ -1020,6 +1404,9 @@ pub async fn serve_halves<R, W, F>(
                     }
                 }
                 Err(e) => {
+                    if matches!(e, NetError::Auth(_)) {
+                        crate::auth::log_refusal(label, &format!("connection from {peer}: {e}"));
+                    }
                     tracing::warn!("{label}: closing connection from {peer}: {e}");
                     replier.send(
                         0,
@@ -1076,6 +1463,10 @@ pub trait Service: Clone + Send + Sync + 'static {
     /// Limits and payload budgets of this service's connections.
     fn limits(&self) -> Arc<ServeLimits> {
         default_limits()
+    }
+    /// The authority connections must authenticate with; None: no authentication.
+    fn verifier(&self) -> Option<Arc<dyn Verifier>> {
+        None
     }
 }
 
@@ -1135,6 +1526,7 @@ pub async fn accept_loop_via<T: Transport, S: Service>(
     svc: S,
 ) {
     let limits = svc.limits();
+    let verifier = svc.verifier();
     // Ends with this loop (dropped when the loop's task is aborted).
     let _trimmer = AbortOnDrop({
         let limits = limits.clone();
@@ -1157,6 +1549,7 @@ pub async fn accept_loop_via<T: Transport, S: Service>(
                 backoff.accepted();
                 let svc = svc.clone();
                 let limits = limits.clone();
+                let verifier = verifier.clone();
                 tokio::spawn(async move {
                     let s2 = svc.clone();
                     serve_halves(
@@ -1165,6 +1558,7 @@ pub async fn accept_loop_via<T: Transport, S: Service>(
                         &peer,
                         label,
                         &limits,
+                        verifier,
                         move || s2.epoch(),
                         |inc, reply| svc.dispatch(inc, reply),
                     )

@@ -98,6 +98,7 @@ macro_rules! replies {
 // The message kinds that are replies.
 replies!(
     MapUpdate,
+    AuthTicket,
     HeartbeatAck,
     CommandReply,
     ObjReply,
@@ -155,6 +156,7 @@ requests! {
     Command => typed::CommandReply,
     MonRaft => typed::MonRaftReply,
     PeerPing => typed::PeerPong,
+    AuthTicketGet => typed::AuthTicket,
     // Client protocol.
     ObjRequest => typed::ObjReply,
     ScrubPg => typed::ScrubResult,
@@ -227,7 +229,7 @@ mod tests {
             .copied()
             .filter(|k| reply_kind(*k).is_some())
             .collect();
-        assert_eq!(requests.len(), 18);
+        assert_eq!(requests.len(), 19);
         for k in [
             MsgKind::Ok,
             MsgKind::Error,
@@ -235,10 +237,12 @@ mod tests {
             MsgKind::PgInfo,
             MsgKind::MonRaftReply,
             MsgKind::PeerPong,
+            MsgKind::AuthTicket,
         ] {
             assert_eq!(reply_kind(k), None, "{k:?}");
         }
         assert_eq!(reply_kind(MsgKind::MonRaft), Some("MonRaftReply"));
         assert_eq!(reply_kind(MsgKind::ShardRead), Some("ObjReply"));
+        assert_eq!(reply_kind(MsgKind::AuthTicketGet), Some("AuthTicket"));
     }
 }

@@ -63,6 +63,20 @@ fn samples() -> Vec<Msg> {
         Msg::MonRaftReply { body: vec![5, 6] },
         Msg::PeerPing { osd_id: 3 },
         Msg::PeerPong { epoch: 77 },
+        Msg::AuthHello {
+            entity: "client.admin".into(),
+            nonce: vec![1; 32],
+            ticket: vec![2, 3, 4],
+        },
+        Msg::AuthChallenge { nonce: vec![5; 32] },
+        Msg::AuthProof { proof: vec![6; 32] },
+        Msg::AuthDone { proof: vec![7; 32] },
+        Msg::AuthTicketGet,
+        Msg::AuthTicket {
+            ticket: vec![8, 9],
+            session: vec![10],
+            service: vec![],
+        },
         Msg::ObjRequest {
             pool: 1,
             pg: 2,

@@ -53,11 +53,18 @@ pub enum ErrorCode {
     /// pass it on (no leader elected, or the leader unreachable): try another monitor.
     #[error("no monitor leader")]
     NoLeader = 15,
+    /// Authentication failed: no key, a wrong key, an unknown entity, an expired ticket or
+    /// a replayed handshake. Final: the connection is closed.
+    #[error("authentication failed")]
+    AuthFailed = 16,
+    /// The authenticated entity's capabilities do not allow this request.
+    #[error("permission denied")]
+    Denied = 17,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 17] = [
         Self::NotFound,
         Self::StaleMap,
         Self::NeedMap,
@@ -73,6 +80,8 @@ impl ErrorCode {
         Self::Busy,
         Self::Fenced,
         Self::NoLeader,
+        Self::AuthFailed,
+        Self::Denied,
     ];
 
     /// The code with wire value `v`, None for a value no version of Spindle sends.
@@ -101,6 +110,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(*c as u16), Some(*c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(16), None);
+        assert_eq!(ErrorCode::from_u16(18), None);
     }
 }

@@ -76,6 +76,7 @@ fn hold_lock(dir: &Path) -> anyhow::Result<std::fs::File> {
 
 async fn serve(args: AgentArgs) -> anyhow::Result<()> {
     let mon = args.target.mon_addr()?;
+    let identity = args.target.identity()?;
     let pid = agent::own_pid();
     println!(
         "spindle agent: serving the write logs in {} (pid {pid}{})",
@@ -123,6 +124,7 @@ async fn serve(args: AgentArgs) -> anyhow::Result<()> {
             // with a new id), and the agent must hold its descriptors flat.
             let mut config = ClientConfig::new(mon.clone());
             config.client_id = Some(client_id);
+            config.auth = identity.clone();
             let client = match Client::connect(config).await {
                 Ok(c) => Arc::new(c),
                 Err(e) => {

@@ -324,15 +324,50 @@ pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
             no_start,
         } => {
             let dir = target.dir.clone();
-            let id = runtime()?.block_on(async {
+            let identity = target.identity()?;
+            let (id, key) = runtime()?.block_on(async {
                 let client = target.client().await?;
                 let req = match &host {
                     Some(h) => Admin::osd_add_on(weight, h),
                     None => Admin::osd_add(weight),
                 };
                 let r = admin(&client, req).await?;
-                anyhow::Ok(r.osd)
+                // With authentication, the new daemon's key.
+                let key = match &identity {
+                    None => None,
+                    Some(me) => {
+                        let key = spindle_proto::auth::Key::random();
+                        let sealed = seal_hex(&me.key, &key);
+                        admin(
+                            &client,
+                            Admin::auth_add(&format!("osd.{}", r.osd), "", Some(sealed)),
+                        )
+                        .await?;
+                        Some(key)
+                    }
+                };
+                anyhow::Ok((r.osd, key))
             })?;
+            if let Some(key) = &key {
+                let k = spindle_proto::auth::Keyring {
+                    entries: vec![spindle_proto::auth::KeyringEntry {
+                        entity: format!("osd.{id}"),
+                        key: key.clone(),
+                        caps: None,
+                    }],
+                };
+                if no_start {
+                    // Its directory is on another host: the operator puts the key there.
+                    println!(
+                        "osd.{id}'s keyring (save it as `keyring`, mode 0600, in its directory):"
+                    );
+                    print!("{}", k.to_text());
+                } else {
+                    let d = osd_dir(&dir, id);
+                    std::fs::create_dir_all(&d)?;
+                    k.save(&d.join(spindle_cluster::KEYRING))?;
+                }
+            }
             let on = host
                 .as_deref()
                 .map(|h| format!(" on host {h}"))
@@ -433,6 +468,14 @@ pub enum HostCommand {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Make the keyring of a new cluster (every entity's key, mode 0600) at OUT; name it
+    /// in the configuration (`keyring = "OUT"`) and copy it to every host.
+    Keygen {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 pub fn host(command: HostCommand) -> anyhow::Result<()> {
@@ -445,6 +488,16 @@ pub fn host(command: HostCommand) -> anyhow::Result<()> {
         HostCommand::Stop { config, host } => {
             let c = ClusterConfig::load(&config)?;
             host_stop(&c, &host.unwrap_or_else(this_host))
+        }
+        HostCommand::Keygen { config, out } => {
+            let c = ClusterConfig::load(&config)?;
+            spindle_cluster::config::keygen(&c, &out)?;
+            println!(
+                "wrote the keys of client.admin, mon. and {} storage daemons to {} (mode 0600)",
+                c.osd.len(),
+                out.display()
+            );
+            Ok(())
         }
         HostCommand::Check { config } => {
             let c = ClusterConfig::load(&config)?;
@@ -480,6 +533,135 @@ pub fn host(command: HostCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Hex of `key` sealed under `under` (how keys travel in `auth` commands).
+fn seal_hex(under: &spindle_proto::auth::Key, key: &spindle_proto::auth::Key) -> String {
+    spindle_proto::auth::seal(under, spindle_mon::AUTH_KEY_PURPOSE, &key.0)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Opens a key an `auth` answer sealed for us.
+fn open_hex(
+    under: &spindle_proto::auth::Key,
+    sealed: &str,
+) -> anyhow::Result<spindle_proto::auth::Key> {
+    let bytes: Vec<u8> = (0..sealed.len() / 2)
+        .map(|i| u8::from_str_radix(&sealed[2 * i..2 * i + 2], 16))
+        .collect::<Result<_, _>>()
+        .context("bad sealed key from the monitor")?;
+    let plain = spindle_proto::auth::open(under, spindle_mon::AUTH_KEY_PURPOSE, &bytes)?;
+    Ok(spindle_proto::auth::Key(plain.try_into().map_err(
+        |_| anyhow!("the monitor sent a key of the wrong length"),
+    )?))
+}
+
+#[derive(Subcommand)]
+pub enum AuthCommand {
+    /// Entities and their capabilities (keys are not shown).
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// An entity's key as a keyring (to stdout, or to --out with mode 0600).
+    Get {
+        entity: String,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Add an entity with a new key and capabilities given as Ceph-style pairs, e.g.
+    /// `spindle auth add client.backup mon 'allow r' osd 'allow r pool=default images'`.
+    /// Grants: `allow r|rw|* [pool=NAME] [images]` (`images`: also image headers and
+    /// data objects; `*` includes them and scrub). Prints its keyring (or writes --out).
+    Add {
+        entity: String,
+        caps: Vec<String>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Replace an entity's capabilities (storage daemons apply them when its ticket is
+    /// next renewed, within 5 minutes; monitors at once).
+    Caps { entity: String, caps: Vec<String> },
+    /// Remove an entity: its new connections and ticket renewals are refused (connections
+    /// it already has open are not cut; restart the daemons to cut them at once).
+    Rm { entity: String },
+}
+
+pub fn auth(command: AuthCommand, target: Target) -> anyhow::Result<()> {
+    use spindle_proto::auth::{Caps, Keyring, KeyringEntry};
+    let me = target.identity()?.ok_or_else(|| {
+        anyhow!(
+            "no keyring (--keyring, or {}): this cluster runs without authentication, or pass its keyring",
+            target.dir.join(spindle_cluster::KEYRING).display()
+        )
+    })?;
+    let write_or_print = |entity: &str,
+                          key: spindle_proto::auth::Key,
+                          caps: &str,
+                          out: &Option<PathBuf>|
+     -> anyhow::Result<()> {
+        let k = Keyring {
+            entries: vec![KeyringEntry {
+                entity: entity.to_string(),
+                key,
+                caps: (!caps.is_empty()).then(|| caps.to_string()),
+            }],
+        };
+        match out {
+            Some(p) => {
+                k.save(p)?;
+                println!("wrote {entity}'s key to {} (mode 0600)", p.display());
+            }
+            None => print!("{}", k.to_text()),
+        }
+        Ok(())
+    };
+    runtime()?.block_on(async {
+        let client = target.client().await?;
+        match command {
+            AuthCommand::Ls { json } => {
+                let l = admin(&client, Admin::auth_ls()).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&l)?);
+                } else {
+                    for e in &l {
+                        println!(
+                            "{}\t{}",
+                            e.entity,
+                            if e.caps.is_empty() { "-" } else { &e.caps }
+                        );
+                    }
+                }
+            }
+            AuthCommand::Get { entity, out } => {
+                let e = admin(&client, Admin::auth_get(&entity)).await?;
+                let sealed = e
+                    .key_sealed
+                    .ok_or_else(|| anyhow!("the monitor sent no key"))?;
+                write_or_print(&entity, open_hex(&me.key, &sealed)?, &e.caps, &out)?;
+            }
+            AuthCommand::Add { entity, caps, out } => {
+                let caps = Caps::from_pairs(&caps)?.to_text();
+                let e = admin(&client, Admin::auth_add(&entity, &caps, None)).await?;
+                let sealed = e
+                    .key_sealed
+                    .ok_or_else(|| anyhow!("the monitor sent no key"))?;
+                write_or_print(&entity, open_hex(&me.key, &sealed)?, &e.caps, &out)?;
+            }
+            AuthCommand::Caps { entity, caps } => {
+                let caps = Caps::from_pairs(&caps)?.to_text();
+                let e = admin(&client, Admin::auth_caps(&entity, &caps)).await?;
+                println!("{}: {}", e.entity, e.caps);
+            }
+            AuthCommand::Rm { entity } => {
+                admin(&client, Admin::auth_rm(&entity)).await?;
+                println!("removed {entity}");
+            }
+        }
+        anyhow::Ok(())
+    })
 }
 
 #[derive(Subcommand)]

@@ -70,6 +70,13 @@ enum Command {
         #[command(subcommand)]
         command: cluster_cmd::HostCommand,
     },
+    /// Keys and capabilities: ls, get, add, caps, rm.
+    Auth {
+        #[command(subcommand)]
+        command: cluster_cmd::AuthCommand,
+        #[command(flatten)]
+        target: spindle_cluster::Target,
+    },
     /// Monitors: ls, add, rm, stop, start, run.
     Mon {
         #[command(subcommand)]
@@ -248,6 +255,7 @@ fn main() {
         Command::Pool { command, target } => cluster_cmd::pool(command, target),
         Command::Osd { command, target } => cluster_cmd::osd(command, target),
         Command::Mon { command, target } => cluster_cmd::mon(command, target),
+        Command::Auth { command, target } => cluster_cmd::auth(command, target),
         Command::Host { command } => cluster_cmd::host(command),
         Command::Put {
             name,

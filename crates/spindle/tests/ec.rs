@@ -253,7 +253,7 @@ async fn sigkill_during_overwrites_never_mixes_stripes() {
     // Writers give up after 1.5 s (instead of retrying through a whole failover), so
     // some writes end unacknowledged with an unknown outcome.
     let impatient = {
-        let mut cfg = spindle_client::ClientConfig::new(c.mon_addr());
+        let mut cfg = c.client_config();
         cfg.op_timeout_ms = 1500;
         Client::connect(cfg).await.expect("client connects")
     };

@@ -179,7 +179,10 @@ fn idle_and_stalled_connections_are_closed() {
 /// other connections meanwhile, and returns the memory once they are gone.
 #[test]
 fn a_daemon_holds_incoming_payloads_to_its_budget_and_returns_the_memory() {
-    let c = Cluster::start_with_env(
+    // Without authentication: the raw frames must reach the served loop, whose budget is
+    // the same for an authenticated peer (an unauthenticated one cannot send more than a
+    // handshake frame: `tests/auth.rs`).
+    let c = Cluster::start_with_env_args(
         "hostile-budget",
         3,
         8,
@@ -188,6 +191,7 @@ fn a_daemon_holds_incoming_payloads_to_its_budget_and_returns_the_memory() {
             ("SPINDLE_PAYLOAD_BUDGET_MIB", "192"),
             ("SPINDLE_FRAME_DEADLINE_MS", "60000"),
         ],
+        &["--no-auth"],
     );
     let status = c.status();
     let addr = status["osds"][0]["addr"].as_str().unwrap().to_string();

@@ -46,8 +46,10 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 fn write_config(dir: &Path) -> (PathBuf, String) {
     let ports = free_ports(9);
-    let mut text =
-        String::from("cluster_id = \"0123456789abcdef\"\npg_count = 16\nout_after_ms = 0\n");
+    let mut text = format!(
+        "cluster_id = \"0123456789abcdef\"\npg_count = 16\nout_after_ms = 0\nkeyring = \"{}\"\n",
+        dir.join("keyring").display()
+    );
     let mut mons = Vec::new();
     for (i, h) in HOSTS.iter().enumerate() {
         let addr = format!("127.0.0.1:{}", ports[i]);
@@ -67,6 +69,14 @@ fn write_config(dir: &Path) -> (PathBuf, String) {
     }
     let config = dir.join("cluster.toml");
     std::fs::write(&config, text).unwrap();
+    // The cluster's keys, made once and read by every host.
+    run_ok(
+        spindle()
+            .args(["host", "keygen", "--config"])
+            .arg(&config)
+            .arg("--out")
+            .arg(dir.join("keyring")),
+    );
     (config, mons.join(","))
 }
 
@@ -131,7 +141,10 @@ async fn three_hosts_from_a_configuration_file_keep_copies_apart_and_survive_a_h
         let out = start_host(&c, h);
         assert!(out.contains("mon."), "{out}");
     }
-    let mut cfg = ClientConfig::new(c.mons.clone());
+    let mut cfg = ClientConfig::new(c.mons.clone())
+        .with_keyring(&c.dir.join("keyring"), "client.admin")
+        .unwrap();
+    assert!(cfg.auth.is_some(), "the keyring was made");
     cfg.op_timeout_ms = 60_000;
     let client = Client::connect(cfg).await.unwrap();
     wait_clean(&client).await;
@@ -139,7 +152,12 @@ async fn three_hosts_from_a_configuration_file_keep_copies_apart_and_survive_a_h
     for o in &status.osds {
         assert_eq!(o.host.as_deref(), Some(HOSTS[o.id as usize / 2]), "{o:?}");
     }
-    let out = run_ok(spindle().args(["status", "--mon"]).arg(&c.mons));
+    let out = run_ok(
+        spindle()
+            .env("SPINDLE_KEYRING", c.dir.join("keyring"))
+            .args(["status", "--mon"])
+            .arg(&c.mons),
+    );
     assert!(out.contains("mons: 3 (leader mon."), "{out}");
     copies_on_distinct_hosts(&client, POOL, 3);
     client
@@ -217,11 +235,12 @@ async fn three_hosts_from_a_configuration_file_keep_copies_apart_and_survive_a_h
     wait_clean(&client).await;
     let out = run_ok(
         spindle()
+            .env("SPINDLE_KEYRING", c.dir.join("keyring"))
             .args(["osd", "add", "--host", "h1", "--no-start", "--mon"])
             .arg(&c.mons),
     );
     assert!(
-        out.contains("added osd.6") && out.contains("on host h1"),
+        out.contains("added osd.6") && out.contains("on host h1") && out.contains("[osd.6]"),
         "{out}"
     );
     let map = client.map();
@@ -241,6 +260,7 @@ async fn three_hosts_from_a_configuration_file_keep_copies_apart_and_survive_a_h
     }
     // A bad host name is refused with a clear error.
     let out = spindle()
+        .env("SPINDLE_KEYRING", c.dir.join("keyring"))
         .args(["osd", "add", "--host", "9bad", "--no-start", "--mon"])
         .arg(&c.mons)
         .output()

@@ -40,7 +40,7 @@ fn leader(c: &Cluster, live: &[u64]) -> u64 {
 }
 
 async fn client_with_timeout(c: &Cluster, op_timeout_ms: u64) -> Client {
-    let mut cfg = ClientConfig::new(c.mon_addr());
+    let mut cfg = c.client_config();
     cfg.op_timeout_ms = op_timeout_ms;
     Client::connect(cfg).await.expect("client connects")
 }
@@ -226,7 +226,12 @@ async fn a_wiped_monitor_rejoins_from_a_snapshot_and_membership_changes_under_lo
         .map(|&i| c.mon_addr_of(i))
         .collect::<Vec<_>>()
         .join(",");
-    let fresh = Client::connect(ClientConfig::new(addrs)).await.unwrap();
+    let fresh = Client::connect(ClientConfig {
+        mon_addr: addrs,
+        ..c.client_config()
+    })
+    .await
+    .unwrap();
     assert!(fresh.epoch() >= e);
     stop.store(true, Ordering::Relaxed);
     let n = writer.await.unwrap();

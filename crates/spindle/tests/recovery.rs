@@ -513,9 +513,32 @@ async fn an_incomplete_copy_with_an_unacknowledged_write_does_not_stop_the_group
     // Act as the primary towards copy x only: one more write at the current epoch (the
     // third copy never gets it, so it could never have been acknowledged), then x is
     // marked incomplete, as a copy being caught up is.
-    let conn = RpcConn::connect(&map.osds[&x].addr, 2000, None)
-        .await
+    // With the primary's own key: its ticket (and the service key) from the monitors,
+    // then a ticket of its own, as the daemon makes for its peers.
+    let primary_key = spindle_proto::auth::Keyring::load(&c.osd_dir(primary).join("keyring"))
+        .unwrap()
+        .identity(&format!("osd.{primary}"))
         .unwrap();
+    let creds = spindle_proto::tickets::Credentials::new(primary_key);
+    let mon = RpcConn::connect_auth(
+        &spindle_proto::transport::Tcp,
+        &c.mon_addr_of(0),
+        2000,
+        None,
+        &creds.mon_auth(),
+    )
+    .await
+    .unwrap();
+    creds.fetch_ticket(&mon).await.unwrap();
+    let conn = RpcConn::connect_auth(
+        &spindle_proto::transport::Tcp,
+        &map.osds[&x].addr,
+        2000,
+        None,
+        &creds.self_ticket().expect("a daemon gets the service key"),
+    )
+    .await
+    .unwrap();
     let info = conn
         .request(
             epoch,

@@ -28,11 +28,14 @@ use std::io::Cursor;
 use std::sync::Arc;
 pub use storage::{decode, encode, Applied, Boot, LogStore, RaftDb, StateMachine};
 
-/// "The map after epoch `base_epoch` is `map`" (an encoded `ClusterMap`).
+/// An entry of the monitors' log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Proposal {
-    pub base_epoch: u64,
-    pub map: Vec<u8>,
+pub enum Proposal {
+    /// "The map after epoch `base_epoch` is `map`" (an encoded `ClusterMap`).
+    Map { base_epoch: u64, map: Vec<u8> },
+    /// "The key database after version `base_version` is `db`" (an encoded
+    /// [`crate::auth::AuthDb`]; small, so every change carries all of it).
+    Auth { base_version: u64, db: Vec<u8> },
 }
 
 /// What applying an entry did.
@@ -42,6 +45,10 @@ pub enum Outcome {
     Nothing,
     Applied {
         epoch: u64,
+    },
+    /// The key database is at `version`.
+    AuthApplied {
+        version: u64,
     },
     /// The proposal was not based on the applied map (a deposed leader's, or a race).
     Refused {
@@ -122,6 +129,8 @@ const RPC_SNAPSHOT: u32 = 3;
 #[derive(Clone)]
 pub struct Network {
     pub net: Net,
+    /// How monitors authenticate to each other (the shared `mon.` key).
+    pub auth: spindle_proto::auth::ConnectAuth,
 }
 
 impl RaftNetworkFactory<MonRaftTypes> for Network {
@@ -132,6 +141,7 @@ impl RaftNetworkFactory<MonRaftTypes> for Network {
             target,
             addr: node.addr.clone(),
             net: self.net.clone(),
+            auth: self.auth.clone(),
             conn: None,
             down_since: None,
         }
@@ -143,6 +153,7 @@ pub struct Peer {
     target: u64,
     addr: String,
     net: Net,
+    auth: spindle_proto::auth::ConnectAuth,
     conn: Option<Arc<RpcConn>>,
     /// Set while the peer is unreachable: logged once when it goes, once when it comes
     /// back (openraft retries every half second; its own logging is off by default).
@@ -206,9 +217,15 @@ impl Peer {
         let conn = match &self.conn {
             Some(c) if !c.is_closed() => c.clone(),
             _ => {
-                let c = RpcConn::connect_via(&self.net, &self.addr, timeout_ms.min(1000), None)
-                    .await
-                    .map_err(|e| CallFail::Unreachable(err(e.to_string())))?;
+                let c = RpcConn::connect_auth(
+                    &self.net,
+                    &self.addr,
+                    timeout_ms.min(1000),
+                    None,
+                    &self.auth,
+                )
+                .await
+                .map_err(|e| CallFail::Unreachable(err(e.to_string())))?;
                 self.conn = Some(c.clone());
                 c
             }

@@ -12,6 +12,8 @@
 #![allow(clippy::result_large_err)]
 
 use super::{MonRaftTypes as C, Outcome, Proposal};
+use crate::auth::AuthDb;
+
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, LogState, RaftLogReader, RaftSnapshotBuilder, Snapshot,
@@ -66,6 +68,8 @@ struct SmDisk {
     last_applied: Option<LogId<u64>>,
     membership: StoredMembership<u64, BasicNode>,
     map: Option<Vec<u8>>,
+    /// The key database (`crate::auth::AuthDb`), if the cluster authenticates.
+    auth: Option<Vec<u8>>,
 }
 
 /// What a new monitor's database holds before its Raft starts: its id, and for the
@@ -79,6 +83,8 @@ pub struct Boot {
     /// The first map (epoch 1 of a new cluster, or the map of a single-monitor database
     /// being converted); proposed by whichever monitor leads first.
     pub seed: Option<Vec<u8>>,
+    /// The first key database of a cluster that authenticates (proposed with the map).
+    pub auth_seed: Option<Vec<u8>>,
 }
 
 /// The database shared by the log store and the state machine.
@@ -130,6 +136,7 @@ impl RaftDb {
     pub fn clear_seed(&self) -> Result<(), String> {
         if let Some(mut b) = self.boot()? {
             b.seed = None;
+            b.auth_seed = None;
             self.set_boot(&b)?;
         }
         Ok(())
@@ -285,6 +292,15 @@ pub struct StateMachine {
     db: RaftDb,
     inner: Arc<Mutex<SmInner>>,
     published: watch::Sender<Option<Applied>>,
+    /// The applied key database, decoded.
+    auth: Arc<Mutex<Option<Arc<AuthDb>>>>,
+}
+
+fn auth_of(bytes: &Option<Vec<u8>>) -> Option<Arc<AuthDb>> {
+    bytes
+        .as_ref()
+        .and_then(|b| AuthDb::decode(b).ok())
+        .map(Arc::new)
 }
 
 fn applied_of(map: &Option<Vec<u8>>) -> Option<Applied> {
@@ -304,7 +320,9 @@ impl StateMachine {
             None => SmDisk::default(),
         };
         let (published, _) = watch::channel(applied_of(&disk.map));
+        let auth = Arc::new(Mutex::new(auth_of(&disk.auth)));
         Ok(StateMachine {
+            auth,
             db,
             inner: Arc::new(Mutex::new(SmInner {
                 disk,
@@ -324,6 +342,16 @@ impl StateMachine {
         self.published.borrow().clone()
     }
 
+    /// The applied key database (None: the cluster does not authenticate, or it is not
+    /// applied yet).
+    pub fn auth(&self) -> Option<Arc<AuthDb>> {
+        self.auth.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_auth(&self, bytes: &Option<Vec<u8>>) {
+        *self.auth.lock().unwrap_or_else(|p| p.into_inner()) = auth_of(bytes);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, SmInner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -340,14 +368,38 @@ impl StateMachine {
         };
         Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(encode(&disk.map))),
+            snapshot: Box::new(Cursor::new(encode(&(&disk.map, &disk.auth)))),
         }
     }
 }
 
 /// The state machine's decision for one proposal (deterministic: every monitor decides the
 /// same from the same state).
-fn decide(current: &Option<Vec<u8>>, p: &Proposal) -> Result<u64, String> {
+fn decide_auth(current: &Option<Vec<u8>>, base_version: u64, db: &[u8]) -> Result<u64, String> {
+    let cur = match current {
+        Some(b) => {
+            AuthDb::decode(b)
+                .map_err(|e| format!("applied key database: {e}"))?
+                .version
+        }
+        None => 0,
+    };
+    if base_version != cur {
+        return Err(format!(
+            "key database change based on version {base_version} but it is at {cur}"
+        ));
+    }
+    let next = AuthDb::decode(db).map_err(|e| format!("proposed key database: {e}"))?;
+    if next.version != cur + 1 {
+        return Err(format!(
+            "proposed key database has version {} after {cur}",
+            next.version
+        ));
+    }
+    Ok(next.version)
+}
+
+fn decide(current: &Option<Vec<u8>>, base_epoch: u64, map: &[u8]) -> Result<u64, String> {
     let (cur_epoch, cur_cluster) = match current {
         Some(b) => {
             let m = ClusterMap::decode(b).map_err(|e| format!("applied map: {e}"))?;
@@ -358,22 +410,22 @@ fn decide(current: &Option<Vec<u8>>, p: &Proposal) -> Result<u64, String> {
     if current.is_none() {
         // The first map of the group: epoch 1 of a new cluster, or the map of a
         // single-monitor database converted to Raft (any epoch).
-        if p.base_epoch != 0 {
+        if base_epoch != 0 {
             return Err(format!(
                 "proposal based on epoch {} but no map is applied yet",
-                p.base_epoch
+                base_epoch
             ));
         }
-        let first = ClusterMap::decode(&p.map).map_err(|e| format!("proposed map: {e}"))?;
+        let first = ClusterMap::decode(map).map_err(|e| format!("proposed map: {e}"))?;
         return Ok(first.epoch);
     }
-    if p.base_epoch != cur_epoch {
+    if base_epoch != cur_epoch {
         return Err(format!(
             "proposal based on epoch {} but the map is at epoch {cur_epoch}",
-            p.base_epoch
+            base_epoch
         ));
     }
-    let next = ClusterMap::decode(&p.map).map_err(|e| format!("proposed map: {e}"))?;
+    let next = ClusterMap::decode(map).map_err(|e| format!("proposed map: {e}"))?;
     if next.epoch != cur_epoch + 1 {
         return Err(format!(
             "proposed map has epoch {} after epoch {cur_epoch}",
@@ -412,19 +464,31 @@ impl RaftStateMachine<C> for StateMachine {
                         g.disk.membership = StoredMembership::new(Some(e.log_id), m);
                         Outcome::Nothing
                     }
-                    EntryPayload::Normal(p) => match decide(&g.disk.map, &p) {
-                        Ok(epoch) => {
-                            g.disk.map = Some(p.map);
-                            Outcome::Applied { epoch }
+                    EntryPayload::Normal(Proposal::Map { base_epoch, map }) => {
+                        match decide(&g.disk.map, base_epoch, &map) {
+                            Ok(epoch) => {
+                                g.disk.map = Some(map);
+                                Outcome::Applied { epoch }
+                            }
+                            Err(reason) => Outcome::Refused { reason },
                         }
-                        Err(reason) => Outcome::Refused { reason },
-                    },
+                    }
+                    EntryPayload::Normal(Proposal::Auth { base_version, db }) => {
+                        match decide_auth(&g.disk.auth, base_version, &db) {
+                            Ok(version) => {
+                                g.disk.auth = Some(db);
+                                Outcome::AuthApplied { version }
+                            }
+                            Err(reason) => Outcome::Refused { reason },
+                        }
+                    }
                 };
                 out.push(outcome);
             }
             g.disk.clone()
         };
         self.persist(&disk)?;
+        self.set_auth(&disk.auth);
         if let Some(a) = applied_of(&disk.map) {
             self.published.send_if_modified(|cur| {
                 if cur.as_ref().is_none_or(|c| c.epoch < a.epoch) {
@@ -451,16 +515,22 @@ impl RaftStateMachine<C> for StateMachine {
         meta: &SnapshotMeta<u64, BasicNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), SErr> {
-        let map: Option<Vec<u8>> = decode(snapshot.get_ref()).map_err(read_err)?;
+        let (map, auth): (Option<Vec<u8>>, Option<Vec<u8>>) =
+            decode(snapshot.get_ref()).map_err(read_err)?;
         if let Some(b) = &map {
             ClusterMap::decode(b).map_err(|e| read_err(format!("snapshot map: {e}")))?;
+        }
+        if let Some(b) = &auth {
+            AuthDb::decode(b).map_err(|e| read_err(format!("snapshot key database: {e}")))?;
         }
         let disk = SmDisk {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
             map,
+            auth,
         };
         self.persist(&disk)?;
+        self.set_auth(&disk.auth);
         self.db
             .put(&[("snapshot", &encode(&(meta, snapshot.get_ref())))])
             .map_err(write_err)?;

@@ -71,6 +71,17 @@ impl Cluster {
     /// Like [`Cluster::start`], with environment variables for the daemons (`spindle up`
     /// passes its environment on to them).
     pub fn start_with_env(tag: &str, osds: u32, pg_count: u32, env: &[(&str, &str)]) -> Cluster {
+        Self::start_with_env_args(tag, osds, pg_count, env, &[])
+    }
+
+    /// [`Cluster::start_with_env`] with more `spindle up` flags.
+    pub fn start_with_env_args(
+        tag: &str,
+        osds: u32,
+        pg_count: u32,
+        env: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Cluster {
         let dir = unique_dir(tag);
         std::fs::create_dir_all(&dir).expect("create test dir");
         let c = Cluster { dir, osds };
@@ -82,6 +93,7 @@ impl Cluster {
                 .args(["--wait-seconds", "90"])
                 .args(["--osds", &osds.to_string()])
                 .args(["--pg-count", &pg_count.to_string()])
+                .args(extra)
                 .envs(env.iter().copied()),
         );
         c
@@ -237,8 +249,16 @@ impl Cluster {
         });
     }
 
+    /// A client configuration for this cluster: every monitor, and the administrator's
+    /// key from `DIR/keyring` (if the cluster authenticates).
+    pub fn client_config(&self) -> ClientConfig {
+        ClientConfig::new(self.mon_addr())
+            .with_keyring(&self.dir.join("keyring"), "client.admin")
+            .expect("the cluster's keyring")
+    }
+
     pub async fn client(&self) -> Client {
-        let mut cfg = ClientConfig::new(self.mon_addr());
+        let mut cfg = self.client_config();
         cfg.op_timeout_ms = 60_000;
         Client::connect(cfg).await.expect("client connects")
     }
