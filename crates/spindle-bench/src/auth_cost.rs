@@ -49,22 +49,19 @@ fn measure(scratch: &Path, auth: bool, seconds: u64) -> anyhow::Result<(f64, f64
         };
         let mut a: Vec<String> = vec!["--name=auth-cost".into()];
         a.extend(engine.engine_args().iter().cloned());
-        a.extend(
-            [
-                format!("--bs={bs}"),
-                format!("--rw={rw}"),
-                "--iodepth=16".into(),
-                "--numjobs=1".into(),
-                "--direct=1".into(),
-                "--time_based=1".into(),
-                format!("--runtime={seconds}"),
-                "--ramp_time=2".into(),
-                "--size=512m".into(),
-                "--randseed=20".into(),
-                "--group_reporting=1".into(),
-            ]
-            .into_iter(),
-        );
+        a.extend([
+            format!("--bs={bs}"),
+            format!("--rw={rw}"),
+            "--iodepth=16".into(),
+            "--numjobs=1".into(),
+            "--direct=1".into(),
+            "--time_based=1".into(),
+            format!("--runtime={seconds}"),
+            "--ramp_time=2".into(),
+            "--size=512m".into(),
+            "--randseed=20".into(),
+            "--group_reporting=1".into(),
+        ]);
         let v = fio_json(&a, &[])?;
         let (f, _) = parse_figures(&v, &p)?;
         Ok(if bs == "4k" { f.iops } else { f.mb_per_s })
