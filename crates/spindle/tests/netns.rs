@@ -42,6 +42,10 @@
 //!   mark it in again by hand (`Rig::wait_back`) so that its copies are re-created.
 //! - An administrative command (`status`, ...) sent to a monitor that was cut off without
 //!   an error waits 30 s before the client tries another monitor.
+//! - Once (1 run of 6, the machine loaded by other tests), an erasure-coded write of the
+//!   healthy baseline hung for the client's whole 30 s and failed (EIO through NBD) after
+//!   map changes while writes were in flight; its group's primary then rolled it back as
+//!   unacknowledged.
 
 mod common;
 
