@@ -12,6 +12,7 @@ declare -A PACKAGES=(
   [qemu-utils]=/usr/bin/qemu-img                       # NBD tests: qemu-img, qemu-io
   [nbdkit]=/usr/bin/nbdkit                            # NBD ceiling for `spindle bench fio`
   [gcc]=/usr/bin/gcc                                   # the linker, and mimalloc's C sources (global allocator)
+  [iproute2]=/usr/sbin/ip                              # tests/netns.rs: hosts as network namespaces
 )
 
 missing=()

@@ -247,6 +247,9 @@ impl Net {
     fn exec(&self, node: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.ns(node)]).arg(program);
+        if let Some(k) = keyring() {
+            c.env("SPINDLE_KEYRING", k);
+        }
         c
     }
 
@@ -387,7 +390,8 @@ impl NsThread {
 /// address (comma-separated).
 fn write_config(dir: &Path, net: &Net) -> (PathBuf, String) {
     let mut text = format!(
-        "cluster_id = \"00000000000e7e57\"\npg_count = 16\nout_after_ms = {OUT_AFTER_MS}\n"
+        "cluster_id = \"00000000000e7e57\"\npg_count = 16\nout_after_ms = {OUT_AFTER_MS}\nkeyring = \"{}\"\n",
+        dir.join("keyring").display()
     );
     let mut mons = Vec::new();
     for (i, h) in HOSTS.iter().enumerate() {
@@ -409,7 +413,23 @@ fn write_config(dir: &Path, net: &Net) -> (PathBuf, String) {
     }
     let config = dir.join("cluster.toml");
     std::fs::write(&config, text).unwrap();
+    // The cluster's keys (every host reads its daemons' keys from the same file here).
+    run_ok(
+        spindle()
+            .args(["host", "keygen", "--config"])
+            .arg(&config)
+            .arg("--out")
+            .arg(dir.join("keyring")),
+    );
+    *KEYRING.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.join("keyring"));
     (config, mons.join(","))
+}
+
+/// The keyring of the running test's cluster (tests run one at a time: `SERIAL`).
+static KEYRING: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+fn keyring() -> Option<PathBuf> {
+    KEYRING.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// The host of daemon `id` (two per host, in order).
@@ -688,7 +708,10 @@ fn active(s: &spindle_mon::Status) -> bool {
 }
 
 fn connect(thread: &NsThread, mons: &str, op_timeout_ms: u64) -> Client {
-    let mut cfg = ClientConfig::new(mons);
+    let mut cfg = ClientConfig::new(mons)
+        .with_keyring(&keyring().expect("the cluster's keyring"), "client.admin")
+        .expect("the cluster's keyring");
+    assert!(cfg.auth.is_some(), "the cluster authenticates");
     cfg.op_timeout_ms = op_timeout_ms;
     thread.run(async move { Client::connect(cfg).await.expect("client connects") })
 }
