@@ -186,7 +186,8 @@ struct PgState {
     /// Epoch at which the current interval (same up set) began; recovery and scrub tasks
     /// belong to an interval, not to an epoch (a map change elsewhere keeps them going).
     since: u64,
-    /// Identity of the interval: up set and each member's `up_from`.
+    /// Identity of the interval: up set (erasure-coded: each shard position's daemon)
+    /// and each member's `up_from` (`spindle_pg::rules::interval_identity`).
     interval: Vec<(u32, u64)>,
     phase: Phase,
     /// Erasure-coded groups: last version handed out (valid while Active). Replicated
@@ -757,11 +758,12 @@ impl Osd {
                     continue;
                 };
                 seen.insert((pool_id, pg));
-                let interval: Vec<(u32, u64)> = mapping
-                    .up
-                    .iter()
-                    .map(|id| (*id, ms.map.osds.get(id).map_or(0, |o| o.up_from)))
-                    .collect();
+                // Erasure-coded: with each shard's position (a daemon that moved holds
+                // another, empty, stored copy: the group must peer).
+                let interval =
+                    spindle_pg::rules::interval_identity(&mapping.up, &mapping.shards, |id| {
+                        ms.map.osds.get(&id).map_or(0, |o| o.up_from)
+                    });
                 // Erasure-coded groups serve reads with k shards (writes check min_size).
                 let floor = spindle_pg::rules::serve_floor(pool);
                 let entry = pgs.entry((pool_id, pg)).or_insert_with(|| PgState {

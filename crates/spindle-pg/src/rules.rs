@@ -148,6 +148,29 @@ pub enum IntervalChange {
     Peer,
 }
 
+/// The identity of a group's interval, compared by [`interval_change`]: each acting
+/// member with its `up_from` (a restarted daemon starts a new interval). Replicated groups
+/// (`shards` empty): the up set in order. Erasure-coded groups: every shard position's
+/// daemon, a hole as `(u32::MAX, 0)`, because a daemon that moves to another position
+/// (CRUSH moves survivors when a daemon goes out) stores that position under another
+/// group id: its copy there is new (empty until recovered) even when the up set, in the
+/// same order, did not change. Without the positions such a map kept the interval, the
+/// group never peered, and its primary answered "no such object" from the empty copy.
+pub fn interval_identity(
+    up: &[u32],
+    shards: &[Option<u32>],
+    up_from: impl Fn(u32) -> u64,
+) -> Vec<(u32, u64)> {
+    if shards.is_empty() {
+        up.iter().map(|&d| (d, up_from(d))).collect()
+    } else {
+        shards
+            .iter()
+            .map(|d| d.map_or((u32::MAX, 0), |d| (d, up_from(d))))
+            .collect()
+    }
+}
+
 /// `old` / `new`: the interval identity (up set with each member's `up_from`); `active`:
 /// whether the group is active now; `up` copies up, `floor` = [`serve_floor`].
 pub fn interval_change(
@@ -306,6 +329,37 @@ mod tests {
         });
         assert_eq!(serve_floor(&ec), 4);
         assert!(may_write(&ec, 5) && !may_write(&ec, 4));
+    }
+
+    #[test]
+    fn an_erasure_coded_interval_changes_when_a_shard_moves_to_another_position() {
+        let from = |d: u32| u64::from(d) + 10;
+        // Replicated: the up set in order.
+        assert_eq!(
+            interval_identity(&[0, 2], &[], from),
+            vec![(0, 10), (2, 12)]
+        );
+        // osd.2 moves from position 1 to position 2 (osd.4 went out): the up set [0, 2]
+        // is the same, the interval is not.
+        let before = interval_identity(&[0, 2], &[Some(0), Some(2), None], from);
+        let after = interval_identity(&[0, 2], &[Some(0), None, Some(2)], from);
+        assert_ne!(before, after);
+        assert_eq!(
+            interval_change(&before, &after, true, 2, 2),
+            IntervalChange::Peer
+        );
+        // The primary itself moves.
+        let before = interval_identity(&[2, 1], &[None, Some(2), Some(1)], from);
+        let after = interval_identity(&[2, 1], &[Some(2), None, Some(1)], from);
+        assert_eq!(
+            interval_change(&before, &after, true, 2, 2),
+            IntervalChange::Peer
+        );
+        // Same positions: kept.
+        assert_eq!(
+            interval_change(&after, &after, true, 2, 2),
+            IntervalChange::Keep
+        );
     }
 
     #[test]
