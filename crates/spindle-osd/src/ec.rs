@@ -1259,21 +1259,30 @@ impl Osd {
         Ok(v)
     }
 
-    /// Starts peering again in the current epoch (after a failed erasure-coded write).
-    pub(crate) fn repeer(&self, pgid: PgId, epoch: u64) {
-        {
+    /// Starts peering again at the group's current epoch (after a failed erasure-coded
+    /// write: some shards may hold its new slot, others not), as the replicated write
+    /// path does. The group's epoch may be newer than the write's (`_write_epoch`): a copy
+    /// that answered `StaleMap` gave this daemon a newer map, which kept the interval.
+    /// Peering must still follow: otherwise the slot stays on fewer than k shards with
+    /// nobody recovering it or rolling it back, and every later read or write of the
+    /// object answers `Again` until the client times out (EIO through NBD).
+    pub(crate) fn repeer(&self, pgid: PgId, _write_epoch: u64) {
+        let epoch = {
             let mut pgs = crate::lock(&self.inner.pgs);
             let Some(st) = pgs.get_mut(&(pgid.pool, pgid.pg)) else {
                 return;
             };
-            if st.epoch != epoch || st.phase != Phase::Active {
+            // Not active: an interval change already started peering (or the group is
+            // inactive and peers when enough copies are back).
+            if st.phase != Phase::Active {
                 return;
             }
             st.phase = Phase::Peering;
             st.recovery = None;
             // A new interval id: recovery tasks of the old one stop.
-            st.since = st.since.max(epoch) + 1_000_000_000;
-        }
+            st.since = st.since.max(st.epoch) + 1_000_000_000;
+            st.epoch
+        };
         let osd = self.clone();
         tokio::spawn(async move { osd.peer_until_done(pgid.pool, pgid.pg, epoch).await });
     }

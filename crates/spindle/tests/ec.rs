@@ -681,3 +681,88 @@ async fn an_image_on_an_erasure_coded_pool_reads_back_its_writes() {
     c.wait_osd_up(1, false);
     check(img.read(0, size as u64).await.unwrap(), "osd.1 down");
 }
+
+/// Map changes that keep every group's interval (other pools created and removed) while
+/// erasure-coded overwrites are in flight. A shard write that a copy refuses because it
+/// already has the newer map (`StaleMap`) leaves the new slot on some shards only; the
+/// primary installs the copy's map (same interval: the group stays active) and must peer
+/// again. It used to re-peer only when the group's epoch was still the write's, i.e. never
+/// in this case: the slot stayed on fewer than k shards and every later read or write of
+/// the object answered `Again` until the client gave up (30 s, EIO through NBD); peering
+/// much later rolled the write back as unacknowledged. Every operation must succeed well
+/// within the client's timeout and every object must read back as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erasure_coded_writes_go_on_across_map_changes_that_keep_the_interval() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let c = Cluster::start_with("ecepochs", 3, 8, &["--out-after-ms", "0"]);
+    create_ec_pool(&c, "k=2,m=1,min-size=2");
+    let mut cfg = c.client_config();
+    cfg.op_timeout_ms = 20_000;
+    let client = Arc::new(Client::connect(cfg).await.unwrap());
+    const WRITERS: u64 = 4;
+    const PER_WRITER: u64 = 2;
+    const SIZE: usize = 64 << 10;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let (client, stop) = (client.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng(0x9e37_79b9 + w);
+            let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+            for o in 0..PER_WRITER {
+                let name = format!("w{w}o{o}");
+                let data = rng.bytes(SIZE);
+                client
+                    .write_full(EC_POOL, &name, data.clone())
+                    .await
+                    .unwrap();
+                model.insert(name, data);
+            }
+            let (mut ops, mut slowest) = (0u64, Duration::ZERO);
+            while !stop.load(Ordering::Relaxed) {
+                let name = format!("w{w}o{}", rng.below(PER_WRITER));
+                let offset = rng.below(SIZE as u64 / 4096) as usize * 4096;
+                let data = rng.bytes(4096);
+                let started = std::time::Instant::now();
+                if let Err(e) = client
+                    .write(EC_POOL, &name, offset as u64, data.clone())
+                    .await
+                {
+                    panic!("write {name} at {offset} after {ops} writes: {e}");
+                }
+                slowest = slowest.max(started.elapsed());
+                model_write(model.get_mut(&name).unwrap(), offset, &data);
+                ops += 1;
+            }
+            (model, ops, slowest)
+        }));
+    }
+    // Map changes that move no group of the erasure-coded pool.
+    let admin = c.client().await;
+    for i in 0..20 {
+        let name = format!("tmp{i}");
+        admin
+            .admin(&spindle_mon::Admin::pool_create(&name, 3, 2, 8))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        admin
+            .admin(&spindle_mon::Admin::pool_rm(&name))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut model = BTreeMap::new();
+    for t in tasks {
+        let (m, ops, slowest) = t.await.unwrap();
+        eprintln!("writer: {ops} writes, slowest {slowest:?}");
+        assert!(
+            slowest < Duration::from_secs(10),
+            "a write took {slowest:?}"
+        );
+        model.extend(m);
+    }
+    verify(&client, &model, "after the map changes").await;
+}
