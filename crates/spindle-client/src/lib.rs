@@ -391,12 +391,18 @@ impl Client {
         args: Vec<String>,
     ) -> Result<R, ClientError> {
         // A monitor without a leader (an election running, or cut off from the others)
-        // answers NoLeader: try the next one until the operation timeout.
+        // answers NoLeader, and one silently cut off answers nothing: try the next one
+        // (after the command's attempt timeout) until the operation timeout.
         let deadline = Instant::now() + Duration::from_millis(self.inner.config.op_timeout_ms);
+        let attempt_ms = command_attempt_ms(&args);
         loop {
             let mon = self.mon().await?;
             let reply = mon
-                .request(self.epoch(), typed::Command { args: args.clone() }, 30_000)
+                .request(
+                    self.epoch(),
+                    typed::Command { args: args.clone() },
+                    attempt_ms,
+                )
                 .await;
             let why = match reply {
                 Ok(typed::CommandReply { ok: true, output }) => {
@@ -987,6 +993,31 @@ fn install(inner: &Inner, bytes: &[u8]) {
     inner.map_tx.send_replace(epoch);
 }
 
+/// How long one attempt of an administrative command waits for the monitor's answer before
+/// the client tries the next monitor (one silently cut off never answers). Most commands
+/// are answered at once or after a map change commits, which the leader waits for at most
+/// 5 s (`spindle_mon`'s `COMMIT_TIMEOUT`, then it answers with an error), plus the way
+/// through a follower monitor: [`COMMAND_ATTEMPT_MS`]. `mon add` waits up to 60 s for the
+/// new monitor to catch up, then for the membership change: [`MON_ADD_ATTEMPT_MS`]; `mon rm`
+/// waits for a membership change: [`MON_RM_ATTEMPT_MS`].
+pub fn command_attempt_ms(args: &[String]) -> u64 {
+    match (
+        args.first().map(String::as_str),
+        args.get(1).map(String::as_str),
+    ) {
+        (Some("mon"), Some("add")) => MON_ADD_ATTEMPT_MS,
+        (Some("mon"), Some("rm")) => MON_RM_ATTEMPT_MS,
+        _ => COMMAND_ATTEMPT_MS,
+    }
+}
+
+/// See [`command_attempt_ms`].
+pub const COMMAND_ATTEMPT_MS: u64 = 8_000;
+/// See [`command_attempt_ms`].
+pub const MON_ADD_ATTEMPT_MS: u64 = 75_000;
+/// See [`command_attempt_ms`].
+pub const MON_RM_ATTEMPT_MS: u64 = 15_000;
+
 /// The monitor connection of `inner`, reconnecting and re-subscribing if it was lost.
 async fn mon_conn(inner: &Arc<Inner>) -> Result<Arc<RpcConn>, ClientError> {
     if let Some(c) = lock(&inner.mon).clone() {
@@ -1057,5 +1088,33 @@ async fn push_loop(inner: std::sync::Weak<Inner>, mut rx: mpsc::UnboundedReceive
         if let Msg::MapUpdate { map } = inc.msg {
             install(&inner, &map);
         }
+    }
+}
+
+#[cfg(test)]
+mod command_timeout_tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn commands_give_up_on_a_silent_monitor_well_before_the_old_30_s() {
+        // Map changes: the leader answers within its 5 s commit timeout.
+        for cmd in [
+            &["status"][..],
+            &["osd", "out", "1"],
+            &["pool", "create", "p", "3", "2", "8"],
+            &["auth", "ls"],
+            &["mon", "ls"],
+        ] {
+            let ms = command_attempt_ms(&args(cmd));
+            assert!((5_000..=10_000).contains(&ms), "{cmd:?}: {ms}");
+        }
+        // `mon add` waits up to 60 s for the new monitor to catch up.
+        assert!(command_attempt_ms(&args(&["mon", "add", "3", "h:6789"])) > 60_000);
+        assert!(command_attempt_ms(&args(&["mon", "rm", "3"])) > COMMAND_ATTEMPT_MS);
+        assert_eq!(command_attempt_ms(&[]), COMMAND_ATTEMPT_MS);
     }
 }

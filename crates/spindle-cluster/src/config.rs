@@ -256,14 +256,15 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
         println!("note: no keyring in the configuration: the cluster runs without authentication");
     }
     for m in config.mon.iter().filter(|m| m.host == host) {
-        std::fs::create_dir_all(&m.dir).with_context(|| format!("creating {}", m.dir.display()))?;
-        spindle_mon::init_member(&m.dir, m.id, &members, &first, keyring.as_ref())?;
+        // A running monitor holds its database open: check before touching it.
         if let Some(pid) = read_pid(&m.dir).filter(|&p| pid_alive(p)) {
             if !quiet {
                 println!("mon.{} already runs (pid {pid})", m.id);
             }
             continue;
         }
+        std::fs::create_dir_all(&m.dir).with_context(|| format!("creating {}", m.dir.display()))?;
+        spindle_mon::init_member(&m.dir, m.id, &members, &first, keyring.as_ref())?;
         let _ = std::fs::remove_file(m.dir.join("pid"));
         let args: Vec<String> = vec![
             "mon".into(),
@@ -415,6 +416,35 @@ dir = "/tmp/x/osd.1"
         let a = spindle_mon::first_map(&spec, 0xaa).unwrap();
         let b = spindle_mon::first_map(&c.init_spec(), 0xaa).unwrap();
         assert_eq!(a.encode(), b.encode());
+    }
+
+    /// `host start` on a host whose monitor runs (holding its database open) but whose
+    /// daemons are dead: the monitor is left alone, not opened a second time.
+    #[test]
+    fn host_start_leaves_a_running_monitor_and_its_database_alone() {
+        let dir = std::env::temp_dir().join(format!("spindle-host-start-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mon_dir = dir.join("mon.0");
+        // Host h1 runs the monitor only; the daemons are on h2.
+        let text = GOOD
+            .replace("/tmp/x/mon.0", &mon_dir.display().to_string())
+            .replace(
+                "id = 0\nhost = \"h1\"\naddr = \"127.0.0.1:7100\"",
+                "id = 0\nhost = \"h2\"\naddr = \"127.0.0.1:7100\"",
+            );
+        let c = parse(&text).unwrap();
+        assert!(c.osd.iter().all(|o| o.host == "h2"));
+        std::fs::create_dir_all(&mon_dir).unwrap();
+        let members: Vec<(u64, String)> = c.mon.iter().map(|m| (m.id, m.addr.clone())).collect();
+        let first = spindle_mon::first_map(&c.init_spec(), c.cluster_id().unwrap()).unwrap();
+        spindle_mon::init_member(&mon_dir, 0, &members, &first, None).unwrap();
+        // "The monitor": this process, with the database open.
+        let db = spindle_mon::raft::RaftDb::open(&mon_dir.join(spindle_mon::RAFT_DB)).unwrap();
+        std::fs::write(mon_dir.join("pid"), std::process::id().to_string()).unwrap();
+        let res = host_start(&c, "h1", true);
+        drop(db);
+        let _ = std::fs::remove_dir_all(&dir);
+        res.unwrap();
     }
 
     #[test]

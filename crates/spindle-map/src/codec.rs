@@ -4,7 +4,8 @@
 //! `u32 MAP_FORMAT | u64 cluster_id | u64 epoch | u32 n_osds | n x osd | u32 n_pools |
 //!  n x pool | bytes crush (Ceph binary CRUSH encoding)`; format 2 appends
 //! `u32 nearfull_ratio_ppm | u32 full_ratio_ppm | u32 n | n x (u32 osd id, u8 flags)`
-//! (flags bit 0 nearfull, bit 1 full); format 3 appends the image locks and the fenced
+//! (flags bit 0 nearfull, bit 1 full, bit 2 marked out by the monitor: `auto_out`; builds
+//! before bit 2 ignore it); format 3 appends the image locks and the fenced
 //! clients: `u32 n | n x (u32 pool, str image, u64 client, u64 generation, str holder,
 //! u64 since) | u32 n | n x (u64 client, u64 fenced_at)`. Format 1 maps decode with the
 //! default ratios and no flags; formats 1 and 2 with no locks and no fenced clients.
@@ -17,6 +18,7 @@ use spindle_types::limits::{IMAGE_LOCK_HOLDER_BYTES_MAX, IMAGE_NAME_BYTES_MAX};
 const MAP_FORMAT: u32 = 3;
 const OSD_NEARFULL: u8 = 1;
 const OSD_FULL: u8 = 2;
+const OSD_AUTO_OUT: u8 = 4;
 const OSDS_MAX: u32 = 1 << 16;
 const POOLS_MAX: u32 = 1 << 16;
 const ADDR_MAX: usize = 256;
@@ -77,12 +79,13 @@ impl ClusterMap {
         let flagged: Vec<&OsdInfo> = self
             .osds
             .values()
-            .filter(|o| o.nearfull || o.full)
+            .filter(|o| o.nearfull || o.full || o.auto_out)
             .collect();
         w.u32(flagged.len() as u32);
         for o in flagged {
-            let flags =
-                if o.nearfull { OSD_NEARFULL } else { 0 } | if o.full { OSD_FULL } else { 0 };
+            let flags = if o.nearfull { OSD_NEARFULL } else { 0 }
+                | if o.full { OSD_FULL } else { 0 }
+                | if o.auto_out { OSD_AUTO_OUT } else { 0 };
             w.u32(o.id).u8(flags);
         }
         w.u32(self.image_locks.len() as u32);
@@ -126,6 +129,7 @@ impl ClusterMap {
                 up_from: r.u64("osd up_from")?,
                 nearfull: false,
                 full: false,
+                auto_out: false,
             };
             if osds.insert(osd.id, osd).is_some() {
                 return Err(MapDecodeError::Invalid("duplicate daemon id".into()));
@@ -193,6 +197,7 @@ impl ClusterMap {
                 };
                 o.nearfull = flags & OSD_NEARFULL != 0;
                 o.full = flags & OSD_FULL != 0;
+                o.auto_out = flags & OSD_AUTO_OUT != 0;
             }
         }
         let mut image_locks = std::collections::BTreeMap::new();

@@ -61,6 +61,9 @@ pub struct OsdInfo {
     /// Its file system is above the full ratio, or its store refuses new data: clients
     /// and primaries refuse new writes to pools placed on it (deletes still work).
     pub full: bool,
+    /// Out because the monitor marked it out after it was down too long (not by an
+    /// administrator): the monitor marks it in again when it boots.
+    pub auto_out: bool,
 }
 
 impl OsdInfo {
@@ -77,6 +80,7 @@ impl OsdInfo {
             up_from: 0,
             nearfull: false,
             full: false,
+            auto_out: false,
         }
     }
 }

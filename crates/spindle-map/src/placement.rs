@@ -143,6 +143,7 @@ mod tests {
                             up_from: 1,
                             nearfull: false,
                             full: false,
+                            auto_out: false,
                         },
                     )
                 })
@@ -215,6 +216,15 @@ mod tests {
         let mut bad = bytes.clone();
         bad[0] ^= 1;
         assert!(ClusterMap::decode(&bad).is_err());
+        // A daemon the monitor marked out (auto_out) keeps the mark through the codec.
+        let mut out = map(3);
+        let o = out.osds.get_mut(&2).unwrap();
+        o.in_cluster = false;
+        o.auto_out = true;
+        let back = ClusterMap::decode(&out.encode()).unwrap();
+        assert!(back.osds[&2].auto_out && !back.osds[&2].in_cluster);
+        assert!(!back.osds[&1].auto_out);
+        assert_eq!(back.encode(), out.encode());
     }
 
     /// Image locks and fenced clients travel in format 3; a format-2 map (what earlier
@@ -298,6 +308,7 @@ mod ec_tests {
             up_from: 1,
             nearfull: false,
             full: false,
+            auto_out: false,
         };
         let mut m = ClusterMap {
             cluster_id: 7,

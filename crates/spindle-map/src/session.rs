@@ -13,28 +13,94 @@
 //! - an active session heartbeats at every tick ([`SessionTiming::heartbeat_ms`]); an
 //!   answer naming a newer epoch than the daemon's makes it fetch that map (the push may
 //!   have been lost);
-//! - an active session boots again when the link fails, when no answer came for
+//! - an active session boots again when the link fails, when a heartbeat is not answered
+//!   within [`SessionTiming::answer_timeout_ms`] (the shell gives up on the call and tells
+//!   [`DaemonSession::on_link_failed`]), when no answer came for
 //!   [`SessionTiming::link_timeout_ms`], or when the daemon's own map says it is down (it
-//!   was wrongly marked down, e.g. after a stall).
+//!   was wrongly marked down, e.g. after a stall). The shell boots again through the next
+//!   monitor (`MonAddrs::failed`).
+//!
+//! Invariant (a silently cut-off monitor, packets dropped and no reset): a daemon whose
+//! monitor went silent boots through another monitor within
+//! [`SessionTiming::silent_monitor_ms`] of its last answered heartbeat, so that, with
+//! [`RECONNECT_MS`] to reach the next monitor, the leader hears from it again before it
+//! marks it down: `silent_monitor_ms() + RECONNECT_MS <= down_after_ms`
+//! ([`SessionTiming::fits_down_after`]; checked at compile time for the defaults in
+//! `spindle-mon`, and when a monitor starts for its configured `down_after_ms`).
 
 /// Timing of a daemon's monitor session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionTiming {
     /// Heartbeat interval (the tick).
     pub heartbeat_ms: u64,
+    /// How long a heartbeat waits for its answer: past that the monitor is taken as gone
+    /// (silently cut off) and the daemon boots again through the next monitor.
+    pub answer_timeout_ms: u64,
     /// An active session with no answer from the monitor for this long boots again.
     pub link_timeout_ms: u64,
-    /// A boot without an answer for this long is sent again.
+    /// A boot without an answer for this long is given up (the shell's call) and sent
+    /// again (through the next monitor: one that passes it to a leader gone silent never
+    /// answers).
     pub boot_timeout_ms: u64,
+}
+
+/// Time allowed, after a daemon gave up on a silent monitor, to connect to the next one
+/// and have its boot reach the leader (a connection and two round trips on a healthy
+/// network).
+pub const RECONNECT_MS: u64 = 500;
+
+/// The shortest heartbeat answer timeout (short heartbeat intervals in tests would make
+/// a busy machine's scheduling delays look like a silent monitor).
+pub const ANSWER_TIMEOUT_MIN_MS: u64 = 400;
+
+/// The default heartbeat interval (`OsdConfig::heartbeat_ms`).
+pub const HEARTBEAT_MS_DEFAULT: u64 = 400;
+
+impl SessionTiming {
+    /// The default timing for a heartbeat interval: a heartbeat (and the link) is given up
+    /// after two intervals without an answer.
+    pub const fn with_heartbeat(heartbeat_ms: u64) -> SessionTiming {
+        let answer = 2 * heartbeat_ms;
+        let answer_timeout_ms = if answer < ANSWER_TIMEOUT_MIN_MS {
+            ANSWER_TIMEOUT_MIN_MS
+        } else {
+            answer
+        };
+        SessionTiming {
+            heartbeat_ms,
+            answer_timeout_ms,
+            link_timeout_ms: answer_timeout_ms,
+            // A new leader gives every daemon a full down interval from its election: a
+            // boot sent to a monitor still passing requests to the old, silent leader is
+            // given up and sent elsewhere within it.
+            boot_timeout_ms: answer_timeout_ms + heartbeat_ms,
+        }
+    }
+
+    /// The longest an active daemon whose monitor went silent keeps quiet, counted from its
+    /// last answered heartbeat, before it boots again through another monitor: the next
+    /// heartbeat goes out a tick later and is given up after the answer timeout; a shell
+    /// that sends heartbeats without waiting for the answers (the simulator) notices at the
+    /// first tick past the link timeout.
+    pub const fn silent_monitor_ms(&self) -> u64 {
+        let wait = if self.answer_timeout_ms > self.link_timeout_ms {
+            self.answer_timeout_ms
+        } else {
+            self.link_timeout_ms
+        };
+        self.heartbeat_ms + wait
+    }
+
+    /// Whether a daemon with this timing leaves a silent monitor and reaches another one
+    /// (within [`RECONNECT_MS`]) before a leader with `down_after_ms` marks it down.
+    pub const fn fits_down_after(&self, down_after_ms: u64) -> bool {
+        self.silent_monitor_ms() + RECONNECT_MS <= down_after_ms
+    }
 }
 
 impl Default for SessionTiming {
     fn default() -> Self {
-        SessionTiming {
-            heartbeat_ms: 400,
-            link_timeout_ms: 5_000,
-            boot_timeout_ms: 10_000,
-        }
+        SessionTiming::with_heartbeat(HEARTBEAT_MS_DEFAULT)
     }
 }
 
@@ -242,6 +308,42 @@ mod tests {
         assert_eq!(s.on_link_failed(7_500), vec![]);
         assert_eq!(s.on_link_failed(7_600), vec![]);
         assert_eq!(s.on_tick(7_800, false), vec![Boot]);
+    }
+
+    #[test]
+    fn a_silent_monitor_is_left_well_before_the_daemon_is_marked_down() {
+        // The leader's default (`MonConfig::down_after_ms`): 2 s without a heartbeat.
+        const DOWN_AFTER_MS: u64 = 2_000;
+        let t = timing();
+        assert_eq!(t.answer_timeout_ms, 2 * t.heartbeat_ms);
+        assert!(t.fits_down_after(DOWN_AFTER_MS), "{t:?}");
+        assert!(t.silent_monitor_ms() + RECONNECT_MS <= DOWN_AFTER_MS);
+        // The old timing (a 5 s wait for answers) did not fit.
+        let old = SessionTiming {
+            answer_timeout_ms: 5_000,
+            link_timeout_ms: 5_000,
+            ..t
+        };
+        assert!(!old.fits_down_after(DOWN_AFTER_MS));
+        // Short test intervals keep a floor on the answer timeout, and still fit the
+        // shorter down intervals tests use.
+        let fast = SessionTiming::with_heartbeat(100);
+        assert_eq!(fast.answer_timeout_ms, ANSWER_TIMEOUT_MIN_MS);
+        assert!(SessionTiming::with_heartbeat(200).fits_down_after(1_500));
+
+        // A shell that does not wait for answers: the session itself boots again at the
+        // first tick past the link timeout, within silent_monitor_ms of the last answer.
+        let (mut s, _) = DaemonSession::start(t, 0);
+        s.on_boot_answered(1_000, 3);
+        let mut now = 1_000;
+        let booted_at = loop {
+            now += t.heartbeat_ms;
+            if s.on_tick(now, false) == vec![Boot] {
+                break now;
+            }
+        };
+        assert!(booted_at - 1_000 <= t.silent_monitor_ms(), "{booted_at}");
+        assert!(booted_at - 1_000 + RECONNECT_MS <= DOWN_AFTER_MS);
     }
 
     #[test]

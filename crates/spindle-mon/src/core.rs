@@ -15,7 +15,10 @@
 //! - `install` takes only the successor epoch of the installed map;
 //! - a daemon is marked down only after `down_after_ms` without a heartbeat, out only after
 //!   `out_after_ms` down (0 = never), and every daemon gets a full grace period when the
-//!   core starts or the daemon joins the map.
+//!   core starts or the daemon joins the map;
+//! - a daemon the core marked out (`OsdInfo::auto_out`, kept in the map so every leader
+//!   knows) is marked in again when it boots, as Ceph's `mon_osd_auto_mark_auto_out_in`;
+//!   one an administrator marked out (`osd out`) stays out until `osd in`.
 
 use crate::command::{AdminCommand, OsdVerb};
 use crate::reply::{AdminReply, CrushSet, OsdAdded, OsdMarked, PoolCreated, PoolRemoved, RatioSet};
@@ -172,9 +175,10 @@ impl MonCore {
         self.sync_leases(now_ms);
     }
 
-    /// A daemon boots (or re-registers): the next map marks it up at its new address, or
-    /// None when nothing changes (the same process re-registering after a monitor restart:
-    /// no new epoch, no re-peering). Counts as a heartbeat.
+    /// A daemon boots (or re-registers): the next map marks it up at its new address (and
+    /// in again if the monitor had marked it out, `auto_out`), or None when nothing
+    /// changes (the same process re-registering after a monitor restart: no new epoch, no
+    /// re-peering). Counts as a heartbeat.
     pub fn boot(
         &mut self,
         now_ms: u64,
@@ -193,6 +197,10 @@ impl MonCore {
                 osd.pid = pid;
                 osd.up = true;
                 osd.up_from = next_epoch;
+            }
+            if osd.auto_out {
+                osd.auto_out = false;
+                osd.in_cluster = true;
             }
             Ok(())
         })?;
@@ -321,6 +329,8 @@ impl MonCore {
                 if let Some(o) = m.osds.get_mut(id) {
                     if !o.up {
                         o.in_cluster = false;
+                        // Marked in again when it boots (not so after `osd out`).
+                        o.auto_out = true;
                     }
                 }
             }
@@ -471,8 +481,15 @@ impl MonCore {
                         .get_mut(&id)
                         .ok_or_else(|| format!("no storage daemon osd.{id}"))?;
                     match verb {
-                        OsdVerb::Out => osd.in_cluster = false,
-                        OsdVerb::In => osd.in_cluster = true,
+                        // An administrator's decision: stays out until `osd in`.
+                        OsdVerb::Out => {
+                            osd.in_cluster = false;
+                            osd.auto_out = false;
+                        }
+                        OsdVerb::In => {
+                            osd.in_cluster = true;
+                            osd.auto_out = false;
+                        }
                         OsdVerb::Down => osd.up = false,
                     }
                     Ok(())
@@ -727,6 +744,65 @@ mod tests {
         heartbeat_all(&mut never, 10_000_000, &[1]);
         assert!(settle(&mut never, 10_000_000).is_empty());
         assert!(never.map().osds[&1].in_cluster);
+    }
+
+    #[test]
+    fn a_daemon_marked_out_for_being_down_is_marked_in_when_it_boots_but_not_after_osd_out() {
+        let mut core = core_with(3, TIMING);
+        boot_all(&mut core, 0);
+        heartbeat_all(&mut core, 2_500, &[1, 2]);
+        assert_eq!(settle(&mut core, 2_500).len(), 1, "osd.1 and osd.2 down");
+        // osd.2 is taken out by hand while down: the administrator's decision.
+        let (_, next) = core
+            .command(&["osd".into(), "out".into(), "2".into()])
+            .unwrap();
+        commit(&mut core, next, 3_000);
+        heartbeat_all(&mut core, 33_000, &[1, 2]);
+        assert_eq!(settle(&mut core, 33_000).len(), 1, "osd.1 out");
+        let o = &core.map().osds[&1];
+        assert!(!o.in_cluster && o.auto_out, "{o:?}");
+        let o = &core.map().osds[&2];
+        assert!(!o.in_cluster && !o.auto_out, "{o:?}");
+
+        // A new leader (a core on the committed map) knows which is which.
+        let mut core = MonCore::new(core.map().clone(), TIMING, 40_000);
+        let back = core.boot(40_100, 1, "127.0.0.1:7001", 201).unwrap();
+        let back = back.expect("up and in again");
+        assert!(back.osds[&1].up && back.osds[&1].in_cluster && !back.osds[&1].auto_out);
+        commit(&mut core, Some(back), 40_100);
+        let back = core
+            .boot(40_200, 2, "127.0.0.1:7002", 202)
+            .unwrap()
+            .unwrap();
+        assert!(back.osds[&2].up && !back.osds[&2].in_cluster, "stays out");
+        commit(&mut core, Some(back), 40_200);
+        // A re-registration changes nothing; `osd in` brings osd.2 back.
+        assert!(matches!(
+            core.boot(40_300, 1, "127.0.0.1:7001", 201),
+            Ok(None)
+        ));
+        let (_, next) = core
+            .command(&["osd".into(), "in".into(), "2".into()])
+            .unwrap();
+        assert!(next.unwrap().osds[&2].in_cluster);
+
+        // Marked out by the monitor, then `osd out` by hand: the administrator wins.
+        let mut core = core_with(2, TIMING);
+        boot_all(&mut core, 0);
+        heartbeat_all(&mut core, 2_500, &[1]);
+        settle(&mut core, 2_500);
+        heartbeat_all(&mut core, 33_000, &[1]);
+        settle(&mut core, 33_000);
+        assert!(core.map().osds[&1].auto_out);
+        let (_, next) = core
+            .command(&["osd".into(), "out".into(), "1".into()])
+            .unwrap();
+        commit(&mut core, next, 34_000);
+        let back = core
+            .boot(35_000, 1, "127.0.0.1:7001", 301)
+            .unwrap()
+            .unwrap();
+        assert!(back.osds[&1].up && !back.osds[&1].in_cluster);
     }
 
     #[test]

@@ -62,6 +62,16 @@ pub enum MonError {
     Raft(String),
 }
 
+/// The default of [`MonConfig::down_after_ms`].
+pub const DOWN_AFTER_MS_DEFAULT: u64 = 2_000;
+
+// A daemon with the default session timing leaves a silently cut-off monitor and reaches
+// another one before the leader marks it down (`spindle_map::session`'s invariant).
+const _: () = assert!(spindle_map::session::SessionTiming::with_heartbeat(
+    spindle_map::session::HEARTBEAT_MS_DEFAULT
+)
+.fits_down_after(DOWN_AFTER_MS_DEFAULT));
+
 #[derive(Clone, Debug)]
 pub struct MonConfig {
     /// Directory of the monitor's database.
@@ -84,7 +94,7 @@ impl MonConfig {
         MonConfig {
             dir: dir.into(),
             listen: "127.0.0.1:0".to_string(),
-            down_after_ms: 2000,
+            down_after_ms: DOWN_AFTER_MS_DEFAULT,
             out_after_ms: 30_000,
             net: Net::Tcp,
             raft: raft::RaftTiming::default(),
@@ -1163,6 +1173,17 @@ impl BoundMonitor {
             boot.id,
             sm.current().map_or(0, |a| a.epoch)
         );
+        let session = spindle_map::session::SessionTiming::default();
+        if !session.fits_down_after(config.down_after_ms) {
+            tracing::warn!(
+                "down_after_ms {} is too short for daemons with the default heartbeat \
+                 ({} ms): one whose monitor is cut off needs up to {} ms to reach another \
+                 one, and would be marked down meanwhile",
+                config.down_after_ms,
+                session.heartbeat_ms,
+                session.silent_monitor_ms() + spindle_map::session::RECONNECT_MS
+            );
+        }
         let (node_tx, node_rx) = std::sync::mpsc::channel();
         let thread = NodeThread {
             id: boot.id,

@@ -95,6 +95,12 @@ impl MonNode {
         let mut out = Handled::default();
         match msg {
             Msg::OsdBoot { osd_id, addr, pid } => {
+                let auto_out = self
+                    .core
+                    .map()
+                    .osds
+                    .get(&osd_id)
+                    .is_some_and(|o| o.auto_out);
                 let res = self
                     .core
                     .boot(now_ms, osd_id, &addr, pid)
@@ -102,7 +108,14 @@ impl MonNode {
                         Some(next) => self.commit(
                             now_ms,
                             next,
-                            format!("osd.{osd_id} booted at {addr} (pid {pid})"),
+                            if auto_out {
+                                format!(
+                                    "osd.{osd_id} booted at {addr} (pid {pid}); marked in \
+                                     again (the monitor had marked it out)"
+                                )
+                            } else {
+                                format!("osd.{osd_id} booted at {addr} (pid {pid})")
+                            },
                             &mut out,
                         ),
                         None => Ok(self.core.epoch()),

@@ -108,9 +108,20 @@ impl Leases {
     }
 }
 
+/// A group's primary for the log: `osd.N`, or `none` (no primary at that epoch).
+pub fn primary_name(primary: Option<u32>) -> String {
+    primary.map_or_else(|| "none".to_string(), |p| format!("osd.{p}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_primary_is_named_none_not_a_placeholder_id() {
+        assert_eq!(primary_name(Some(4)), "osd.4");
+        assert_eq!(primary_name(None), "none");
+    }
 
     #[test]
     fn a_primary_reads_only_with_fresh_answers_at_its_epoch() {

@@ -103,7 +103,7 @@ impl OsdConfig {
             dir: dir.into(),
             mon_addr: mon_addr.into(),
             listen: "127.0.0.1:0".to_string(),
-            heartbeat_ms: 400,
+            heartbeat_ms: spindle_map::session::HEARTBEAT_MS_DEFAULT,
             replica_timeout_ms: 10_000,
             recovery_ops_max: 2,
             recovery_bytes_per_sec: 0,
@@ -514,10 +514,11 @@ impl Osd {
     /// connection (a fresh one for every boot) and feeds the answers back.
     async fn mon_loop(&self) {
         let hb = Duration::from_millis(self.inner.config.heartbeat_ms);
-        let timing = SessionTiming {
-            heartbeat_ms: self.inner.config.heartbeat_ms,
-            ..SessionTiming::default()
-        };
+        // Heartbeats are given up after `answer_timeout_ms` (two intervals): a silently
+        // cut-off monitor is left for the next one well before the leader's down interval
+        // (the invariant in `spindle_map::session`).
+        let timing = SessionTiming::with_heartbeat(self.inner.config.heartbeat_ms);
+        let answer_timeout = Duration::from_millis(timing.answer_timeout_ms);
         let started = tokio::time::Instant::now();
         let now_ms = || started.elapsed().as_millis() as u64;
         let (mut session, mut actions) = DaemonSession::start(timing, now_ms());
@@ -529,7 +530,7 @@ impl Osd {
                     SessionAction::Boot => {
                         *lock(&self.inner.mon) = None;
                         conn = None;
-                        match self.connect_and_boot().await {
+                        match self.connect_and_boot(timing.boot_timeout_ms).await {
                             Ok(c) => {
                                 *lock(&self.inner.mon) = Some(c.clone());
                                 conn = Some(c);
@@ -558,11 +559,29 @@ impl Osd {
                         Some(c) => {
                             if let Some(creds) = &self.inner.creds {
                                 if creds.needs_ticket() {
-                                    if let Err(e) = creds.fetch_ticket(c).await {
-                                        tracing::warn!(
+                                    match tokio::time::timeout(
+                                        answer_timeout,
+                                        creds.fetch_ticket(c),
+                                    )
+                                    .await
+                                    {
+                                        Ok(Ok(())) => {}
+                                        Ok(Err(e)) => tracing::warn!(
                                             "osd.{}: renewing the ticket: {e}",
                                             self.inner.id
-                                        );
+                                        ),
+                                        Err(_) => {
+                                            tracing::warn!(
+                                                "osd.{}: monitor {} did not answer a ticket \
+                                                 renewal within {} ms; trying another monitor",
+                                                self.inner.id,
+                                                c.peer(),
+                                                timing.answer_timeout_ms
+                                            );
+                                            self.inner.mons.failed(c.peer());
+                                            queue.extend(session.on_link_failed(now_ms()));
+                                            continue;
+                                        }
                                     }
                                 }
                             }
@@ -571,7 +590,10 @@ impl Osd {
                                 reports: self.pg_reports(),
                                 counters: self.counters(),
                             };
-                            match c.request(self.epoch(), beat, 5000).await {
+                            match c
+                                .request(self.epoch(), beat, timing.answer_timeout_ms)
+                                .await
+                            {
                                 Ok(typed::HeartbeatAck { epoch: mon_epoch }) => {
                                     session.on_heartbeat_answered(now_ms(), mon_epoch, self.epoch())
                                 }
@@ -622,7 +644,7 @@ impl Osd {
     }
 
     /// Connects to the monitor and boots over the new connection.
-    async fn connect_and_boot(&self) -> Result<Arc<RpcConn>, String> {
+    async fn connect_and_boot(&self, boot_timeout_ms: u64) -> Result<Arc<RpcConn>, String> {
         let conn = self
             .inner
             .mons
@@ -645,7 +667,7 @@ impl Osd {
                 return Err(e);
             }
         }
-        if let Err(e) = self.boot(&conn).await {
+        if let Err(e) = self.boot(&conn, boot_timeout_ms).await {
             // The next boot tries the next monitor (this one has no leader, or failed).
             self.inner.mons.failed(conn.peer());
             return Err(e);
@@ -653,13 +675,13 @@ impl Osd {
         Ok(conn)
     }
 
-    async fn boot(&self, conn: &RpcConn) -> Result<(), String> {
+    async fn boot(&self, conn: &RpcConn, timeout_ms: u64) -> Result<(), String> {
         let boot = typed::OsdBoot {
             osd_id: self.inner.id,
             addr: self.inner.addr.clone(),
             pid: std::process::id(),
         };
-        match conn.request(self.epoch(), boot, 10_000).await {
+        match conn.request(self.epoch(), boot, timeout_ms).await {
             Ok(typed::MapUpdate { map }) => {
                 self.install_map(&map)?;
                 tracing::info!("osd.{} booted at epoch {}", self.inner.id, self.epoch());
@@ -1008,6 +1030,8 @@ impl Osd {
     /// is running, before it answers the peering of `primary` at `epoch` (bounded by the
     /// lease length).
     pub(crate) async fn lease_hold_back(&self, primary: Option<u32>, epoch: u64) {
+        let who = lease::primary_name(primary);
+        // No primary: every promise made at an older epoch holds the answer back.
         let primary = primary.unwrap_or(u32::MAX);
         let mut logged = false;
         loop {
@@ -1017,7 +1041,7 @@ impl Osd {
             };
             if !logged {
                 tracing::info!(
-                    "osd.{}: peering of osd.{primary} waits {} ms for a read lease granted at an older epoch",
+                    "osd.{}: peering of {who} waits {} ms for a read lease granted at an older epoch",
                     self.inner.id,
                     until.saturating_duration_since(now).as_millis()
                 );

@@ -24,13 +24,10 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Heartbeat interval of a daemon (`OsdConfig::heartbeat_ms`).
 const HEARTBEAT_MS: u64 = 400;
 
-/// The daemons' session timing: the real defaults (`SessionTiming::default()`, which
-/// `Osd::mon_loop` uses with the configured heartbeat).
+/// The daemons' session timing: the one `Osd::mon_loop` uses for its configured
+/// heartbeat.
 fn session_timing() -> SessionTiming {
-    SessionTiming {
-        heartbeat_ms: HEARTBEAT_MS,
-        ..SessionTiming::default()
-    }
+    SessionTiming::with_heartbeat(HEARTBEAT_MS)
 }
 /// The monitor's ticker (`check_heartbeats`).
 const MON_TICK_MS: u64 = 200;

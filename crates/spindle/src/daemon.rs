@@ -20,7 +20,7 @@ pub struct MonRunArgs {
     #[arg(long)]
     pub listen: Option<String>,
     /// Mark a daemon down after this long without heartbeats.
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = spindle_mon::DOWN_AFTER_MS_DEFAULT)]
     pub down_after_ms: u64,
     /// Mark a daemon out (re-create its data elsewhere) after it was down this long;
     /// 0 = never.
