@@ -113,7 +113,7 @@ async fn a_silent_follower_monitor_marks_no_daemon_down_and_commands_move_on() {
     cc.net = Net::Mem(net.host("client"));
     let client = Client::connect(cc).await.unwrap();
     // The watcher talks to the leader.
-    let mut cc = ClientConfig::new(&format!("{},{}", mon_addr(leader), all));
+    let mut cc = ClientConfig::new(format!("{},{}", mon_addr(leader), all));
     cc.net = Net::Mem(net.host("watcher"));
     let watcher = Client::connect(cc).await.unwrap();
     let start = Instant::now();
