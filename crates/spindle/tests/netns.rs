@@ -28,24 +28,25 @@
 //! The test's own clients run in threads that joined a namespace (setns), each with a
 //! single-threaded tokio runtime, so that their sockets live in that namespace.
 //!
-//! What these tests found (2026-11-27, on 40b97e0; not fixed here):
-//! - Erasure-coded reads answer "no such object" while a host is out (its daemons marked
-//!   out and the groups remapped onto two hosts): the NBD image reads zeros where data
-//!   was acknowledged, and fio's verify fails; once the host is back in, the same
-//!   objects read correctly. (b) and (c) fail on it and are `#[ignore]`d until it is
-//!   fixed (`cargo test -p spindle --test netns -- --include-ignored`).
-//! - Daemons heartbeat to one monitor and wait 5 s for its answer, but the leader marks a
-//!   daemon down after 2 s without heartbeat: when the host of the monitor they talk to
-//!   is cut off, healthy daemons on the other hosts are marked down too (all six were,
-//!   in both (b) and (c)), every group is inactive for 5-7 s and writes wait up to 10 s.
-//! - A daemon marked out because it was down stays out when it comes back up: the tests
-//!   mark it in again by hand (`Rig::wait_back`) so that its copies are re-created.
-//! - An administrative command (`status`, ...) sent to a monitor that was cut off without
-//!   an error waits 30 s before the client tries another monitor.
-//! - Once (1 run of 6, the machine loaded by other tests), an erasure-coded write of the
-//!   healthy baseline hung for the client's whole 30 s and failed (EIO through NBD) after
-//!   map changes while writes were in flight; its group's primary then rolled it back as
-//!   unacknowledged.
+//! Still failing (so (b) and (c) are `#[ignore]`d; `-- --include-ignored` runs them):
+//! once a host's link was cut past the out interval (b), or after a host partitioned
+//! from the monitors came back (c), fio's re-verification of the erasure-coded image's
+//! first region (written before the fault) fails with EIO (not wrong data: the reads fail) on
+//! a few 250-450 KiB reads; the replicated image verifies. Writes across the cut also
+//! stall 10-15 s (the lost host's daemons are marked down after 2 s, but groups need
+//! ~11 s to be active again on the two hosts left). Both are open in issue #20's note.
+//!
+//! What these tests found earlier (2026-11-27, on 40b97e0), fixed since:
+//! - erasure-coded reads answered "no such object" while a host was out (a shard that
+//!   moved to another position kept the interval: `spindle_pg::rules::interval_identity`);
+//! - healthy daemons were marked down when the monitor they heartbeat to was cut off
+//!   (they waited 5 s for its answer, the leader marks down after 2 s: now 2 heartbeats);
+//! - a daemon the monitor marked out stayed out when it came back (now marked in when it
+//!   boots, `OsdInfo::auto_out`);
+//! - a command sent to a silently cut-off monitor waited 30 s (now per-command attempt
+//!   timeouts, 8 s for most);
+//! - an erasure-coded write hung 30 s after map changes that kept the interval (the
+//!   failed write's re-peer was skipped at a newer epoch).
 
 mod common;
 
@@ -923,20 +924,12 @@ impl Rig {
     /// Waits for `ids` to be up again; marks them in if they were marked out while away
     /// (Spindle does not do it by itself: see the module's notes).
     fn wait_back(&self, ids: [u32; 2], when: &str) -> Duration {
-        let (s, took) = self.wait("the daemons back up", 90, |s| {
-            ids.iter().all(|&id| s.osds[id as usize].up)
+        // The monitor marked them out itself: it marks them in when they boot (an
+        // administrator's `osd out` would keep them out).
+        let (_, took) = self.wait(&format!("{when}: the daemons back up and in"), 90, |s| {
+            ids.iter()
+                .all(|&id| s.osds[id as usize].up && s.osds[id as usize].in_cluster)
         });
-        for id in ids {
-            if !s.osds[id as usize].in_cluster {
-                eprintln!("{when}: osd.{id} is up again but still out; marking it in");
-                let c = self.client.clone();
-                self.admin.run(async move {
-                    c.admin(&spindle_mon::Admin::osd(spindle_mon::OsdVerb::In, id))
-                        .await
-                        .unwrap()
-                });
-            }
-        }
         took
     }
 
@@ -1066,8 +1059,8 @@ fn a_leader_monitor_killed_writes_resume_within_5_s() {
 /// is active again on the two hosts left (with what fits there: two copies, two shards)
 /// while fio writes and verifies; once the link is back the host's copies are re-created
 /// and every group is clean on three hosts. fio verifies every region at each step.
+#[ignore = "fails on 2026-11-27 main: erasure-coded reads of data written before the fault fail with EIO once a host was cut off (module notes)"]
 #[test]
-#[ignore = "fails on 40b97e0: erasure-coded reads answer 'no such object' while a host is out (module notes)"]
 fn b_host_link_cut_past_the_out_interval_and_restored() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut rig = Rig::start("b");
@@ -1131,8 +1124,8 @@ fn b_host_link_cut_past_the_out_interval_and_restored() {
 /// there after the majority replaced those daemons and a client rewrote the objects: each
 /// read must fail or return the new data, never the replaced data; the old primaries
 /// count the reads they refused for want of a read lease. fio goes on meanwhile.
+#[ignore = "fails on 2026-11-27 main: erasure-coded reads of data written before the fault fail with EIO once a host was cut off (module notes)"]
 #[test]
-#[ignore = "fails on 40b97e0: erasure-coded reads answer 'no such object' while a host is out (module notes)"]
 fn c_host_partitioned_from_the_monitors_serves_no_stale_read() {
     const OBJECTS: u64 = 32;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
