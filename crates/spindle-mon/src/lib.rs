@@ -793,7 +793,6 @@ impl Monitor {
             caps: caps.to_string(),
             key_sealed: key.map(|k| hex(&seal(&asker_key, AUTH_KEY_PURPOSE, &k.0))),
         };
-        let json = |v: &dyn erased_json::Json| v.json();
         let change = match cmd {
             AdminCommand::AuthLs => {
                 let list: Vec<AuthEntry> = db
@@ -1041,16 +1040,9 @@ fn redact(c: &AuthChange) -> String {
     }
 }
 
-/// JSON of an answer (serializing plain data does not fail).
-mod erased_json {
-    pub trait Json {
-        fn json(&self) -> Result<String, String>;
-    }
-    impl<T: serde::Serialize> Json for T {
-        fn json(&self) -> Result<String, String> {
-            serde_json::to_string(self).map_err(|e| e.to_string())
-        }
-    }
+/// The JSON of a command's answer.
+fn json<T: serde::Serialize>(v: &T) -> Result<String, String> {
+    serde_json::to_string(v).map_err(|e| e.to_string())
 }
 
 #[derive(Clone)]
