@@ -165,6 +165,18 @@ impl ImageDevice {
         }
     }
 
+    /// A failed read as the NBD error, logged (EIO on a read is what the NBD client
+    /// sees; without the cause here, nothing says why).
+    fn read_failed(&self, offset: u64, len: u32, e: ImageError) -> DeviceError {
+        let d = device_error(e, DeviceError::Invalid);
+        tracing::warn!(
+            "image {}: read {offset}+{len} failed: {d} (errno {})",
+            self.name,
+            d.errno()
+        );
+        d
+    }
+
     /// The block layer (for statistics).
     pub fn layer(&self) -> &Arc<BlockLayer<Client>> {
         &self.layer
@@ -198,7 +210,7 @@ impl BlockDevice for ImageDevice {
         self.layer
             .read(offset, u64::from(len))
             .await
-            .map_err(|e| device_error(e, DeviceError::Invalid))
+            .map_err(|e| self.read_failed(offset, len, e))
     }
 
     async fn read_pieces(&self, offset: u64, len: u32) -> Result<Vec<Bytes>, DeviceError> {
@@ -212,7 +224,7 @@ impl BlockDevice for ImageDevice {
         self.layer
             .read_pieces(offset, u64::from(len))
             .await
-            .map_err(|e| device_error(e, DeviceError::Invalid))
+            .map_err(|e| self.read_failed(offset, len, e))
     }
 
     /// Without a write log, `fua` needs no extra work: a write completes only once durable

@@ -540,8 +540,16 @@ fn ec_case(seed: u64, decide: fn(&SlotView) -> SlotDecision) -> Result<(), Strin
                     view.members.push(Some((member, ShardAnswer::Unknown)));
                     view.established.push(member);
                 }
-                // The position is a hole now.
-                4 => view.members.push(None),
+                // The position is a hole now; its old holder (moved to another position,
+                // still up) may answer as a stray.
+                4 => {
+                    view.members.push(None);
+                    match rng.below(3) {
+                        0 => view.strays.push((p, truth)),
+                        1 => view.strays.push((p, ShardAnswer::Unknown)),
+                        _ => {}
+                    }
+                }
                 // A new daemon took the position; the old holder may answer as a stray.
                 _ => {
                     view.members.push(Some((member + 50, ShardAnswer::Absent)));
