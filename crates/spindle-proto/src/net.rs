@@ -1185,30 +1185,6 @@ where
     serve_with(stream, label, &default_limits(), epoch, dispatch).await
 }
 
-/// [`serve`] requiring authentication by `verifier`.
-pub async fn serve_authenticated<F>(
-    stream: TcpStream,
-    label: &str,
-    verifier: Arc<dyn Verifier>,
-    epoch: impl Fn() -> u64,
-    dispatch: F,
-) where
-    F: FnMut(Incoming, Replier),
-{
-    let (read_half, write_half, peer) = crate::transport::tcp_accepted(stream);
-    serve_halves(
-        read_half,
-        write_half,
-        &peer,
-        label,
-        &default_limits(),
-        Some(verifier),
-        epoch,
-        dispatch,
-    )
-    .await
-}
-
 /// Process-wide limits for services that do not bring their own.
 pub fn default_limits() -> Arc<ServeLimits> {
     static LIMITS: std::sync::OnceLock<Arc<ServeLimits>> = std::sync::OnceLock::new();
