@@ -1824,6 +1824,19 @@ impl Osd {
                 },
             ));
         }
+        // Members that were sent the newest version's write vouch for its absence.
+        {
+            let history = crate::lock(&self.inner.members);
+            spindle_pg::ec::vouch_by_membership(&mut view, |pos, d| {
+                history.member_since(
+                    &(pgid.pool, pgid.pg),
+                    spindle_pg::CopyId {
+                        osd: d,
+                        shard: Some(pos as u8),
+                    },
+                )
+            });
+        }
         let copy_of = |pos: usize| PgId {
             pool: pgid.pool,
             pg: shard_pg(pgid.pg, Some(pos as u8)),

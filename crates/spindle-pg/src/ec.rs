@@ -138,18 +138,7 @@ pub fn decide_slot(view: &SlotView) -> SlotDecision {
         "one member entry per position"
     );
     assert!(view.k >= 1 && view.k <= view.total, "k in 1..=total");
-    let newest = view
-        .members
-        .iter()
-        .flatten()
-        .map(|(_, a)| *a)
-        .chain(view.strays.iter().map(|(_, a)| *a))
-        .filter_map(|a| match a {
-            ShardAnswer::Present(v) => Some(v),
-            _ => None,
-        })
-        .max();
-    let Some(version) = newest else {
+    let Some(version) = newest_version(view) else {
         // Nobody that answered holds it; the silent positions may (an acknowledged write
         // with the answering shards' copies lagging or down): deleting it on their word
         // would make the previous slot current again.
@@ -190,6 +179,44 @@ pub fn decide_slot(view: &SlotView) -> SlotDecision {
         };
     }
     SlotDecision::RollBack { version }
+}
+
+/// The newest version any member or stray copy holds (the version [`decide_slot`] settles).
+pub fn newest_version(view: &SlotView) -> Option<Ver> {
+    view.members
+        .iter()
+        .flatten()
+        .map(|(_, a)| *a)
+        .chain(view.strays.iter().map(|(_, a)| *a))
+        .filter_map(|a| match a {
+            ShardAnswer::Present(v) => Some(v),
+            _ => None,
+        })
+        .max()
+}
+
+/// Adds to `view.established` every member that has been the member of its position,
+/// without a break, since an epoch no later than that of the newest version
+/// (`member_since(position, osd)`, from the primary's `MemberHistory`). Such a member was
+/// sent that write, and an erasure-coded write is acknowledged only once every up shard
+/// has it durable: its "absent" is an answer even if its copy has no version or log yet.
+/// Without this, a new group whose first write failed on some shards (a map change
+/// answered `StaleMap`) left those shards "not established", the rule counted them as
+/// positions that may hold the version, and the slot waited for more shards forever
+/// (`tests/netns.rs` (b), in its healthy baseline). Pure.
+pub fn vouch_by_membership(view: &mut SlotView, member_since: impl Fn(usize, u32) -> Option<u64>) {
+    let Some(newest) = newest_version(view) else {
+        return;
+    };
+    for (pos, member) in view.members.iter().enumerate() {
+        let Some((d, answer)) = member else { continue };
+        if *answer == ShardAnswer::Unknown || view.established.contains(d) {
+            continue;
+        }
+        if member_since(pos, *d).is_some_and(|since| since <= newest.epoch) {
+            view.established.push(*d);
+        }
+    }
 }
 
 /// Positions nobody can speak for: a hole without a stray copy that answered (or with
@@ -408,6 +435,34 @@ mod tests {
         // ...unless a stray copy of that position answered that it does not hold it.
         n.strays = vec![(2, Absent)];
         assert_eq!(decide_slot(&n), SlotDecision::RollBack { version: v(5) });
+    }
+
+    #[test]
+    fn members_since_the_versions_epoch_vouch_for_absence() {
+        use ShardAnswer::*;
+        // A new group's first write (epoch 2) reached one shard of three; the others have
+        // no version or log (not established). min_size 2: without membership the two
+        // empty members are unknown and the slot waits forever.
+        let mut n = view([Some(Present(v(1))), Some(Absent), Some(Absent)]);
+        n.min_size = 2;
+        n.established = vec![];
+        assert!(matches!(decide_slot(&n), SlotDecision::Wait { .. }));
+        // Members since epoch 1 (before the write): their absence is an answer.
+        let mut m = n.clone();
+        vouch_by_membership(&mut m, |_, _| Some(1));
+        assert_eq!(m.established, vec![10, 11, 12]);
+        assert_eq!(decide_slot(&m), SlotDecision::RollBack { version: v(1) });
+        // Members only since epoch 3 (after the write: they may have joined empty after
+        // it was acknowledged): no vouching, still waiting.
+        let mut late = n.clone();
+        vouch_by_membership(&mut late, |_, _| Some(3));
+        assert!(late.established.is_empty());
+        assert!(matches!(decide_slot(&late), SlotDecision::Wait { .. }));
+        // An unknown answer is never vouched for; no history, no vouching.
+        let mut u = view([Some(Present(v(1))), Some(Unknown), Some(Absent)]);
+        u.established = vec![];
+        vouch_by_membership(&mut u, |pos, _| (pos != 2).then_some(1));
+        assert_eq!(u.established, vec![10]);
     }
 
     #[test]

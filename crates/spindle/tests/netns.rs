@@ -28,15 +28,15 @@
 //! The test's own clients run in threads that joined a namespace (setns), each with a
 //! single-threaded tokio runtime, so that their sockets live in that namespace.
 //!
-//! Still open: an erasure-coded write in a new group can wait until the client's
-//! timeout when a map change (another pool's image lock) fails it on some shards and the
-//! copies never written count as "not established" (`spindle_pg::rules::established`):
-//! seen in 1 of 3 runs of (b), in its healthy baseline, so it can hit (a) too; (b) and
-//! (c) pass otherwise but are `#[ignore]`d until it is fixed (two more tests with a
-//! one-in-three failure would make CI a coin toss). Writes across the cut stall 10-15 s (the lost host's daemons are marked
+//! Still open: writes across the cut stall 10-15 s (the lost host's daemons are marked
 //! down after 2 s, but groups need ~11 s to be active again on the two hosts left).
 //!
 //! What these tests found earlier (2026-11-27, on 40b97e0), fixed since:
+//! - an erasure-coded write in a new group could wait until the client's timeout (1 run
+//!   of (b) in 3, in its healthy baseline): a map change failed the group's first write on
+//!   some shards, and those shards, with no version or log yet, counted as positions that
+//!   may hold it, so recovery waited for more shards forever; members since the write's
+//!   epoch now vouch for their absence (`spindle_pg::ec::vouch_by_membership`);
 //! - fio's re-verification of the erasure-coded image's first region failed with EIO on
 //!   a few reads once a host was cut off (b) or partitioned (c): CRUSH moved a survivor to
 //!   the lost host's position, leaving its old position a hole; the recovery rule counted
@@ -1066,7 +1066,6 @@ fn a_leader_monitor_killed_writes_resume_within_5_s() {
 /// is active again on the two hosts left (with what fits there: two copies, two shards)
 /// while fio writes and verifies; once the link is back the host's copies are re-created
 /// and every group is clean on three hosts. fio verifies every region at each step.
-#[ignore = "passes, but flaky (about 1 run in 3 here): a new erasure-coded group's first write can wait forever when a map change fails it on some shards (module notes); run with --include-ignored"]
 #[test]
 fn b_host_link_cut_past_the_out_interval_and_restored() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -1131,7 +1130,6 @@ fn b_host_link_cut_past_the_out_interval_and_restored() {
 /// there after the majority replaced those daemons and a client rewrote the objects: each
 /// read must fail or return the new data, never the replaced data; the old primaries
 /// count the reads they refused for want of a read lease. fio goes on meanwhile.
-#[ignore = "passes, but flaky (about 1 run in 3 here): a new erasure-coded group's first write can wait forever when a map change fails it on some shards (module notes); run with --include-ignored"]
 #[test]
 fn c_host_partitioned_from_the_monitors_serves_no_stale_read() {
     const OBJECTS: u64 = 32;
