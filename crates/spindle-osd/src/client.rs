@@ -455,7 +455,10 @@ impl Osd {
         let timeout = self.inner.config.replica_timeout_ms;
         let local = w.commit.await;
         drop(w.inflight);
-        let answers = fanout::wait_all(w.pending, timeout).await;
+        let answers = fanout::wait_all(w.pending, timeout, self.inner.map_tx.subscribe(), |d| {
+            self.marked_down(*d)
+        })
+        .await;
         let mut failure = None;
         let mut no_space = None;
         for (_, f) in &answers.failures {

@@ -1240,7 +1240,13 @@ impl Osd {
                 Err(_) => failure = Some("local shard write dropped".to_string()),
             }
         }
-        for (d, f) in crate::fanout::wait_all(pending, timeout).await.failures {
+        for (d, f) in
+            crate::fanout::wait_all(pending, timeout, self.inner.map_tx.subscribe(), |d| {
+                self.marked_down(*d)
+            })
+            .await
+            .failures
+        {
             if let crate::fanout::CopyFailure::NewerMap(map) = &f {
                 let _ = self.install_map(map);
             }
@@ -1321,12 +1327,12 @@ impl Osd {
                 .peer_conn(osd)
                 .await
                 .map_err(|e| (ErrorCode::Again, e))?;
-            match conn
-                .call(epoch, &msg, self.inner.config.replica_timeout_ms)
-                .await
-            {
-                Ok(inc) => inc.msg,
-                Err(e) => return Err((ErrorCode::Again, format!("osd.{osd}: {e}"))),
+            tokio::select! {
+                r = conn.call(epoch, &msg, self.inner.config.replica_timeout_ms) => match r {
+                    Ok(inc) => inc.msg,
+                    Err(e) => return Err((ErrorCode::Again, format!("osd.{osd}: {e}"))),
+                },
+                why = self.until_marked_down(osd) => return Err((ErrorCode::Again, why)),
             }
         };
         use spindle_proto::request::{reply_to, CallError};
@@ -1801,6 +1807,7 @@ impl Osd {
             members: vec![None; layout.total()],
             strays: Vec::new(),
             established: established.clone(),
+            witnesses: Vec::new(),
         };
         for (pos, d, s) in &states {
             let a = if unanswered.contains(pos) && s.is_none() {
@@ -1824,7 +1831,8 @@ impl Osd {
                 },
             ));
         }
-        // Members that were sent the newest version's write vouch for its absence.
+        // Members that were sent the newest version's write vouch for its absence
+        // (witnesses: one without it proves it was never acknowledged).
         {
             let history = crate::lock(&self.inner.members);
             spindle_pg::ec::vouch_by_membership(&mut view, |pos, d| {

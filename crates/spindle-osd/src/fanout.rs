@@ -8,6 +8,7 @@ use spindle_proto::msg::typed;
 use spindle_proto::net::PendingReply;
 use spindle_proto::request::{reply_to, CallError, RemoteError};
 use spindle_proto::ErrorCode;
+use tokio::sync::watch;
 
 /// Why one copy did not acknowledge.
 #[derive(Debug)]
@@ -44,10 +45,43 @@ pub(crate) struct FanOut<K> {
 
 /// Waits for every copy's answer to requests already started (the wait lasts as long as
 /// the slowest copy, each bounded by `timeout_ms`).
-pub(crate) async fn wait_all<K>(pending: Vec<(K, PendingReply)>, timeout_ms: u64) -> FanOut<K> {
+///
+/// A copy that a newer map marks down fails at once (`gone` says why, checked whenever
+/// `maps` announces an installed map) instead of holding the write until `timeout_ms`:
+/// a host cut off held every write in flight to its daemons for the whole replica timeout
+/// (10 s) although the monitors had marked them down after 2 s (`tests/netns.rs` (b)).
+/// Failing early is as safe as the timeout: the write is not acknowledged, and the group
+/// re-peers, which settles a copy that applied it anyway.
+pub(crate) async fn wait_all<K>(
+    pending: Vec<(K, PendingReply)>,
+    timeout_ms: u64,
+    mut maps: watch::Receiver<u64>,
+    gone: impl Fn(&K) -> Option<String>,
+) -> FanOut<K> {
     let mut failures = Vec::new();
     for (key, reply) in pending {
-        let failure = match reply.wait(timeout_ms).await {
+        // A map installed before this wait (before the caller subscribed, or while an
+        // earlier copy was awaited) counts too: look at `gone` once first (an answer
+        // already in wins: the select is biased towards it).
+        maps.mark_changed();
+        let wait = reply.wait(timeout_ms);
+        tokio::pin!(wait);
+        let mut watching = true;
+        let answer = loop {
+            tokio::select! {
+                biased;
+                r = &mut wait => break r,
+                changed = maps.changed(), if watching => {
+                    // The daemon never drops its sender while writes run; if it did, the
+                    // timeout still bounds the wait.
+                    watching = changed.is_ok();
+                    if let Some(why) = gone(&key) {
+                        break Err(spindle_proto::net::NetError::Closed(why));
+                    }
+                }
+            }
+        };
+        let failure = match answer {
             Ok(inc) => match reply_to::<typed::RepWrite>(inc.msg) {
                 Ok(typed::Ok {}) => continue,
                 Err(CallError::Remote(RemoteError {

@@ -498,6 +498,31 @@ impl Osd {
         self.map_state().map_or(0, |m| m.map.epoch)
     }
 
+    /// Why a write to `osd` in flight is abandoned: the newest map marks it down (or no
+    /// longer lists it). `None` while it is up. For `fanout::wait_all`.
+    fn marked_down(&self, osd: u32) -> Option<String> {
+        let ms = self.map_state()?;
+        match ms.map.osds.get(&osd) {
+            Some(o) if o.up => None,
+            _ => Some(format!("osd.{osd} marked down at epoch {}", ms.map.epoch)),
+        }
+    }
+
+    /// Resolves once an installed map marks `osd` down: a request in flight to it is
+    /// abandoned then, not waited for until the replica timeout (a daemon cut off never
+    /// answers; `fanout::wait_all` does the same for writes).
+    async fn until_marked_down(&self, osd: u32) -> String {
+        let mut maps = self.inner.map_tx.subscribe();
+        loop {
+            if let Some(why) = self.marked_down(osd) {
+                return why;
+            }
+            if maps.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     fn map_state(&self) -> Option<Arc<MapState>> {
         self.inner
             .map
@@ -1154,10 +1179,12 @@ impl Osd {
     async fn call_peer(&self, osd: u32, epoch: u64, msg: &Msg) -> Result<Msg, String> {
         for _ in 0..3 {
             let conn = self.peer_conn(osd).await?;
-            let reply = conn
-                .call(epoch, msg, self.inner.config.replica_timeout_ms)
-                .await
-                .map_err(|e| format!("osd.{osd}: {e}"))?;
+            let reply = tokio::select! {
+                r = conn.call(epoch, msg, self.inner.config.replica_timeout_ms) => {
+                    r.map_err(|e| format!("osd.{osd}: {e}"))?
+                }
+                why = self.until_marked_down(osd) => return Err(why),
+            };
             match reply.msg {
                 Msg::Error {
                     code: ErrorCode::NeedMap,
