@@ -64,6 +64,26 @@ pub enum ClientError {
     /// The client's capabilities do not allow the operation.
     #[error("permission denied: {0}")]
     Denied(String),
+    /// A write to an image's data object carried a snapshot guard other than the image's
+    /// newest snapshot (see [`with_snap_guard`]): preserve the object for it, then retry.
+    #[error("image snapshot changed: {0}")]
+    SnapChanged(String),
+}
+
+tokio::task_local! {
+    /// The snapshot guard of the image write running in this task ([`with_snap_guard`]).
+    static SNAP_GUARD: u64;
+}
+
+/// Runs `fut` with `guard` as the snapshot guard of every object write it sends
+/// (`ObjRequest::snap_guard`): the id of the image's newest snapshot for which the caller
+/// preserved the object's old content (0: the image has no snapshot). The image layer
+/// (`spindle_image`) sets it around each data object write; a write without it carries 0,
+/// which daemons refuse for data objects of an image with snapshots (`SnapChanged`). A
+/// task-local rather than a parameter of every write method: only the image layer knows
+/// the guard, and the write methods are shared with every other caller.
+pub async fn with_snap_guard<F: std::future::Future>(guard: u64, fut: F) -> F::Output {
+    SNAP_GUARD.scope(guard, fut).await
 }
 
 #[derive(Clone, Debug)]
@@ -316,6 +336,53 @@ impl Client {
 
     /// This client's id (random per instance, never 0): what its requests carry, what an
     /// image lock it takes is held by, and what fencing refuses.
+    /// The id of the newest snapshot of image `image` in pool `pool` in this client's map
+    /// (0: none, or no such pool).
+    pub fn newest_snap(&self, pool: &str, image: &str) -> u64 {
+        let ms = self.state();
+        ms.map
+            .pool_by_name(pool)
+            .map_or(0, |p| ms.map.newest_snap(p.id, image))
+    }
+
+    /// The snapshots of image `image` of `pool` in this client's map (None: none ever
+    /// taken, or no such pool).
+    pub fn image_snaps(&self, pool: &str, image: &str) -> Option<spindle_map::ImageSnaps> {
+        let ms = self.state();
+        let id = ms.map.pool_by_name(pool)?.id;
+        ms.map.image_snaps.get(&(id, image.to_string())).cloned()
+    }
+
+    /// Makes sure every daemon that is the primary of a group of `pool` has this client's
+    /// map, at least epoch `epoch`: one request to each (a stat in one of its groups),
+    /// which a daemon with an older map answers `NeedMap` and this client then pushes it.
+    /// After it, no primary of the pool accepts a request of an older epoch (`StaleMap`).
+    pub async fn map_barrier(&self, pool: &str, epoch: u64) -> Result<(), ClientError> {
+        if !self.wait_for_epoch(epoch, 10_000).await {
+            return Err(ClientError::Timeout {
+                ms: 10_000,
+                last: format!("waiting for map epoch {epoch}"),
+            });
+        }
+        let ms = self.state();
+        let pool_def = ms
+            .map
+            .pool_by_name(pool)
+            .ok_or_else(|| ClientError::NoSuchPool(pool.to_string()))?;
+        let mut seen = std::collections::BTreeSet::new();
+        for pg in 0..pool_def.pg_count {
+            let Some(primary) = ms.placement.pg(pool_def.id, pg).and_then(|p| p.primary()) else {
+                continue;
+            };
+            if seen.insert(primary) {
+                // Any answer (the object does not exist) comes from a daemon at our epoch.
+                self.op(pool, "spindle.map-barrier", ObjOp::Stat, Some(pg))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn client_id(&self) -> u64 {
         self.inner.client_id
     }
@@ -513,6 +580,7 @@ impl Client {
             name: name.to_string(),
             op,
             client,
+            snap_guard: 0,
         };
         self.request(pool, name, pg_override, request).await
     }
@@ -711,6 +779,7 @@ impl Client {
                 ErrorCode::NoSpace => ClientError::NoSpace(message),
                 ErrorCode::Fenced => ClientError::Fenced(message),
                 ErrorCode::Denied | ErrorCode::AuthFailed => ClientError::Denied(message),
+                ErrorCode::SnapChanged => ClientError::SnapChanged(message),
                 _ => ClientError::Daemon(format!("{code:?}: {message}")),
             },
             e @ CallError::Unexpected { .. } => ClientError::Protocol(e.to_string()),
@@ -732,12 +801,14 @@ impl Client {
     ) -> Result<Ver, ClientError> {
         check_name(name)?;
         let client = self.inner.client_id;
+        let snap_guard = SNAP_GUARD.try_with(|g| *g).unwrap_or(0);
         let request = |pool_id, pg| Msg::ObjRequest {
             pool: pool_id,
             pg,
             name: name.to_string(),
             op: ObjOp::Mutate(m),
             client,
+            snap_guard,
         };
         let start = spindle_trace::now();
         let reply = self

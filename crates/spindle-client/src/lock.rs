@@ -97,4 +97,39 @@ impl Client {
         let args = lock_args("release", pool, image, self.client_id());
         self.command_as::<serde_json::Value>(args).await.map(|_| ())
     }
+
+    /// `snap VERB` on `image`'s snapshot `snap` (the monitor's `snaps` module decides);
+    /// `size_bytes` is the image's size for `create`. Once the map holding the change is
+    /// installed here, it is pushed to every primary of the pool ([`Client::map_barrier`]):
+    /// from then on no primary accepts a write that was not preserved for a new snapshot,
+    /// so a write issued after this returns is never in the snapshot.
+    pub async fn snap_command(
+        &self,
+        verb: &str,
+        pool: &str,
+        image: &str,
+        snap: &str,
+        size_bytes: u64,
+    ) -> Result<SnapDone, ClientError> {
+        let args = vec![
+            "snap".to_string(),
+            verb.to_string(),
+            pool.to_string(),
+            image.to_string(),
+            snap.to_string(),
+            size_bytes.to_string(),
+        ];
+        let done: SnapDone = self.command_as(args).await?;
+        self.map_barrier(pool, done.epoch).await?;
+        Ok(done)
+    }
+}
+
+/// A snapshot command's answer (`spindle_mon::reply::SnapDone`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct SnapDone {
+    /// The map epoch holding the change.
+    pub epoch: u64,
+    /// The snapshot's id (0 for `forget`).
+    pub id: u64,
 }

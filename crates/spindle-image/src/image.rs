@@ -123,6 +123,12 @@ pub enum ImageError {
     /// The client write log failed (`crate::wlog`).
     #[error("{0}")]
     WriteLog(String),
+    /// A write to a read-only view (a snapshot).
+    #[error("read-only: {0}")]
+    ReadOnly(String),
+    /// A snapshot operation was refused (no such snapshot, a bad name, ...).
+    #[error("{0}")]
+    Snapshot(String),
 }
 
 impl ImageError {
@@ -149,6 +155,8 @@ impl ImageError {
             ImageError::Locked(s) => ImageError::Locked(s.clone()),
             ImageError::Fenced(s) => ImageError::Fenced(s.clone()),
             ImageError::WriteLog(s) => ImageError::WriteLog(s.clone()),
+            ImageError::ReadOnly(s) => ImageError::ReadOnly(s.clone()),
+            ImageError::Snapshot(s) => ImageError::Snapshot(s.clone()),
         }
     }
 }
@@ -224,6 +232,24 @@ pub trait ObjectBackend: Send + Sync + 'static {
         &self,
         pool: &str,
     ) -> impl Future<Output = Result<Vec<String>, ClientError>> + Send;
+    /// The id of the newest snapshot of `image` in this backend's view (the cluster map);
+    /// 0: none. Backends without snapshots keep the default.
+    fn newest_snap(&self, _pool: &str, _image: &str) -> u64 {
+        0
+    }
+    /// The snapshots of `image` in this backend's view (None: none ever taken).
+    fn image_snaps(&self, _pool: &str, _image: &str) -> Option<spindle_map::ImageSnaps> {
+        None
+    }
+    /// Runs `fut` (writes of one data object) with snapshot guard `guard`
+    /// (`spindle_client::with_snap_guard`). The default ignores it.
+    fn with_guard<F: Future + Send>(
+        &self,
+        _guard: u64,
+        fut: F,
+    ) -> impl Future<Output = F::Output> + Send {
+        fut
+    }
 }
 
 impl ObjectBackend for Client {
@@ -295,6 +321,22 @@ impl ObjectBackend for Client {
         Client::list(self, pool)
             .await
             .map(|l| l.into_iter().map(|o| o.name).collect())
+    }
+
+    fn newest_snap(&self, pool: &str, image: &str) -> u64 {
+        Client::newest_snap(self, pool, image)
+    }
+
+    fn image_snaps(&self, pool: &str, image: &str) -> Option<spindle_map::ImageSnaps> {
+        Client::image_snaps(self, pool, image)
+    }
+
+    fn with_guard<F: Future + Send>(
+        &self,
+        guard: u64,
+        fut: F,
+    ) -> impl Future<Output = F::Output> + Send {
+        spindle_client::with_snap_guard(guard, fut)
     }
 }
 
@@ -537,6 +579,10 @@ pub struct Image<B: ObjectBackend> {
     name: Arc<str>,
     header: RwLock<ImageHeader>,
     writes: Arc<WriteTracker>,
+    /// The writer's copy-on-write state (`crate::snap`).
+    cow: Arc<crate::snap::Cow>,
+    /// Set for a snapshot opened read-only ([`Image::open_snap`]).
+    snap: Option<Arc<crate::snap::SnapView>>,
 }
 
 impl<B: ObjectBackend> Image<B> {
@@ -584,6 +630,39 @@ impl<B: ObjectBackend> Image<B> {
             name: name.into(),
             header: RwLock::new(header),
             writes: Arc::new(WriteTracker::default()),
+            cow: Arc::new(crate::snap::Cow::default()),
+            snap: None,
+        }
+    }
+
+    /// Opens snapshot `snap` of image `name` read-only: reads see the image as it was when
+    /// the snapshot was taken (its size too); writes fail with [`ImageError::ReadOnly`].
+    pub async fn open_snap(
+        backend: Arc<B>,
+        pool: &str,
+        name: &str,
+        snap: &str,
+    ) -> Result<Image<B>, ImageError> {
+        let mut header = read_header(&*backend, pool, name).await?;
+        let view = crate::snap::SnapView::load(&*backend, pool, name, snap).await?;
+        header.size_bytes = view.size_bytes;
+        let mut image = Image::from_header(backend, pool, name, header);
+        image.snap = Some(Arc::new(view));
+        Ok(image)
+    }
+
+    /// The snapshot this image was opened at ([`Image::open_snap`]): (id, name).
+    pub fn snapshot(&self) -> Option<(u64, &str)> {
+        self.snap.as_ref().map(|v| (v.id, v.name.as_str()))
+    }
+
+    fn writable(&self) -> Result<(), ImageError> {
+        match &self.snap {
+            None => Ok(()),
+            Some(v) => Err(ImageError::ReadOnly(format!(
+                "{}@{} is a snapshot",
+                self.name, v.name
+            ))),
         }
     }
 
@@ -697,8 +776,19 @@ impl<B: ObjectBackend> Image<B> {
                 let pool = self.pool.clone();
                 let object = data_object_name(&self.name, c.object_index);
                 let (off, piece_len) = (c.offset, c.len);
+                let at_snap = self
+                    .snap
+                    .clone()
+                    .map(|v| (v, self.name.clone(), c.object_index));
                 async move {
-                    match backend.read_object(&pool, &object, off, piece_len).await {
+                    let r = match at_snap {
+                        None => backend.read_object(&pool, &object, off, piece_len).await,
+                        Some((view, image, index)) => {
+                            view.read(&*backend, &pool, &image, index, off, piece_len)
+                                .await
+                        }
+                    };
+                    match r {
                         Ok(mut data) => {
                             debug_assert!(data.len() as u64 <= piece_len);
                             data.resize(piece_len as usize, 0);
@@ -727,6 +817,7 @@ impl<B: ObjectBackend> Image<B> {
 
     /// Writes `data` at `offset`; acknowledged when durable on every up replica.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<(), ImageError> {
+        self.writable()?;
         let h = self.check_range(offset, data.len() as u64)?;
         let pieces = chunks(offset, data.len() as u64, h.object_size_bytes, h.size_bytes);
         if pieces.len() == 1 {
@@ -738,23 +829,38 @@ impl<B: ObjectBackend> Image<B> {
     /// [`Image::write`] taking the buffer: a write inside one object (every batch of the
     /// block layer) sends it without copying.
     pub async fn write_owned(&self, offset: u64, data: Vec<u8>) -> Result<(), ImageError> {
+        self.writable()?;
         let h = self.check_range(offset, data.len() as u64)?;
         let pieces = chunks(offset, data.len() as u64, h.object_size_bytes, h.size_bytes);
         if let [c] = pieces.as_slice() {
             let ticket = self.writes.begin();
             let object = data_object_name(&self.name, c.object_index);
             let whole_object = c.offset == 0 && data.len() as u64 == h.object_size_bytes;
-            let r = if whole_object {
-                self.backend
-                    .write_full_object(&self.pool, &object, data)
-                    .await
-            } else {
-                self.backend
-                    .write_object(&self.pool, &object, c.offset, data)
-                    .await
-            };
+            let backend = &*self.backend;
+            let r = crate::snap::guarded(
+                backend,
+                &self.cow,
+                &self.pool,
+                &self.name,
+                c.object_index,
+                h.object_size_bytes,
+                || {
+                    // Each attempt sends its own copy: a write refused for a new snapshot
+                    // is sent again after the object was preserved.
+                    let data = data.clone();
+                    let (pool, object) = (&*self.pool, &object);
+                    async move {
+                        if whole_object {
+                            backend.write_full_object(pool, object, data).await
+                        } else {
+                            backend.write_object(pool, object, c.offset, data).await
+                        }
+                    }
+                },
+            )
+            .await;
             drop(ticket);
-            return r.map_err(ImageError::Backend);
+            return r;
         }
         self.write_pieces(&h, &pieces, &data).await
     }
@@ -779,16 +885,28 @@ impl<B: ObjectBackend> Image<B> {
                 let off = c.offset;
                 let ticket = ticket.clone();
                 let whole_object = off == 0 && buf.len() as u64 == h.object_size_bytes;
+                let (cow, image, index, os) = (
+                    self.cow.clone(),
+                    self.name.clone(),
+                    c.object_index,
+                    h.object_size_bytes,
+                );
                 async move {
                     // A whole object is replaced, not patched: the daemons write it straight
                     // to a fresh file instead of through their journal.
-                    let r = if whole_object {
-                        backend.write_full_object(&pool, &object, buf).await
-                    } else {
-                        backend.write_object(&pool, &object, off, buf).await
-                    };
+                    let r = crate::snap::guarded(&*backend, &cow, &pool, &image, index, os, || {
+                        let (backend, pool, object, buf) = (&backend, &pool, &object, buf.clone());
+                        async move {
+                            if whole_object {
+                                backend.write_full_object(pool, object, buf).await
+                            } else {
+                                backend.write_object(pool, object, off, buf).await
+                            }
+                        }
+                    })
+                    .await;
                     drop(ticket);
-                    r.map_err(ImageError::Backend)
+                    r
                 }
             })
             .collect();
@@ -852,25 +970,40 @@ impl<B: ObjectBackend> Image<B> {
     /// Sends one [`ObjectWrite`] (a single extent as a plain write); returns once it is
     /// durable on every copy. Counted by [`Image::flush`] like any write.
     pub async fn write_object(&self, w: &ObjectWrite) -> Result<(), ImageError> {
+        self.writable()?;
         let ticket = self.writes.begin();
         let object = data_object_name(&self.name, w.index);
-        let r = if let [e] = w.extents.as_slice() {
-            self.backend
-                .write_object(&self.pool, &object, e.offset, w.data.clone())
-                .await
-        } else {
-            self.backend
-                .write_object_extents(&self.pool, &object, w.extents.clone(), w.data.clone())
-                .await
-        };
+        let backend = &*self.backend;
+        let (pool, object) = (&*self.pool, &object);
+        let r = crate::snap::guarded(
+            backend,
+            &self.cow,
+            pool,
+            &self.name,
+            w.index,
+            self.object_size_bytes(),
+            || async move {
+                if let [e] = w.extents.as_slice() {
+                    backend
+                        .write_object(pool, object, e.offset, w.data.clone())
+                        .await
+                } else {
+                    backend
+                        .write_object_extents(pool, object, w.extents.clone(), w.data.clone())
+                        .await
+                }
+            },
+        )
+        .await;
         drop(ticket);
-        r.map_err(ImageError::Backend)
+        r
     }
 
     /// Makes `[offset, offset + len)` read as zeros without creating objects: whole
     /// objects are deleted, an object's tail is truncated, interior pieces of existing
     /// objects are overwritten with zeros.
     pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), ImageError> {
+        self.writable()?;
         let h = self.check_range(offset, len)?;
         self.zero_range(offset, len, h.object_size_bytes, h.size_bytes)
             .await
@@ -892,6 +1025,7 @@ impl<B: ObjectBackend> Image<B> {
     /// Changes the size. Shrinking deletes/truncates the data past the new end; growing
     /// first clears the newly exposed range, so it always reads as zeros.
     pub async fn resize(&self, new_size_bytes: u64) -> Result<(), ImageError> {
+        self.writable()?;
         check_size(new_size_bytes)?;
         let _ticket = self.writes.begin();
         let mut h = self.header_snapshot();
@@ -957,11 +1091,22 @@ impl<B: ObjectBackend> Image<B> {
         let backend = self.backend.clone();
         let pool = self.pool.clone();
         let object = data_object_name(&self.name, index);
+        let (cow, image, os) = (
+            self.cow.clone(),
+            self.name.clone(),
+            self.object_size_bytes(),
+        );
         async move {
-            match backend.delete_object(&pool, &object).await {
-                Ok(()) | Err(ClientError::NotFound(_)) => Ok(()),
-                Err(e) => Err(ImageError::Backend(e)),
-            }
+            crate::snap::guarded(&*backend, &cow, &pool, &image, index, os, || {
+                let (backend, pool, object) = (&backend, &pool, &object);
+                async move {
+                    match backend.delete_object(pool, object).await {
+                        Ok(()) | Err(ClientError::NotFound(_)) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .await
         }
     }
 
@@ -1010,8 +1155,18 @@ impl<B: ObjectBackend> Image<B> {
             let pool = self.pool.clone();
             let object = data_object_name(&self.name, c.object_index);
             let ticket = ticket.clone();
+            let (cow, image) = (self.cow.clone(), self.name.clone());
             futures.push(Box::pin(async move {
-                let r = zero_partial(&*backend, &pool, &object, c).await;
+                let r = crate::snap::guarded(
+                    &*backend,
+                    &cow,
+                    &pool,
+                    &image,
+                    c.object_index,
+                    object_size_bytes,
+                    || zero_partial(&*backend, &pool, &object, c),
+                )
+                .await;
                 drop(ticket);
                 r
             }));
@@ -1027,11 +1182,11 @@ async fn zero_partial<B: ObjectBackend>(
     pool: &str,
     object: &str,
     c: Chunk,
-) -> Result<(), ImageError> {
+) -> Result<(), ClientError> {
     let size_bytes = match backend.stat_object(pool, object).await {
         Ok(s) => s,
         Err(ClientError::NotFound(_)) => return Ok(()),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(e),
     };
     if size_bytes <= c.offset {
         // Everything from offset on already reads as zeros.

@@ -8,6 +8,8 @@
 //! - [`lock`]: the exclusive lock of an image opened for writing (lease, takeover,
 //!   fencing).
 //! - [`nbd`]: the images of a pool as NBD exports (`spindle nbd`).
+//! - [`snap`]: snapshots (client-side copy-on-write of whole objects, guarded by the
+//!   daemons), their reading, removal and rollback.
 //!
 //! Layering: above `spindle-client` (objects) and `spindle-nbd` (the NBD server, generic
 //! over a block-device trait); the `spindle` binary uses it.
@@ -16,6 +18,7 @@ pub mod block;
 pub mod image;
 pub mod lock;
 pub mod nbd;
+pub mod snap;
 pub mod wlog;
 
 pub use block::{BlockConfig, BlockLayer, BlockStats};

@@ -18,6 +18,7 @@ use tokio::sync::Mutex;
 fn device_error(e: ImageError, out_of_range: fn(String) -> DeviceError) -> DeviceError {
     match e {
         e @ ImageError::OutOfRange { .. } => out_of_range(e.to_string()),
+        e @ ImageError::ReadOnly(_) => DeviceError::NotPermitted(e.to_string()),
         // The cluster is full: the NBD client sees ENOSPC (not EIO), as from a full disk.
         ImageError::Backend(ClientError::NoSpace(m)) => DeviceError::NoSpace(m),
         e => DeviceError::Io(format!("{e:#}")),
@@ -192,6 +193,11 @@ impl BlockDevice for ImageDevice {
     /// durable, so FLUSH on one connection covers writes completed on the others.
     fn multi_conn_consistent(&self) -> bool {
         true
+    }
+
+    /// A snapshot (`IMAGE@SNAP`) is exported read-only.
+    fn read_only(&self) -> bool {
+        self.layer.image().snapshot().is_some()
     }
 
     async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, DeviceError> {
@@ -429,12 +435,26 @@ impl Exports for ImageExports {
             return Ok(dev.clone());
         }
         let open_error = |e: ImageError| match e {
-            ImageError::NotFound(_) | ImageError::InvalidName(_) => {
+            ImageError::NotFound(_) | ImageError::InvalidName(_) | ImageError::Snapshot(_) => {
                 DeviceError::Invalid(e.to_string())
             }
             ImageError::Locked(_) => DeviceError::NotPermitted(e.to_string()),
             e => DeviceError::Io(format!("{e:#}")),
         };
+        // `IMAGE@SNAP`: the snapshot, read-only, without the image's lock (the writer may
+        // keep writing the image meanwhile) and without a write log.
+        if let Some((image, snap)) = name.split_once('@') {
+            let at = Image::open_snap(self.client.clone(), &self.pool, image, snap)
+                .await
+                .map_err(open_error)?;
+            let layer = Arc::new(
+                BlockLayer::new(Arc::new(at), self.config.clone())
+                    .map_err(|e| DeviceError::Io(e.to_string()))?,
+            );
+            let dev = Arc::new(ImageDevice::new(layer, &name));
+            open.insert(name, dev.clone());
+            return Ok(dev);
+        }
         let image = Image::open(self.client.clone(), &self.pool, &name)
             .await
             .map_err(open_error)?;

@@ -9,13 +9,18 @@
 //! clients: `u32 n | n x (u32 pool, str image, u64 client, u64 generation, str holder,
 //! u64 since) | u32 n | n x (u64 client, u64 fenced_at)`. Format 1 maps decode with the
 //! default ratios and no flags; formats 1 and 2 with no locks and no fenced clients.
+//! Format 4 appends the image snapshots: `u32 n | n x (u32 pool, str image, u64 seq,
+//! u32 count | count x (u64 id, str name, u64 size_bytes, u64 created, u8 protected))`.
 //! The frame or store record around it carries the CRC.
 
 use crate::{ClusterMap, ImageLock, OsdInfo, Pool, PoolKind, PG_COUNT_MAX};
 use spindle_proto::{CodecError, Reader, Writer};
-use spindle_types::limits::{IMAGE_LOCK_HOLDER_BYTES_MAX, IMAGE_NAME_BYTES_MAX};
+use spindle_types::limits::{
+    CLUSTER_SNAPS_MAX, IMAGE_LOCK_HOLDER_BYTES_MAX, IMAGE_NAME_BYTES_MAX, IMAGE_SNAPS_MAX,
+    SNAP_NAME_BYTES_MAX,
+};
 
-const MAP_FORMAT: u32 = 3;
+const MAP_FORMAT: u32 = 4;
 const OSD_NEARFULL: u8 = 1;
 const OSD_FULL: u8 = 2;
 const OSD_AUTO_OUT: u8 = 4;
@@ -100,6 +105,17 @@ impl ClusterMap {
         w.u32(self.fenced.len() as u32);
         for (client, at) in &self.fenced {
             w.u64(*client).u64(*at);
+        }
+        w.u32(self.image_snaps.len() as u32);
+        for ((pool, image), s) in &self.image_snaps {
+            w.u32(*pool).str(image).u64(s.seq).u32(s.snaps.len() as u32);
+            for (id, snap) in &s.snaps {
+                w.u64(*id)
+                    .str(&snap.name)
+                    .u64(snap.size_bytes)
+                    .u64(snap.created_unix_secs)
+                    .u8(u8::from(snap.protected));
+            }
         }
         w.finish()
     }
@@ -234,6 +250,44 @@ impl ClusterMap {
                 }
             }
         }
+        let mut image_snaps = std::collections::BTreeMap::new();
+        if format >= 4 {
+            let n = r.u32("snapshotted image count")?;
+            let mut total = 0usize;
+            for _ in 0..n {
+                let pool = r.u32("snap pool")?;
+                let image = r.str("snap image", IMAGE_NAME_BYTES_MAX)?.to_string();
+                let seq = r.u64("snap seq")?;
+                let count = r.u32("snap count")? as usize;
+                total += count;
+                if count > IMAGE_SNAPS_MAX || total > CLUSTER_SNAPS_MAX {
+                    return Err(MapDecodeError::Invalid(format!(
+                        "{count} snapshots of {image} ({total} in the map)"
+                    )));
+                }
+                let mut snaps = std::collections::BTreeMap::new();
+                for _ in 0..count {
+                    let id = r.u64("snap id")?;
+                    let info = crate::SnapInfo {
+                        name: r.str("snap name", SNAP_NAME_BYTES_MAX)?.to_string(),
+                        size_bytes: r.u64("snap size")?,
+                        created_unix_secs: r.u64("snap created")?,
+                        protected: r.u8("snap protected")? != 0,
+                    };
+                    if id == 0 || id > seq || snaps.insert(id, info).is_some() {
+                        return Err(MapDecodeError::Invalid(format!(
+                            "snapshot id {id} of {image} (seq {seq})"
+                        )));
+                    }
+                }
+                let entry = crate::ImageSnaps { seq, snaps };
+                if image_snaps.insert((pool, image), entry).is_some() {
+                    return Err(MapDecodeError::Invalid(
+                        "duplicate snapshotted image".into(),
+                    ));
+                }
+            }
+        }
         r.finish()?;
         let crush = spindle_crush::binary::decode(crush_bytes)?;
         crush.validate()?;
@@ -247,6 +301,7 @@ impl ClusterMap {
             full_ratio_ppm,
             image_locks,
             fenced,
+            image_snaps,
         };
         for pool in map.pools.values() {
             map.check_pool(pool)

@@ -168,6 +168,77 @@ pub struct ClusterMap {
     /// writes (`ErrorCode::Fenced`). Entries are dropped after
     /// `spindle_types::limits::FENCE_KEEP_SECS`.
     pub fenced: BTreeMap<u64, u64>,
+    /// Snapshots of images, by (pool id, image name). In the map because every primary
+    /// checks a write to an image's data object against the image's newest snapshot (the
+    /// writer must have preserved the object's old content first), and that check must
+    /// see the same snapshots as the writer (see `docs/images.md`, snapshots).
+    pub image_snaps: BTreeMap<(u32, String), ImageSnaps>,
+}
+
+/// The image and object index of an image data object's name (`img.NAME.` + 16 lower-case
+/// hex digits), or None for any other object (headers, snapshot copies, plain objects).
+/// Image names never contain `@`, so a snapshot copy (`...@` + 16 digits) is not one.
+pub fn image_data_object(object: &str) -> Option<(&str, u64)> {
+    let rest = object.strip_prefix("img.")?;
+    if rest.len() < 18 {
+        return None;
+    }
+    let (image, tail) = rest.split_at(rest.len() - 17);
+    let hex = tail.strip_prefix('.')?;
+    if image.is_empty() || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    Some((image, u64::from_str_radix(hex, 16).ok()?))
+}
+
+/// The snapshots of one image.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageSnaps {
+    /// The last snapshot id handed out (ids are never reused while the image exists, so a
+    /// removed snapshot's leftover copies can never be mistaken for a new one's).
+    pub seq: u64,
+    /// Live snapshots by id (ascending = oldest first).
+    pub snaps: BTreeMap<u64, SnapInfo>,
+}
+
+impl ImageSnaps {
+    /// The id of the newest live snapshot (0: none). A write to a data object must carry
+    /// it as its guard (`ObjRequest::snap_guard`).
+    pub fn newest(&self) -> u64 {
+        self.snaps.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// The live snapshot named `name`.
+    pub fn by_name(&self, name: &str) -> Option<(u64, &SnapInfo)> {
+        self.snaps
+            .iter()
+            .find(|(_, s)| s.name == name)
+            .map(|(id, s)| (*id, s))
+    }
+}
+
+/// One snapshot of an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapInfo {
+    pub name: String,
+    /// The image's size when the snapshot was taken.
+    pub size_bytes: u64,
+    /// Seconds since the Unix epoch.
+    pub created_unix_secs: u64,
+    /// A protected snapshot cannot be removed (clones read from it).
+    pub protected: bool,
+}
+
+impl ClusterMap {
+    /// The newest live snapshot id of image `image` in pool `pool` (0: none).
+    pub fn newest_snap(&self, pool: u32, image: &str) -> u64 {
+        if self.image_snaps.is_empty() {
+            return 0;
+        }
+        self.image_snaps
+            .get(&(pool, image.to_string()))
+            .map_or(0, |s| s.newest())
+    }
 }
 
 /// Who holds an image's exclusive lock.
@@ -338,6 +409,7 @@ impl ClusterMap {
         self.pools.remove(&id);
         // Its images are gone with it: so are their locks (a later pool may get the id).
         self.image_locks.retain(|(pool, _), _| *pool != id);
+        self.image_snaps.retain(|(pool, _), _| *pool != id);
         Ok(id)
     }
 }

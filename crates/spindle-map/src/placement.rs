@@ -154,6 +154,7 @@ mod tests {
             full_ratio_ppm: crate::FULL_RATIO_PPM_DEFAULT,
             image_locks: Default::default(),
             fenced: Default::default(),
+            image_snaps: Default::default(),
         };
         m.add_pool(
             "default",
@@ -256,7 +257,7 @@ mod tests {
 
         // The same map as format 2: the format word, and no lock or fence sections.
         let plain = map(3).encode();
-        let mut v2 = plain[..plain.len() - 8].to_vec();
+        let mut v2 = plain[..plain.len() - 12].to_vec();
         v2[..4].copy_from_slice(&2u32.to_le_bytes());
         let old = ClusterMap::decode(&v2).unwrap();
         assert!(old.image_locks.is_empty() && old.fenced.is_empty());
@@ -268,6 +269,53 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("format 9"));
+    }
+
+    /// Image snapshots travel in format 4; a format-3 map still decodes, without them;
+    /// impossible snapshot ids are refused.
+    #[test]
+    fn snapshots_round_trip_and_format_3_maps_still_decode() {
+        let mut m = map(3);
+        let pool_id = *m.pools.keys().next().unwrap();
+        let mut snaps = crate::ImageSnaps {
+            seq: 7,
+            ..Default::default()
+        };
+        for (id, name) in [(2, "monday"), (7, "tuesday")] {
+            snaps.snaps.insert(
+                id,
+                crate::SnapInfo {
+                    name: name.into(),
+                    size_bytes: 1 << 30,
+                    created_unix_secs: 1_700_000_000 + id,
+                    protected: id == 2,
+                },
+            );
+        }
+        m.image_snaps.insert((pool_id, "vm1".into()), snaps.clone());
+        let bytes = m.encode();
+        let back = ClusterMap::decode(&bytes).unwrap();
+        assert_eq!(back.image_snaps, m.image_snaps);
+        assert_eq!(back.newest_snap(pool_id, "vm1"), 7);
+        assert_eq!(back.newest_snap(pool_id, "vm2"), 0);
+        assert_eq!(snaps.by_name("monday").map(|(id, _)| id), Some(2));
+        // Format 3: no snapshot section.
+        let plain = map(3).encode();
+        let mut v3 = plain[..plain.len() - 4].to_vec();
+        v3[..4].copy_from_slice(&3u32.to_le_bytes());
+        assert!(ClusterMap::decode(&v3).unwrap().image_snaps.is_empty());
+        // An id above the image's seq cannot have been handed out.
+        let mut bad = m.clone();
+        bad.image_snaps
+            .get_mut(&(pool_id, "vm1".into()))
+            .unwrap()
+            .seq = 5;
+        assert!(ClusterMap::decode(&bad.encode()).is_err());
+        // A removed pool takes its snapshots with it.
+        let pool = back.pools.values().next().unwrap().name.clone();
+        let mut gone = back;
+        gone.remove_pool(&pool).unwrap();
+        assert!(gone.image_snaps.is_empty());
     }
 
     #[test]
@@ -320,6 +368,7 @@ mod ec_tests {
             full_ratio_ppm: crate::FULL_RATIO_PPM_DEFAULT,
             image_locks: Default::default(),
             fenced: Default::default(),
+            image_snaps: Default::default(),
         };
         let kind = PoolKind::Erasure {
             k: 2,

@@ -77,6 +77,7 @@ mod tests {
             full_ratio_ppm: FULL_RATIO_PPM_DEFAULT,
             image_locks: Default::default(),
             fenced: Default::default(),
+            image_snaps: Default::default(),
         }
         .encode()
     }

@@ -246,7 +246,8 @@ pub fn refusal(peer: &Peer, msg: &Msg) -> Option<String> {
                     }
                     AdminCommand::LockAcquire { pool, .. }
                     | AdminCommand::LockRenew { pool, .. }
-                    | AdminCommand::LockRelease { pool, .. } => (!caps
+                    | AdminCommand::LockRelease { pool, .. }
+                    | AdminCommand::Snap { pool, .. } => (!caps
                         .osd_allows_images(&pool, spindle_proto::auth::Access::Write))
                     .then(|| format!("{who} may not write images in pool {pool}")),
                     AdminCommand::AuthLs

@@ -22,6 +22,28 @@ impl OsdVerb {
     }
 }
 
+/// What `snap VERB` does to an image's snapshots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapVerb {
+    Create,
+    Rm,
+    Protect,
+    Unprotect,
+    Forget,
+}
+
+impl SnapVerb {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapVerb::Create => "create",
+            SnapVerb::Rm => "rm",
+            SnapVerb::Protect => "protect",
+            SnapVerb::Unprotect => "unprotect",
+            SnapVerb::Forget => "forget",
+        }
+    }
+}
+
 /// One administrative command.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AdminCommand {
@@ -91,6 +113,18 @@ pub enum AdminCommand {
         image: String,
         client: u64,
     },
+    /// Image snapshots (`spindle_mon`'s `snaps` module): `verb` is create (with the
+    /// image's size), rm, protect, unprotect, or forget (drop the image's entry once it has
+    /// no snapshot: the image is being removed).
+    Snap {
+        verb: SnapVerb,
+        pool: String,
+        image: String,
+        /// Empty for `forget`.
+        snap: String,
+        /// The image's size, for `create` (0 otherwise).
+        size_bytes: u64,
+    },
     /// The monitors: members, leader, term (any monitor answers from its own view).
     MonLs,
     /// Add monitor `id` listening on `addr` (already running, started with `--id`): it
@@ -141,7 +175,7 @@ fn client_id(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("client id must be a non-zero hex number, got '{s}'"))
 }
 
-const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set, lock acquire|renew|release, mon ls|add|rm, auth ls|get|add|caps|rm";
+const KNOWN: &str = "status, pool ls|create|create-ec|rm, osd out|in|down|add|set-full-ratio|set-nearfull-ratio, crush get|set, lock acquire|renew|release, snap create|rm|protect|unprotect|forget, mon ls|add|rm, auth ls|get|add|caps|rm";
 
 fn entity(s: &str) -> Result<String, String> {
     spindle_proto::auth::parse_entity(s).map_err(|e| e.to_string())?;
@@ -271,6 +305,25 @@ impl AdminCommand {
                     AdminCommand::LockRenew { pool, image, client }
                 } else {
                     AdminCommand::LockRelease { pool, image, client }
+                }
+            }
+            ["snap", verb, pool, image, snap, size] => {
+                let verb = match *verb {
+                    "create" => SnapVerb::Create,
+                    "rm" => SnapVerb::Rm,
+                    "protect" => SnapVerb::Protect,
+                    "unprotect" => SnapVerb::Unprotect,
+                    "forget" => SnapVerb::Forget,
+                    other => return Err(format!("unknown snap verb '{other}'")),
+                };
+                AdminCommand::Snap {
+                    verb,
+                    pool: pool.to_string(),
+                    image: image.to_string(),
+                    snap: snap.to_string(),
+                    size_bytes: size
+                        .parse::<u64>()
+                        .map_err(|_| format!("snapshot size must be a byte count, got '{size}'"))?,
                 }
             }
             ["mon", "ls"] => AdminCommand::MonLs,
@@ -409,6 +462,20 @@ impl AdminCommand {
                 image.clone(),
                 format!("{client:x}"),
             ],
+            AdminCommand::Snap {
+                verb,
+                pool,
+                image,
+                snap,
+                size_bytes,
+            } => vec![
+                "snap".into(),
+                verb.as_str().into(),
+                pool.clone(),
+                image.clone(),
+                snap.clone(),
+                size_bytes.to_string(),
+            ],
             AdminCommand::MonLs => vec!["mon".into(), "ls".into()],
             AdminCommand::MonAdd { id, addr } => {
                 vec!["mon".into(), "add".into(), id.to_string(), addr.clone()]
@@ -511,6 +578,20 @@ mod tests {
                 pool: "rbd".into(),
                 image: "vm1".into(),
                 client: u64::MAX,
+            },
+            AdminCommand::Snap {
+                verb: SnapVerb::Create,
+                pool: "rbd".into(),
+                image: "vm1".into(),
+                snap: "monday".into(),
+                size_bytes: 1 << 30,
+            },
+            AdminCommand::Snap {
+                verb: SnapVerb::Forget,
+                pool: "rbd".into(),
+                image: "vm1".into(),
+                snap: String::new(),
+                size_bytes: 0,
             },
             AdminCommand::MonLs,
             AdminCommand::MonAdd {

@@ -141,6 +141,13 @@ impl MonCore {
                 image,
                 client,
             } => self.lock_release(pool, image, *client),
+            AdminCommand::Snap {
+                verb,
+                pool,
+                image,
+                snap,
+                size_bytes,
+            } => self.snap_command(now_unix_secs, *verb, pool, image, snap, *size_bytes),
             other => self.execute(other),
         }
     }
@@ -366,6 +373,9 @@ impl MonCore {
             | AdminCommand::LockRenew { .. }
             | AdminCommand::LockRelease { .. } => {
                 Err("image lock commands change lease state: run them with execute_at".to_string())
+            }
+            AdminCommand::Snap { .. } => {
+                Err("snapshot commands need the wall clock: run them with execute_at".to_string())
             }
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => Err(
                 "monitor membership is Raft state: the monitor shell runs mon commands".to_string(),

@@ -21,6 +21,7 @@ mod locks;
 pub mod node;
 pub mod raft;
 pub mod reply;
+pub mod snaps;
 mod status;
 mod store;
 
@@ -147,6 +148,7 @@ pub fn first_map(spec: &InitSpec, cluster_id: u64) -> Result<ClusterMap, MonErro
         full_ratio_ppm: spindle_map::FULL_RATIO_PPM_DEFAULT,
         image_locks: Default::default(),
         fenced: Default::default(),
+        image_snaps: Default::default(),
     };
     if let Some((name, size, min_size, pg_count)) = &spec.default_pool {
         map.add_pool(

@@ -261,6 +261,15 @@ pub struct LockReleased {
     pub epoch: u64,
 }
 
+/// `snap create|rm|protect|unprotect|forget`: the map epoch holding the change (every
+/// primary must have it before the snapshot counts as taken: the caller pushes it) and the
+/// snapshot's id (0 for `forget`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapDone {
+    pub epoch: u64,
+    pub id: u64,
+}
+
 /// One monitor of the Raft group.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MonMember {
@@ -301,6 +310,7 @@ pub enum AdminReply {
     ImageLocked(ImageLocked),
     LockRenewed(LockRenewed),
     LockReleased(LockReleased),
+    SnapDone(SnapDone),
     MonList(MonList),
     AuthList(Vec<AuthEntry>),
     AuthEntry(AuthEntry),
@@ -336,6 +346,7 @@ impl AdminReply {
             AdminCommand::LockAcquire { .. } => AdminReply::ImageLocked(from_str(json)?),
             AdminCommand::LockRenew { .. } => AdminReply::LockRenewed(from_str(json)?),
             AdminCommand::LockRelease { .. } => AdminReply::LockReleased(from_str(json)?),
+            AdminCommand::Snap { .. } => AdminReply::SnapDone(from_str(json)?),
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => {
                 AdminReply::MonList(from_str(json)?)
             }

@@ -49,6 +49,11 @@ pub trait BlockDevice: Send + Sync + 'static {
     /// Whether FLUSH on one connection covers writes completed on every other connection
     /// to this device (advertise `NBD_FLAG_CAN_MULTI_CONN` only if true).
     fn multi_conn_consistent(&self) -> bool;
+    /// A read-only device (advertised with `NBD_FLAG_READ_ONLY`; the device refuses
+    /// writes itself too).
+    fn read_only(&self) -> bool {
+        false
+    }
     fn read(
         &self,
         offset: u64,

@@ -47,6 +47,9 @@ pub(crate) fn transmission_flags<D: BlockDevice>(dev: &D, structured: bool) -> u
     if dev.multi_conn_consistent() {
         f |= NBD_FLAG_CAN_MULTI_CONN;
     }
+    if dev.read_only() {
+        f |= crate::proto::NBD_FLAG_READ_ONLY;
+    }
     f
 }
 

@@ -34,6 +34,9 @@ pub(crate) struct OsdCounters {
     pub ec_delta_fallbacks: AtomicU64,
     /// Writes refused because their client is fenced (its image lock was taken over).
     pub fenced_writes_refused: AtomicU64,
+    /// Writes to an image's data object refused because their snapshot guard was not the
+    /// image's newest snapshot (the writer preserves the object first, then retries).
+    pub snap_guard_refused: AtomicU64,
     /// Reads refused (`Again`) because the primary held no read lease from every other
     /// copy of the group (`lease.rs`).
     pub reads_without_lease: AtomicU64,
@@ -72,6 +75,7 @@ impl OsdCounters {
             ("ec_delta_writes", g(&self.ec_delta_writes)),
             ("ec_delta_fallbacks", g(&self.ec_delta_fallbacks)),
             ("fenced_writes_refused", g(&self.fenced_writes_refused)),
+            ("snap_guard_refused", g(&self.snap_guard_refused)),
             ("reads_without_lease", g(&self.reads_without_lease)),
         ]
     }

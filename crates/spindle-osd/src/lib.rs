@@ -1335,7 +1335,31 @@ impl Osd {
                 name,
                 op,
                 client,
+                snap_guard,
             } => {
+                // A write to an image's data object must come from a writer that preserved
+                // the object for the image's newest snapshot (client-side copy-on-write,
+                // `docs/images.md`): checked against this daemon's map, which a sender with
+                // an older map cannot get past (`StaleMap` above).
+                if matches!(op, ObjOp::Mutate(_)) && !ms.map.image_snaps.is_empty() {
+                    if let Some((image, _)) = spindle_map::image_data_object(&name) {
+                        let newest = ms.map.newest_snap(pool, image);
+                        if newest != snap_guard {
+                            OsdCounters::bump(&self.inner.counters.snap_guard_refused);
+                            reply.send(
+                                rid,
+                                epoch,
+                                &Msg::error(
+                                    ErrorCode::SnapChanged,
+                                    format!(
+                                        "{name}: image {image}'s newest snapshot is {newest} at epoch {epoch}, the write was guarded for {snap_guard}"
+                                    ),
+                                ),
+                            );
+                            return;
+                        }
+                    }
+                }
                 // A fenced client (its image lock was taken over) writes nothing more. Its
                 // writes this daemon accepted before it had the fencing map are ordered
                 // before the new holder's: the new holder's requests carry that epoch.

@@ -785,6 +785,11 @@ messages! {
         /// The sending client's id (random per client instance; 0 = anonymous): a
         /// primary refuses writes of a client the map lists as fenced.
         client: u64 = U64("client"),
+        /// For writes to an image's data object (`img.NAME.` + 16 hex digits): the id of
+        /// the image's newest snapshot the writer preserved the object for (0: none). A
+        /// primary refuses a write whose guard is not the newest snapshot in its map
+        /// (`SnapChanged`). Ignored for other objects and for reads.
+        snap_guard: u64 = U64("snap guard"),
     };
     ObjReply = 21, "obj_reply" {
         version: Ver = V,

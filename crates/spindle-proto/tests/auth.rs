@@ -123,6 +123,7 @@ fn write(data: Vec<u8>) -> Msg {
         name: "o".into(),
         op: ObjOp::Mutate(Mutation::WriteFull(data)),
         client: 0,
+        snap_guard: 0,
     }
 }
 

@@ -83,6 +83,7 @@ fn samples() -> Vec<Msg> {
             name: "obj".into(),
             op: ObjOp::Mutate(Mutation::WriteFull(vec![7; 5000])),
             client: 0,
+            snap_guard: 0,
         },
         Msg::ObjRequest {
             pool: 1,
@@ -93,6 +94,7 @@ fn samples() -> Vec<Msg> {
                 data: vec![1, 2, 3],
             }),
             client: 0,
+            snap_guard: 0,
         },
         Msg::ObjRequest {
             pool: 1,
@@ -112,6 +114,7 @@ fn samples() -> Vec<Msg> {
                 data: vec![4, 5, 6],
             }),
             client: 7,
+            snap_guard: 0,
         },
         Msg::ObjRequest {
             pool: 1,
@@ -119,6 +122,7 @@ fn samples() -> Vec<Msg> {
             name: "obj".into(),
             op: ObjOp::Mutate(Mutation::Truncate { size_bytes: 10 }),
             client: 0,
+            snap_guard: 0,
         },
         Msg::ObjRequest {
             pool: 1,
@@ -126,6 +130,7 @@ fn samples() -> Vec<Msg> {
             name: "obj".into(),
             op: ObjOp::Read { offset: 1, len: 2 },
             client: 0,
+            snap_guard: 0,
         },
         Msg::ObjRequest {
             pool: 1,
@@ -133,6 +138,7 @@ fn samples() -> Vec<Msg> {
             name: "".into(),
             op: ObjOp::List,
             client: 0,
+            snap_guard: 0,
         },
         Msg::ObjReply {
             version: v(1, 2),
@@ -246,6 +252,7 @@ fn samples() -> Vec<Msg> {
                 data: vec![6; 3 * 4096],
             }),
             client: 0,
+            snap_guard: 0,
         },
         Msg::ObjRequest {
             pool: 3,
@@ -253,6 +260,7 @@ fn samples() -> Vec<Msg> {
             name: "ec".into(),
             op: ObjOp::Stat,
             client: 0,
+            snap_guard: 0,
         },
         Msg::RepWrite {
             pool: 3,
@@ -407,6 +415,7 @@ fn bad_extent_lists_are_decoding_errors() {
         name: "obj".into(),
         op: ObjOp::Mutate(Mutation::WriteExtents { extents, data }),
         client: 0,
+        snap_guard: 0,
     };
     let ok = req(vec![ext(0, 2), ext(2, 1)], vec![1, 2, 3]);
     assert_eq!(Msg::decode(ok.kind(), &ok.encode()).unwrap(), ok);
@@ -468,6 +477,7 @@ async fn large_bulks_arrive_with_block_checksums() {
         name: "o".into(),
         op: ObjOp::Mutate(Mutation::WriteFull(data.clone())),
         client: 0,
+        snap_guard: 0,
     };
     let small = Msg::ObjRequest {
         pool: 1,
@@ -475,6 +485,7 @@ async fn large_bulks_arrive_with_block_checksums() {
         name: "o".into(),
         op: ObjOp::Mutate(Mutation::WriteFull(vec![3; BULK_BLOCK_CRCS_BYTES_MIN - 1])),
         client: 0,
+        snap_guard: 0,
     };
     let frame = spindle_proto::net::frame_bytes(9, 1, &big);
     let mut both = frame.clone();

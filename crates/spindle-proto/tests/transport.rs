@@ -79,6 +79,7 @@ fn write_full(i: usize, data: Vec<u8>) -> Msg {
         name: format!("obj{i}"),
         op: ObjOp::Mutate(Mutation::WriteFull(data)),
         client: 0,
+        snap_guard: 0,
     }
 }
 

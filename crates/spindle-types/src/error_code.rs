@@ -60,11 +60,17 @@ pub enum ErrorCode {
     /// The authenticated entity's capabilities do not allow this request.
     #[error("permission denied")]
     Denied = 17,
+    /// A write to an image's data object carried another snapshot guard than the image's
+    /// newest snapshot in the daemon's map: the writer must preserve the object's content
+    /// for that snapshot first, then retry (not retried by the client library: the image
+    /// layer decides).
+    #[error("image snapshot changed")]
+    SnapChanged = 18,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         Self::NotFound,
         Self::StaleMap,
         Self::NeedMap,
@@ -82,6 +88,7 @@ impl ErrorCode {
         Self::NoLeader,
         Self::AuthFailed,
         Self::Denied,
+        Self::SnapChanged,
     ];
 
     /// The code with wire value `v`, None for a value no version of Spindle sends.
@@ -110,6 +117,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(*c as u16), Some(*c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(18), None);
+        assert_eq!(ErrorCode::from_u16(19), None);
     }
 }

@@ -21,8 +21,17 @@ pub const POOL_NAME_BYTES_MAX: usize = 128;
 /// Longest image name: an image's objects are named `img.NAME.` + 16 hex digits (data) or
 /// `img.NAME.header`.
 pub const IMAGE_NAME_BYTES_MAX: usize = 64;
-/// Bytes an image adds around its name in its objects' names (`img.` + `.` + 16 digits).
-pub const IMAGE_OBJECT_NAME_OVERHEAD_BYTES: usize = 4 + 1 + 16;
+/// Bytes an image adds around its name in its objects' names (`img.` + `.` + 16 digits,
+/// and for a snapshot's copy of a data object `@` + 16 more).
+pub const IMAGE_OBJECT_NAME_OVERHEAD_BYTES: usize = 4 + 1 + 16 + 1 + 16;
+/// Most snapshots of one image at once (live ones; removed ones cost nothing). Each lives
+/// in the cluster map; rbd has no fixed limit, but every snapshot adds a copy of each
+/// object written after it, and a read of an old snapshot looks through the copies.
+pub const IMAGE_SNAPS_MAX: usize = 256;
+/// Most snapshots in one cluster map, over all images (each about 100 bytes in the map).
+pub const CLUSTER_SNAPS_MAX: usize = 1 << 14;
+/// Longest snapshot name (`[A-Za-z0-9._-]`, like image names).
+pub const SNAP_NAME_BYTES_MAX: usize = 64;
 
 // ---- sizes ----
 
@@ -99,6 +108,15 @@ const _: () = assert!(
         + FENCED_CLIENTS_MAX * 16
         <= CLUSTER_MAP_BYTES_MAX / 2
 );
+
+// Every snapshot fits the map too, beside the locks (name + 4 u64 fields + the image key).
+const _: () = assert!(
+    IMAGE_LOCKS_MAX * (IMAGE_NAME_BYTES_MAX + IMAGE_LOCK_HOLDER_BYTES_MAX + 4 * 8)
+        + FENCED_CLIENTS_MAX * 16
+        + CLUSTER_SNAPS_MAX * (SNAP_NAME_BYTES_MAX + IMAGE_NAME_BYTES_MAX + 6 * 8)
+        <= CLUSTER_MAP_BYTES_MAX / 2
+);
+const _: () = assert!(IMAGE_SNAPS_MAX <= CLUSTER_SNAPS_MAX);
 
 // One name limit: an image object's name, and an EC slot object's name, fit it.
 const _: () =

@@ -51,12 +51,191 @@ pub enum ImageCommand {
         #[command(flatten)]
         obj: ObjArgs,
     },
-    /// Delete an image and all its data objects.
+    /// Delete an image and all its data objects (refused while it has snapshots).
     Rm {
         name: String,
         #[command(flatten)]
         obj: ObjArgs,
     },
+    /// Snapshots: `create|ls|rm|rollback|protect|unprotect|trim IMAGE@SNAP`.
+    Snap {
+        #[command(subcommand)]
+        command: SnapCommand,
+    },
+}
+
+/// `spindle image snap` subcommands.
+#[derive(Subcommand)]
+pub enum SnapCommand {
+    /// Take a crash-consistent snapshot while writes run (returns once every daemon
+    /// enforces it: a write issued afterwards is never in it).
+    Create {
+        /// IMAGE@SNAP
+        spec: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// List an image's snapshots.
+    Ls {
+        image: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Remove a snapshot and free the copies only it kept.
+    Rm {
+        /// IMAGE@SNAP
+        spec: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Make the image what it was at the snapshot (takes the image's lock: refused while
+    /// the image is served).
+    Rollback {
+        /// IMAGE@SNAP
+        spec: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Protect a snapshot from removal.
+    Protect {
+        /// IMAGE@SNAP
+        spec: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Allow a protected snapshot to be removed again.
+    Unprotect {
+        /// IMAGE@SNAP
+        spec: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Free snapshot copies no snapshot reads (what an interrupted `rm` left).
+    Trim {
+        image: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+}
+
+/// `IMAGE@SNAP` split, with a clear error.
+fn snap_spec(spec: &str) -> anyhow::Result<(&str, &str)> {
+    match spec.split_once('@') {
+        Some((image, snap)) if !image.is_empty() && !snap.is_empty() => Ok((image, snap)),
+        _ => bail!("expected IMAGE@SNAP, got {spec:?}"),
+    }
+}
+
+/// A progress counter on stderr (only when it is a terminal and the job is large).
+fn progress(what: String) -> impl FnMut(u64, u64) + Send {
+    use std::io::IsTerminal;
+    let show = std::io::stderr().is_terminal();
+    move |done, total| {
+        if show && total > 64 {
+            let mut err = std::io::stderr();
+            let _ = write!(err, "\r{what}: {done}/{total}");
+            if done == total {
+                let _ = writeln!(err);
+            }
+            let _ = err.flush();
+        }
+    }
+}
+
+async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> anyhow::Result<()> {
+    use spindle_image::snap;
+    match command {
+        SnapCommand::Create { spec, obj } => {
+            let (image, name) = snap_spec(&spec)?;
+            let started = std::time::Instant::now();
+            let id = snap::create(&client, &obj.pool, image, name)
+                .await
+                .with_context(|| format!("creating snapshot {spec}"))?;
+            println!(
+                "created snapshot {spec} (id {id}) in {} ms",
+                started.elapsed().as_millis()
+            );
+        }
+        SnapCommand::Ls { image, json, obj } => {
+            // The image must exist (a clear error rather than an empty list).
+            Image::open(client.clone(), &obj.pool, &image).await?;
+            let list = snap::list(&client, &obj.pool, &image);
+            if json {
+                println!("{}", serde_json::to_string(&list)?);
+            } else {
+                println!("ID\tNAME\tSIZE\tPROTECTED\tCREATED");
+                for s in list {
+                    println!(
+                        "{}\t{}\t{}\t{}\t{}",
+                        s.id,
+                        s.name,
+                        format_size(s.size_bytes),
+                        if s.protected { "yes" } else { "no" },
+                        s.created_unix_secs
+                    );
+                }
+            }
+        }
+        SnapCommand::Rm { spec, obj } => {
+            let (image, name) = snap_spec(&spec)?;
+            let freed = snap::remove(
+                &client,
+                &obj.pool,
+                image,
+                name,
+                progress(format!("freeing copies of {spec}")),
+            )
+            .await
+            .with_context(|| format!("removing snapshot {spec}"))?;
+            println!("removed snapshot {spec} ({freed} object copies freed)");
+        }
+        SnapCommand::Rollback { spec, obj } => {
+            let (image, name) = snap_spec(&spec)?;
+            let lock = spindle_image::lock::ImageLock::acquire(
+                client.clone(),
+                &obj.pool,
+                image,
+                &spindle_image::lock::holder_description("spindle image snap rollback"),
+                &spindle_image::lock::LockOptions::default(),
+            )
+            .await
+            .with_context(|| format!("cannot roll {image} back"))?;
+            let r = snap::rollback(
+                &client,
+                &obj.pool,
+                image,
+                name,
+                progress(format!("rolling back to {spec}")),
+            )
+            .await;
+            lock.release().await;
+            r.with_context(|| format!("rolling back to {spec}"))?;
+            println!("rolled {image} back to {spec}");
+        }
+        SnapCommand::Protect { spec, obj } => {
+            let (image, name) = snap_spec(&spec)?;
+            snap::protect(&client, &obj.pool, image, name, true).await?;
+            println!("protected {spec}");
+        }
+        SnapCommand::Unprotect { spec, obj } => {
+            let (image, name) = snap_spec(&spec)?;
+            snap::protect(&client, &obj.pool, image, name, false).await?;
+            println!("unprotected {spec}");
+        }
+        SnapCommand::Trim { image, obj } => {
+            let freed = snap::trim(
+                &client,
+                &obj.pool,
+                &image,
+                progress(format!("trimming {image}")),
+            )
+            .await?;
+            println!("freed {freed} object copies of {image}");
+        }
+    }
+    Ok(())
 }
 
 fn check_volume_size(size_bytes: u64) -> anyhow::Result<()> {
@@ -180,7 +359,16 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                     format_size(size)
                 );
             }
+            ImageCommand::Snap { command } => run_snap(client, command).await?,
             ImageCommand::Rm { name, obj } => {
+                let snaps = spindle_image::snap::list(&client, &obj.pool, &name);
+                if !snaps.is_empty() {
+                    bail!(
+                        "image {name} has {} snapshots: remove them first (`spindle image snap rm {name}@{}`)",
+                        snaps.len(),
+                        snaps[0].name
+                    );
+                }
                 // Removing an image someone serves would pull its data from under it:
                 // take the lock first (refused while a live holder has it).
                 let lock = spindle_image::lock::ImageLock::acquire(
@@ -209,6 +397,14 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                     eprintln!();
                 }
                 removed.with_context(|| format!("removing image {name}"))?;
+                // Copies left by removed snapshots, then the image's snapshot entry.
+                if client.image_snaps(&obj.pool, &name).is_some() {
+                    spindle_image::snap::trim(&client, &obj.pool, &name, |_, _| {}).await?;
+                    client
+                        .snap_command("forget", &obj.pool, &name, "", 0)
+                        .await
+                        .with_context(|| format!("forgetting the snapshots of {name}"))?;
+                }
                 println!("removed image {name}");
             }
         }
