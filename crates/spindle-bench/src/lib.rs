@@ -19,6 +19,7 @@ pub mod crush;
 pub mod ec;
 pub mod failover;
 pub mod fio;
+pub mod images;
 pub mod io;
 pub mod objects;
 pub mod proc_cpu;

@@ -1065,6 +1065,30 @@ impl<B: ObjectBackend> Image<B> {
         Ok(())
     }
 
+    /// For reading the whole image (an export): the indices of objects that may hold data
+    /// (data objects and, for a snapshot, copies of this image), from one listing of the
+    /// pool; None (read them all) for images of at most `BLIND_DELETE_OBJECTS_MAX` objects.
+    pub async fn objects_with_data(&self) -> Result<Option<BTreeSet<u64>>, ImageError> {
+        let h = self.header_snapshot();
+        if h.size_bytes.div_ceil(h.object_size_bytes) <= BLIND_DELETE_OBJECTS_MAX {
+            return Ok(None);
+        }
+        let found = self
+            .backend
+            .list_objects(&self.pool)
+            .await?
+            .iter()
+            .filter_map(|o| {
+                parse_data_object(&self.name, o).or_else(|| {
+                    self.snap
+                        .as_ref()
+                        .and(crate::snap::parse_snap_object(&self.name, o).map(|(i, _)| i))
+                })
+            })
+            .collect();
+        Ok(Some(found))
+    }
+
     /// Indices in `range` of data objects that may exist: all of them for small ranges,
     /// the listed ones for large ranges.
     async fn existing_objects(&self, range: Range<u64>) -> Result<Vec<u64>, ImageError> {

@@ -10,6 +10,7 @@
 //! - [`nbd`]: the images of a pool as NBD exports (`spindle nbd`).
 //! - [`snap`]: snapshots (client-side copy-on-write of whole objects, guarded by the
 //!   daemons), their reading, removal and rollback.
+//! - [`transfer`]: raw export and import (holes stay holes), and space accounting.
 //!
 //! Layering: above `spindle-client` (objects) and `spindle-nbd` (the NBD server, generic
 //! over a block-device trait); the `spindle` binary uses it.
@@ -19,6 +20,7 @@ pub mod image;
 pub mod lock;
 pub mod nbd;
 pub mod snap;
+pub mod transfer;
 pub mod wlog;
 
 pub use block::{BlockConfig, BlockLayer, BlockStats};

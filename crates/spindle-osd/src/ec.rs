@@ -1807,7 +1807,6 @@ impl Osd {
             members: vec![None; layout.total()],
             strays: Vec::new(),
             established: established.clone(),
-            witnesses: Vec::new(),
         };
         for (pos, d, s) in &states {
             let a = if unanswered.contains(pos) && s.is_none() {
@@ -1831,8 +1830,8 @@ impl Osd {
                 },
             ));
         }
-        // Members that were sent the newest version's write vouch for its absence
-        // (witnesses: one without it proves it was never acknowledged).
+        // Members that were sent the newest version's write and were never written at
+        // all vouch for its absence (`vouch_by_membership`).
         {
             let history = crate::lock(&self.inner.members);
             spindle_pg::ec::vouch_by_membership(&mut view, |pos, d| {
@@ -1870,9 +1869,17 @@ impl Osd {
                 tracing::warn!(
                     "osd.{me}: pg {pgid}: rolling back unacknowledged {stored:?} v{version:?}"
                 );
-                for &(pos, d) in &members {
-                    self.push_shard(epoch, copy_of(pos), d, stored, None)
-                        .await?;
+                // Only the copies that hold `version`. A member with an older version of
+                // this slot keeps it: that version may be the object's current one (a write
+                // that failed on some shards made the next write to the object pick this
+                // slot, the one holding the acknowledged version); deleting the slot on
+                // every member lost acknowledged data (`tests/netns.rs` (c), 2026-11-28:
+                // fio read zeros). A member that did not answer is settled when it does.
+                for (pos, d, s) in &states {
+                    if s.as_ref().is_some_and(|(_, v)| *v == version) {
+                        self.push_shard(epoch, copy_of(*pos), *d, stored, None)
+                            .await?;
+                    }
                 }
                 return Ok(0);
             }

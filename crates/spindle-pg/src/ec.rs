@@ -104,12 +104,6 @@ pub struct SlotView {
     /// Members whose copy existed before this interval (an empty new copy cannot tell
     /// whether a version was ever written).
     pub established: Vec<u32>,
-    /// Members that have been the member of their position without a break since the
-    /// epoch of the newest version (from the primary's member history): each was sent that
-    /// version's write, and an erasure-coded write is acknowledged only once every up
-    /// shard has it durable, so one of them answering without it proves the version was
-    /// never acknowledged ([`vouch_by_membership`] fills it; empty: nothing proven).
-    pub witnesses: Vec<u32>,
 }
 
 /// What to do with one slot object.
@@ -177,19 +171,6 @@ pub fn decide_slot(view: &SlotView) -> SlotDecision {
             targets,
         };
     }
-    // A witness without the version: it was never acknowledged, whatever the silent
-    // positions hold.
-    let witness_lacks = view.members.iter().flatten().any(|(d, a)| {
-        view.witnesses.contains(d)
-            && match a {
-                ShardAnswer::Absent => true,
-                ShardAnswer::Present(v) => *v != version,
-                ShardAnswer::Unknown => false,
-            }
-    });
-    if witness_lacks {
-        return SlotDecision::RollBack { version };
-    }
     let unknown = unknown_positions(view);
     if (holding.len() + unknown) as u64 >= u64::from(view.min_size) {
         return SlotDecision::Wait {
@@ -214,7 +195,7 @@ pub fn newest_version(view: &SlotView) -> Option<Ver> {
         .max()
 }
 
-/// Adds to `view.witnesses` (and `view.established`) every member that has been the member of its position,
+/// Adds to `view.established` every member that has been the member of its position,
 /// without a break, since an epoch no later than that of the newest version
 /// (`member_since(position, osd)`, from the primary's `MemberHistory`). Such a member was
 /// sent that write, and an erasure-coded write is acknowledged only once every up shard
@@ -229,16 +210,11 @@ pub fn vouch_by_membership(view: &mut SlotView, member_since: impl Fn(usize, u32
     };
     for (pos, member) in view.members.iter().enumerate() {
         let Some((d, answer)) = member else { continue };
-        if *answer == ShardAnswer::Unknown || view.witnesses.contains(d) {
+        if *answer == ShardAnswer::Unknown || view.established.contains(d) {
             continue;
         }
         if member_since(pos, *d).is_some_and(|since| since <= newest.epoch) {
-            view.witnesses.push(*d);
-        }
-    }
-    for d in view.witnesses.clone() {
-        if !view.established.contains(&d) {
-            view.established.push(d);
+            view.established.push(*d);
         }
     }
 }
@@ -296,7 +272,6 @@ mod tests {
                 .collect(),
             strays: Vec::new(),
             established: vec![10, 11, 12],
-            witnesses: Vec::new(),
         }
     }
 
@@ -364,7 +339,6 @@ mod tests {
             members: vec![Some((11, Absent)), None, Some((12, Absent))],
             strays: vec![(1, Absent)],
             established: vec![12],
-            witnesses: Vec::new(),
         };
         assert_eq!(decide_slot(&w), SlotDecision::Deleted);
         // The slot at a version the stray and the other member hold: rebuilt on the new
@@ -477,26 +451,12 @@ mod tests {
         let mut m = n.clone();
         vouch_by_membership(&mut m, |_, _| Some(1));
         assert_eq!(m.established, vec![10, 11, 12]);
-        assert_eq!(m.witnesses, vec![10, 11, 12]);
         assert_eq!(decide_slot(&m), SlotDecision::RollBack { version: v(1) });
-        // One witness without it is proof enough, even with a hole that may hold it (a
-        // host partitioned away: holding 1 + a hole = min_size 2).
-        let mut h = view([Some(Present(v(1))), Some(Absent), None]);
-        h.min_size = 2;
-        h.established = vec![10];
-        assert!(matches!(decide_slot(&h), SlotDecision::Wait { .. }));
-        vouch_by_membership(&mut h, |_, _| Some(2));
-        assert_eq!(h.witnesses, vec![10, 11]);
-        assert_eq!(decide_slot(&h), SlotDecision::RollBack { version: v(1) });
-        // With k holders it is rebuilt (rolling forward is always allowed).
-        let mut f = view([Some(Present(v(1))), Some(Present(v(1))), Some(Absent)]);
-        vouch_by_membership(&mut f, |_, _| Some(1));
-        assert!(matches!(decide_slot(&f), SlotDecision::Rebuild { .. }));
         // Members only since epoch 3 (after the write: they may have joined empty after
         // it was acknowledged): no vouching, still waiting.
         let mut late = n.clone();
         vouch_by_membership(&mut late, |_, _| Some(3));
-        assert!(late.established.is_empty() && late.witnesses.is_empty());
+        assert!(late.established.is_empty());
         assert!(matches!(decide_slot(&late), SlotDecision::Wait { .. }));
         // An unknown answer is never vouched for; no history, no vouching.
         let mut u = view([Some(Present(v(1))), Some(Unknown), Some(Absent)]);

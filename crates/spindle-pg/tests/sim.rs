@@ -521,7 +521,6 @@ fn ec_case(seed: u64, decide: fn(&SlotView) -> SlotDecision) -> Result<(), Strin
             members: Vec::new(),
             strays: Vec::new(),
             established: Vec::new(),
-            witnesses: Vec::new(),
         };
         for p in 0..total {
             let truth = if holds.contains(&p) {

@@ -57,6 +57,40 @@ pub enum ImageCommand {
         #[command(flatten)]
         obj: ObjArgs,
     },
+    /// Write an image (or `IMAGE@SNAP`) to a raw file (holes stay holes) or to `-`
+    /// (standard output).
+    Export {
+        /// IMAGE or IMAGE@SNAP
+        spec: String,
+        /// A new file, or `-` for standard output.
+        file: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Create an image from a raw file (its size) or `-` (standard input, with --size);
+    /// zero blocks are not written.
+    Import {
+        /// A file, or `-` for standard input.
+        file: String,
+        name: String,
+        /// Size of the image (required with `-`; default: the file's size, rounded up to
+        /// 512 bytes).
+        #[arg(long, value_parser = parse_size_bytes)]
+        size: Option<u64>,
+        /// Object size (as for `create`).
+        #[arg(long, value_parser = parse_size_bytes)]
+        object_size: Option<u64>,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Provisioned and used bytes of the images of a pool (or one), and of their snapshots.
+    Du {
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
     /// Snapshots: `create|ls|rm|rollback|protect|unprotect|trim IMAGE@SNAP`.
     Snap {
         #[command(subcommand)]
@@ -118,6 +152,25 @@ pub enum SnapCommand {
         #[command(flatten)]
         obj: ObjArgs,
     },
+}
+
+/// Standard output as the export's writer: it cannot seek, so the export writes every
+/// byte in order (`seekable` false) and never calls `seek`.
+struct StdoutSeek<W: Write>(W);
+
+impl<W: Write> Write for StdoutSeek<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl<W: Write> std::io::Seek for StdoutSeek<W> {
+    fn seek(&mut self, _: std::io::SeekFrom) -> std::io::Result<u64> {
+        Err(std::io::Error::other("standard output cannot seek"))
+    }
 }
 
 /// `IMAGE@SNAP` split, with a clear error.
@@ -360,6 +413,118 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 );
             }
             ImageCommand::Snap { command } => run_snap(client, command).await?,
+            ImageCommand::Export { spec, file, obj } => {
+                let img = match spec.split_once('@') {
+                    Some((image, snap)) => {
+                        Image::open_snap(client.clone(), &obj.pool, image, snap).await?
+                    }
+                    None => Image::open(client.clone(), &obj.pool, &spec).await?,
+                };
+                let started = std::time::Instant::now();
+                let stats = if file == "-" {
+                    let mut out = StdoutSeek(std::io::stdout().lock());
+                    spindle_image::transfer::export(&img, &mut out, false, |_, _| {}).await?
+                } else {
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&file)
+                        .with_context(|| format!("creating {file} (it must not exist)"))?;
+                    let stats = spindle_image::transfer::export(
+                        &img,
+                        &mut f,
+                        true,
+                        progress(format!("exporting {spec}")),
+                    )
+                    .await?;
+                    f.set_len(stats.size_bytes)?;
+                    f.sync_all()?;
+                    stats
+                };
+                eprintln!(
+                    "exported {spec}: {} ({} of data) in {:.1} s",
+                    format_size(stats.size_bytes),
+                    format_size(stats.data_bytes),
+                    started.elapsed().as_secs_f64()
+                );
+                if file != "-" {
+                    println!("exported {spec} to {file}");
+                }
+            }
+            ImageCommand::Import {
+                file,
+                name,
+                size,
+                object_size,
+                obj,
+            } => {
+                let (mut input, size): (Box<dyn std::io::Read>, u64) = if file == "-" {
+                    let Some(size) = size else {
+                        bail!("importing from standard input needs --size");
+                    };
+                    (Box::new(std::io::stdin().lock()), size)
+                } else {
+                    let f = std::fs::File::open(&file)
+                        .with_context(|| format!("opening {file}"))?;
+                    let len = f.metadata()?.len();
+                    (Box::new(std::io::BufReader::new(f)), size.unwrap_or(len))
+                };
+                let image_size = size.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
+                check_volume_size(image_size)?;
+                let object_size = object_size
+                    .or_else(|| spindle_image::image::default_object_size(&client.map(), &obj.pool))
+                    .unwrap_or(OBJECT_SIZE_BYTES_DEFAULT);
+                let img = Image::create(client.clone(), &obj.pool, &name, image_size, object_size)
+                    .await
+                    .with_context(|| format!("creating image {name}"))?;
+                let started = std::time::Instant::now();
+                let r = spindle_image::transfer::import(
+                    &img,
+                    &mut input,
+                    size,
+                    progress(format!("importing {name}")),
+                )
+                .await;
+                let stats = match r {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // No half-made image stays behind.
+                        let _ = Image::remove(client.clone(), &obj.pool, &name, |_, _| {}).await;
+                        return Err(anyhow::Error::new(e).context(format!("import into {name} failed; the image was removed")));
+                    }
+                };
+                println!(
+                    "imported {name}: {} ({} of data) in {:.1} s",
+                    format_size(stats.size_bytes),
+                    format_size(stats.data_bytes),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            ImageCommand::Du { name, json, obj } => {
+                let usage = spindle_image::transfer::usage(&client, &obj.pool, name.as_deref()).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&usage)?);
+                } else {
+                    println!("NAME\tPROVISIONED\tUSED");
+                    for u in usage {
+                        for s in &u.snapshots {
+                            println!(
+                                "{}@{}\t{}\t{}",
+                                u.name,
+                                s.name,
+                                format_size(s.provisioned_bytes),
+                                format_size(s.used_bytes)
+                            );
+                        }
+                        println!(
+                            "{}\t{}\t{}",
+                            u.name,
+                            format_size(u.provisioned_bytes),
+                            format_size(u.used_bytes)
+                        );
+                    }
+                }
+            }
             ImageCommand::Rm { name, obj } => {
                 let snaps = spindle_image::snap::list(&client, &obj.pool, &name);
                 if !snaps.is_empty() {

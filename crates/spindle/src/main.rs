@@ -168,6 +168,9 @@ enum BenchCommand {
     /// Leader-monitor failover: SIGKILL to the next committed map change, and to a client
     /// seeing it (own scratch cluster with 3 monitors).
     Failover(spindle_bench::failover::BenchFailoverArgs),
+    /// What snapshots cost: 4k random writes with 0, 2 and 10 snapshots, the first write
+    /// after a snapshot, snapshot creation under load.
+    Images(spindle_bench::images::BenchImagesArgs),
     /// Block images over NBD with fio (DeLiBA matrix) against Ceph RBD and nbdkit memory.
     Fio(spindle_bench::fio::BenchFioArgs),
     /// Many short-lived clients: descriptors and memory of every process must stay flat.
@@ -289,6 +292,7 @@ fn main() {
             BenchCommand::Io(args) => spindle_bench::io::run(args),
             BenchCommand::Recovery(args) => spindle_bench::recovery::run(args),
             BenchCommand::Failover(args) => spindle_bench::failover::run(args),
+            BenchCommand::Images(args) => spindle_bench::images::run(args),
             BenchCommand::Fio(args) => spindle_bench::fio::run(args),
             BenchCommand::Soak(args) => spindle_bench::soak::run(args),
             BenchCommand::Stages(args) => spindle_bench::stages::run(args),

@@ -872,7 +872,6 @@ impl DataWorld {
             members: vec![None; total],
             strays: Vec::new(),
             established: p.established.clone(),
-            witnesses: Vec::new(),
         };
         let mut at: Vec<Option<(Vec<u8>, Ver)>> = vec![None; total];
         for (pos, slot) in at.iter_mut().enumerate() {
@@ -914,12 +913,6 @@ impl DataWorld {
                         let then = m.shards.get(pos).copied().flatten();
                         if (then.is_none() || then == Some(*d)) && !view.established.contains(d) {
                             view.established.push(*d);
-                        }
-                        // The member of its position at that epoch was sent the write
-                        // (positions never move here, and a copy is never removed): a
-                        // witness, as the daemon's member history makes it.
-                        if then == Some(*d) {
-                            view.witnesses.push(*d);
                         }
                     }
                 }

@@ -1,0 +1,237 @@
+//! Export and import of whole images as raw files, sparse-aware (`spindle image export`,
+//! `spindle image import`), and space accounting (`spindle image du`).
+//!
+//! Export reads the image (or a snapshot: [`crate::Image::open_snap`]) one data object at
+//! a time, `PARALLEL_OPS_MAX` objects in flight, and writes only the 4 KiB blocks that are
+//! not all zeros: into a file they land at their offset and the rest stays a hole (the
+//! file gets the image's size with `set_len`); to a pipe the zeros are written out (a pipe
+//! cannot seek). Import reads the file an object's worth at a time and writes only the
+//! non-zero blocks, so holes (and zero runs) stay unallocated in the image too.
+
+use crate::image::{ImageError, ObjectBackend, PARALLEL_OPS_MAX};
+use crate::Image;
+use std::io::{Read, Seek, SeekFrom, Write};
+
+/// Zero detection granularity: a block of zeros is a hole.
+pub const SPARSE_BLOCK_BYTES: usize = 4096;
+
+/// The runs of `data` that are not all zeros, as (offset, len), at `SPARSE_BLOCK_BYTES`
+/// granularity (adjacent non-zero blocks form one run).
+pub fn nonzero_runs(data: &[u8]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, block) in data.chunks(SPARSE_BLOCK_BYTES).enumerate() {
+        if block.iter().all(|&b| b == 0) {
+            continue;
+        }
+        let at = i * SPARSE_BLOCK_BYTES;
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == at => *len += block.len(),
+            _ => runs.push((at, block.len())),
+        }
+    }
+    runs
+}
+
+/// What an export or import moved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TransferStats {
+    /// The image's size.
+    pub size_bytes: u64,
+    /// Bytes that were not zeros (written to the file, or to the image).
+    pub data_bytes: u64,
+}
+
+/// Writes `image` to `out`: a file (`seekable`: holes stay holes) or a stream.
+/// `progress(done_bytes, total_bytes)` after each batch of objects.
+pub async fn export<B: ObjectBackend, W: Write + Seek>(
+    image: &Image<B>,
+    out: &mut W,
+    seekable: bool,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<TransferStats, ImageError> {
+    let size = image.size_bytes();
+    let os = image.object_size_bytes();
+    let count = size.div_ceil(os);
+    let mut stats = TransferStats {
+        size_bytes: size,
+        data_bytes: 0,
+    };
+    let io = |e: std::io::Error| ImageError::Task(format!("writing the export: {e}"));
+    // Large images: only the objects that exist are read (the rest are holes).
+    let with_data = image.objects_with_data().await?;
+    let mut index = 0u64;
+    progress(0, size);
+    while index < count {
+        let end = (index + PARALLEL_OPS_MAX as u64).min(count);
+        let reads = (index..end).map(|i| {
+            let offset = i * os;
+            let len = os.min(size - offset);
+            let skip = with_data.as_ref().is_some_and(|w| !w.contains(&i));
+            async move {
+                if skip {
+                    Ok((len, None))
+                } else {
+                    image.read(offset, len).await.map(|d| (len, Some(d)))
+                }
+            }
+        });
+        let parts = futures::future::join_all(reads).await;
+        for (i, part) in (index..end).zip(parts) {
+            let (len, data) = part?;
+            let base = i * os;
+            let Some(data) = data else {
+                // A hole: nothing to write to a file; zeros to a stream.
+                if !seekable {
+                    out.write_all(&vec![0u8; len as usize]).map_err(io)?;
+                }
+                continue;
+            };
+            if seekable {
+                for (at, len) in nonzero_runs(&data) {
+                    out.seek(SeekFrom::Start(base + at as u64)).map_err(io)?;
+                    out.write_all(&data[at..at + len]).map_err(io)?;
+                    stats.data_bytes += len as u64;
+                }
+            } else {
+                stats.data_bytes += nonzero_runs(&data).iter().map(|r| r.1 as u64).sum::<u64>();
+                out.write_all(&data).map_err(io)?;
+            }
+        }
+        index = end;
+        progress((index * os).min(size), size);
+    }
+    out.flush().map_err(io)?;
+    Ok(stats)
+}
+
+/// Reads `input` (raw, `size_bytes` long) into `image` (already created with that size):
+/// only the non-zero blocks are written. `progress(done_bytes, total_bytes)`.
+pub async fn import<B: ObjectBackend, R: Read>(
+    image: &Image<B>,
+    input: &mut R,
+    size_bytes: u64,
+    mut progress: impl FnMut(u64, u64),
+) -> Result<TransferStats, ImageError> {
+    let os = image.object_size_bytes();
+    if image.size_bytes() < size_bytes {
+        return Err(ImageError::InvalidSize(size_bytes));
+    }
+    let io = |e: std::io::Error| ImageError::Task(format!("reading the import: {e}"));
+    let mut stats = TransferStats {
+        size_bytes,
+        data_bytes: 0,
+    };
+    let mut offset = 0u64;
+    progress(0, size_bytes);
+    while offset < size_bytes {
+        // A batch of objects read from the input, written in parallel.
+        let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
+        while batch.len() < PARALLEL_OPS_MAX && offset < size_bytes {
+            let len = os.min(size_bytes - offset) as usize;
+            let mut buf = vec![0u8; len];
+            input.read_exact(&mut buf).map_err(io)?;
+            batch.push((offset, buf));
+            offset += len as u64;
+        }
+        let mut writes = Vec::new();
+        for (base, buf) in &batch {
+            for (at, len) in nonzero_runs(buf) {
+                stats.data_bytes += len as u64;
+                writes.push(image.write(base + at as u64, &buf[at..at + len]));
+            }
+        }
+        for r in futures::future::join_all(writes).await {
+            r?;
+        }
+        progress(offset, size_bytes);
+    }
+    Ok(stats)
+}
+
+/// Space of one image (`spindle image du`): what it may grow to and what it stores.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ImageUsage {
+    pub name: String,
+    pub provisioned_bytes: u64,
+    /// Bytes of the head's data objects (as stored: one copy, before replication or
+    /// erasure coding).
+    pub used_bytes: u64,
+    /// Per snapshot (oldest first): the bytes of the copies made for it (what removing
+    /// it alone may free).
+    pub snapshots: Vec<SnapUsage>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SnapUsage {
+    pub name: String,
+    pub id: u64,
+    pub provisioned_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// The space of every image of `pool` (or of `only`), from one listing of the pool.
+pub async fn usage(
+    client: &spindle_client::Client,
+    pool: &str,
+    only: Option<&str>,
+) -> Result<Vec<ImageUsage>, ImageError> {
+    let listing = client.list(pool).await?;
+    let images = Image::list(client, pool).await?;
+    let mut out = Vec::new();
+    for info in images {
+        if only.is_some_and(|n| n != info.name) {
+            continue;
+        }
+        let mut used = 0u64;
+        let mut per_copy: std::collections::BTreeMap<u64, u64> = Default::default();
+        for o in &listing {
+            if spindle_map::image_data_object(&o.name).is_some_and(|(img, _)| img == info.name) {
+                used += o.size_bytes;
+            } else if let Some((_, snap)) = crate::snap::parse_snap_object(&info.name, &o.name) {
+                *per_copy.entry(snap).or_default() += o.size_bytes;
+            }
+        }
+        let snapshots = crate::snap::list(client, pool, &info.name)
+            .into_iter()
+            .map(|s| SnapUsage {
+                used_bytes: per_copy.get(&s.id).copied().unwrap_or(0),
+                name: s.name,
+                id: s.id,
+                provisioned_bytes: s.size_bytes,
+            })
+            .collect();
+        out.push(ImageUsage {
+            name: info.name,
+            provisioned_bytes: info.size_bytes,
+            used_bytes: used,
+            snapshots,
+        });
+    }
+    if let Some(n) = only {
+        if out.is_empty() {
+            return Err(ImageError::NotFound(n.to_string()));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_blocks_are_holes() {
+        let mut d = vec![0u8; 5 * SPARSE_BLOCK_BYTES + 100];
+        d[SPARSE_BLOCK_BYTES + 3] = 1;
+        d[2 * SPARSE_BLOCK_BYTES] = 1;
+        d[5 * SPARSE_BLOCK_BYTES + 99] = 7;
+        assert_eq!(
+            nonzero_runs(&d),
+            vec![
+                (SPARSE_BLOCK_BYTES, 2 * SPARSE_BLOCK_BYTES),
+                (5 * SPARSE_BLOCK_BYTES, 100)
+            ]
+        );
+        assert!(nonzero_runs(&[0u8; 8192]).is_empty());
+    }
+}
