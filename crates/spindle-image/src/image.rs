@@ -392,12 +392,7 @@ pub struct ImageInfo {
 
 /// Checks the image naming rule.
 pub fn check_image_name(name: &str) -> Result<(), ImageError> {
-    let ok = !name.is_empty()
-        && name.len() <= IMAGE_NAME_BYTES_MAX
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if ok {
+    if spindle_types::limits::is_simple_name(name, IMAGE_NAME_BYTES_MAX) {
         Ok(())
     } else {
         Err(ImageError::InvalidName(name.to_string()))

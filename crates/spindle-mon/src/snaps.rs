@@ -20,12 +20,7 @@ use spindle_types::limits::{
 
 /// The naming rule of snapshots (as image names: `[A-Za-z0-9._-]`, 1..=64 bytes).
 pub fn check_snap_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= SNAP_NAME_BYTES_MAX
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-    if ok {
+    if spindle_types::limits::is_simple_name(name, SNAP_NAME_BYTES_MAX) {
         Ok(())
     } else {
         Err(format!(

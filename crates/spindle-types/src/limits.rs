@@ -99,6 +99,16 @@ pub const FENCE_KEEP_SECS: u64 = 24 * 3600;
 /// of it, so two lost renewals in a row do not lose the lock.
 pub const IMAGE_LOCK_LEASE_MS_DEFAULT: u64 = 15_000;
 
+/// The naming rule of images and snapshots: 1..=`max_bytes` bytes of `[A-Za-z0-9._-]`
+/// (so object names built from them are unambiguous: no `@`, no `/`, no NUL).
+pub fn is_simple_name(name: &str, max_bytes: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max_bytes
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+}
+
 // ---- how they relate ----
 
 // Every lock and every fenced client fit the map with room left for daemons and pools
