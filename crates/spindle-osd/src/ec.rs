@@ -149,6 +149,11 @@ struct EcGroup<'a> {
     pgid: PgId,
     mapping: &'a PgMapping,
     layout: &'a EcLayout,
+    /// The group's interval id when the operation looked at the object
+    /// (`PgState::since`, which a re-peer bumps): its write is refused if the group
+    /// re-peered since, because its view of the object's current slot may predate the
+    /// settling of a failed write.
+    since: u64,
 }
 
 /// A byte range of one version of a shard slot object.
@@ -774,7 +779,7 @@ impl Osd {
             let trim_start = spindle_trace::now();
             for old in &trim {
                 if let Err(m) = self
-                    .ec_replicate(epoch, pgid, mapping, old, |_| WireMutation::Delete)
+                    .ec_replicate(epoch, pgid, mapping, None, old, |_| WireMutation::Delete)
                     .await
                 {
                     tracing::info!(
@@ -803,6 +808,17 @@ impl Osd {
         name: &str,
         op: ObjOp,
     ) -> (Msg, Vec<String>) {
+        // Not while the group peers (a failed write re-peers it: its recovery state, which
+        // says what is missing, is rebuilt at activation).
+        let active = crate::lock(&self.inner.pgs)
+            .get(&(pgid.pool, pgid.pg))
+            .is_some_and(|st| st.phase == Phase::Active);
+        if !active {
+            return (
+                err(ErrorCode::Again, format!("pg {pgid} is peering")),
+                Vec::new(),
+            );
+        }
         // Every slot must be present on every copy that should have it.
         let since = self.interval_of(pgid).unwrap_or(0);
         for stored in all_slot_names(name) {
@@ -821,6 +837,7 @@ impl Osd {
             pgid,
             mapping,
             layout,
+            since,
         };
         let encoded = match op {
             ObjOp::Mutate(WireMutation::Write { offset, ref data }) => Some(
@@ -884,7 +901,9 @@ impl Osd {
                 order.push(cur);
                 for stored in order {
                     if let Err(m) = self
-                        .ec_replicate(epoch, pgid, mapping, &stored, |_| WireMutation::Delete)
+                        .ec_replicate(epoch, pgid, mapping, Some(since), &stored, |_| {
+                            WireMutation::Delete
+                        })
                         .await
                     {
                         return (m, Vec::new());
@@ -972,7 +991,7 @@ impl Osd {
         let write_start = spindle_trace::now();
         let mut shards: Vec<Option<Vec<u8>>> = shards.into_iter().map(Some).collect();
         let written = self
-            .ec_replicate(g.epoch, g.pgid, g.mapping, &stored, |pos| {
+            .ec_replicate(g.epoch, g.pgid, g.mapping, Some(g.since), &stored, |pos| {
                 WireMutation::EcPatch {
                     base,
                     object_size,
@@ -1018,6 +1037,7 @@ impl Osd {
             pgid,
             mapping,
             layout,
+            since,
         } = g;
         let size = self.ec_object_size(epoch, pgid, mapping, name, c).await?;
         let shard_size = layout.shard_size(size);
@@ -1025,13 +1045,15 @@ impl Osd {
             .plan_write(own, name, Some(c), false, shard_size, 0)
             .await?;
         debug_assert!(delta_base.is_none());
-        self.ec_replicate(epoch, pgid, mapping, &stored, |_| WireMutation::EcPatch {
-            base: Some(c.version),
-            object_size: size,
-            shard_size,
-            shard_offset: 0,
-            delta_base: None,
-            data: Vec::new(),
+        self.ec_replicate(epoch, pgid, mapping, Some(since), &stored, |_| {
+            WireMutation::EcPatch {
+                base: Some(c.version),
+                object_size: size,
+                shard_size,
+                shard_offset: 0,
+                delta_base: None,
+                data: Vec::new(),
+            }
         })
         .await?;
         self.current_slot(own, name)
@@ -1150,6 +1172,7 @@ impl Osd {
         epoch: u64,
         pgid: PgId,
         mapping: &PgMapping,
+        since: Option<u64>,
         stored: &str,
         mut make: impl FnMut(usize) -> WireMutation,
     ) -> Result<Ver, Msg> {
@@ -1189,7 +1212,11 @@ impl Osd {
             let mut pgs = crate::lock(&self.inner.pgs);
             let st = pgs
                 .get_mut(&(pgid.pool, pgid.pg))
-                .filter(|s| s.phase == Phase::Active && s.epoch == epoch)
+                .filter(|s| {
+                    s.phase == Phase::Active
+                        && s.epoch == epoch
+                        && since.is_none_or(|since| s.since == since)
+                })
                 .ok_or_else(|| err(ErrorCode::Again, "placement group changed"))?;
             v = Ver {
                 epoch,
@@ -1474,6 +1501,7 @@ impl Osd {
             pgid,
             mapping,
             layout,
+            since: _,
         } = g;
         let reply = |data: Vec<u8>| Msg::ObjReply {
             version: c.version,

@@ -38,7 +38,10 @@
 //! second write back by deleting that slot on every member, acknowledged version
 //! included: fio read zeros (twice in ~10 runs). A roll-back now deletes only the copies
 //! holding the rolled-back version, so the acknowledged one survives on the shards that
-//! refused; the stall remains (about 1 run in 3 of (b) or (c)).
+//! refused. An operation that looked at the object before a re-peer is now refused when
+//! it assigns its version (`EcGroup::since`), but the stall remains in about 1 run in 4
+//! of (c): a write that failed while the group was already peering is not in the missing
+//! set the next write checks.
 //!
 //! What these tests found earlier (2026-11-27, on 40b97e0), fixed since:
 //! - writes stalled 10-15 s across a host's cut: a write in flight to the cut host's
