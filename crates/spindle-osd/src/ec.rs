@@ -1283,7 +1283,7 @@ impl Osd {
             tracing::info!(
                 "osd.{me}: shard write {stored:?} v{v:?} in pg {pgid} failed: {f}; re-peering"
             );
-            self.repeer(pgid, epoch);
+            self.repeer(pgid, Some(stored));
             return Err(err(ErrorCode::Again, f));
         }
         if replaces {
@@ -1294,19 +1294,24 @@ impl Osd {
 
     /// Starts peering again at the group's current epoch (after a failed erasure-coded
     /// write: some shards may hold its new slot, others not), as the replicated write
-    /// path does. The group's epoch may be newer than the write's (`_write_epoch`): a copy
-    /// that answered `StaleMap` gave this daemon a newer map, which kept the interval.
-    /// Peering must still follow: otherwise the slot stays on fewer than k shards with
-    /// nobody recovering it or rolling it back, and every later read or write of the
-    /// object answers `Again` until the client times out (EIO through NBD).
-    pub(crate) fn repeer(&self, pgid: PgId, _write_epoch: u64) {
+    /// path does, and records the failed slot `unsettled` so that the next activation
+    /// settles it. The group's epoch may be newer than the write's: a copy that answered
+    /// `StaleMap` gave this daemon a newer map, which kept the interval. Peering must
+    /// still follow: otherwise the slot stays on fewer than k shards with nobody
+    /// recovering it or rolling it back, and every later read or write of the object
+    /// answers `Again` until the client times out (EIO through NBD).
+    pub(crate) fn repeer(&self, pgid: PgId, unsettled: Option<&str>) {
         let epoch = {
             let mut pgs = crate::lock(&self.inner.pgs);
             let Some(st) = pgs.get_mut(&(pgid.pool, pgid.pg)) else {
                 return;
             };
-            // Not active: an interval change already started peering (or the group is
-            // inactive and peers when enough copies are back).
+            // The failed slot is settled before the object's next operation, whatever
+            // the phase (`PgState::unsettled`): under the same lock as the phase change,
+            // so no operation gets in between.
+            if let Some(stored) = unsettled {
+                st.unsettled.insert(stored.to_string());
+            }
             if st.phase != Phase::Active {
                 return;
             }

@@ -208,6 +208,12 @@ struct PgState {
     /// new primary finds them again at the next scrub). Cleared per object by a client's
     /// whole-object write or delete, and replaced by every later whole-group scrub.
     damaged: BTreeSet<String>,
+    /// Erasure-coded slots whose write failed on some shards since the group last
+    /// activated: settled (rolled forward or back, `ec_recover`) before the object's next
+    /// operation. A copy may apply such a write after it answered peering's log query (a
+    /// re-peer keeps the epoch, so the copy cannot refuse it as stale), so the log-based
+    /// missing set alone can miss it; activation adds these to the missing set.
+    unsettled: BTreeSet<String>,
 }
 
 struct Inner {
@@ -825,6 +831,7 @@ impl Osd {
                     min_size: pool.min_size(),
                     recovery: None,
                     damaged: BTreeSet::new(),
+                    unsettled: BTreeSet::new(),
                 });
                 let change = spindle_pg::rules::interval_change(
                     &entry.interval,

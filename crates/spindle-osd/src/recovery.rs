@@ -28,7 +28,7 @@ use crate::counters::OsdCounters;
 use crate::{Osd, PgState, Phase};
 use spindle_proto::msg::typed;
 use spindle_store::PgId;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -259,7 +259,7 @@ impl Osd {
         let me = self.inner.id;
         let (pool, pg) = (pgid.pool, pgid.pg);
         let auth_id = activation.authoritative;
-        let recovery = match activation.recovery {
+        let mut recovery = match activation.recovery {
             None => None,
             Some(plan) => {
                 // Erasure-coded: which members had a copy before, and which other daemons
@@ -316,6 +316,25 @@ impl Osd {
             };
             st.rep.activate(interval, activation.last_version);
             since = st.since;
+            // Slots whose erasure-coded write failed since the last activation: missing
+            // on every member until settled (`PgState::unsettled`).
+            let unsettled = std::mem::take(&mut st.unsettled);
+            if !unsettled.is_empty() && !st.acting.is_empty() {
+                let rec = recovery.get_or_insert_with(|| Recovery {
+                    core: RecoveryCore::new(me, false, BTreeMap::new(), Vec::new()),
+                    notify: Arc::new(Notify::new()),
+                    ec_strays: Vec::new(),
+                    ec_established: st.acting.clone(),
+                });
+                for stored in &unsettled {
+                    rec.core.add_missing(stored, &st.acting, 0);
+                }
+                tracing::info!(
+                    "osd.{me}: pg {pgid} epoch {epoch}: settling {} slot(s) whose write \
+                     failed: {unsettled:?}",
+                    unsettled.len()
+                );
+            }
             let start = recovery.is_some();
             st.recovery = recovery;
             start

@@ -118,6 +118,27 @@ impl RecoveryCore {
         self.missing.is_empty()
     }
 
+    /// Adds `copies` to the copies missing `name` (an object whose state is unsettled: an
+    /// erasure-coded write that failed on some shards, settled by its next recovery). Not
+    /// while `name` is being recovered (its outcome would not cover the new copies).
+    pub fn add_missing(&mut self, name: &str, copies: &[u32], size_bytes: u64) {
+        assert!(!copies.is_empty(), "{name:?} added as missing on no copy");
+        assert!(
+            !self.in_progress.contains(name),
+            "{name:?} added as missing while being recovered"
+        );
+        let m = self.missing.entry(name.to_string()).or_insert(Missing {
+            copies: Vec::new(),
+            size_bytes,
+        });
+        for &c in copies {
+            if !m.copies.contains(&c) {
+                m.copies.push(c);
+            }
+        }
+        m.size_bytes = m.size_bytes.max(size_bytes);
+    }
+
     /// Whether `name` is missing on some copy (`on`: on that copy only).
     pub fn is_missing(&self, name: &str, on: Option<u32>) -> bool {
         self.missing
@@ -258,6 +279,30 @@ mod tests {
         r.on_event(RecoveryEvent::Recovered { name: "a".into() });
         assert_eq!(r.next(), Next::Finished);
         assert_eq!(r.completion_marks(), Some(&[1, 2][..]));
+    }
+
+    #[test]
+    fn unsettled_objects_join_the_missing_set() {
+        let mut r = core();
+        r.add_missing("b", &[2, 3], 7);
+        r.add_missing("c", &[1], 0);
+        assert_eq!(r.missing_copies(), 1 + 3 + 1);
+        assert!(r.is_missing("b", Some(3)) && r.is_missing("c", Some(1)));
+        assert_eq!(
+            r.begin("b"),
+            Begin::Recover {
+                copies: vec![1, 2, 3],
+                source: 0
+            }
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "while being recovered")]
+    fn adding_to_an_object_being_recovered_is_a_bug() {
+        let mut r = core();
+        r.begin("a");
+        r.add_missing("a", &[1], 0);
     }
 
     #[test]

@@ -28,20 +28,21 @@
 //! The test's own clients run in threads that joined a namespace (setns), each with a
 //! single-threaded tokio runtime, so that their sockets live in that namespace.
 //!
-//! Still open (found 2026-11-28, session 21): (b) and (c) are `#[ignore]`d in CI again.
-//! When an erasure-coded write fails on some shards (a map change answered `StaleMap`),
-//! the primary's next write to the same object can go out before the failed version is
-//! settled: it takes the failed version as the object's current one, so it writes the
-//! *other* slot - the one holding the acknowledged version - and refuses to apply on the
-//! shard that lacks the failed version as its base (`Conflict`), again and again, until
-//! the client's 30 s timeout (EIO). Worse, before this session's fix, recovery rolled the
-//! second write back by deleting that slot on every member, acknowledged version
-//! included: fio read zeros (twice in ~10 runs). A roll-back now deletes only the copies
-//! holding the rolled-back version, so the acknowledged one survives on the shards that
-//! refused. An operation that looked at the object before a re-peer is now refused when
-//! it assigns its version (`EcGroup::since`), but the stall remains in about 1 run in 4
-//! of (c): a write that failed while the group was already peering is not in the missing
-//! set the next write checks.
+//! Found 2026-11-28 (session 21), fixed in session 22: when an erasure-coded write
+//! failed on some shards (a map change answered `StaleMap`), the primary's next write to
+//! the same object could go out before the failed version was settled: it took the failed
+//! version as the object's current one, so it wrote the *other* slot - the one holding the
+//! acknowledged version - and was refused (`Conflict`) on the shard lacking the failed
+//! version as its base, again and again, until the client's 30 s timeout (EIO). Before a
+//! session-21 fix, recovery even rolled the second write back by deleting that slot on
+//! every member, acknowledged version included (fio read zeros; a roll-back now deletes
+//! only the copies holding the rolled-back version). The stall remained in about 1 run in
+//! 4 of (c): a copy can apply a write after it answered a re-peer's log query (the re-peer
+//! keeps the epoch, so the copy cannot refuse the write as stale), so the missing set
+//! built from the logs did not name the object. A failed write's slot is now recorded
+//! (`PgState::unsettled`) and added to the missing set at the next activation, so it is
+//! rolled forward or back before the object's next operation. 10 runs each of (b) and
+//! (c) passed after the fix.
 //!
 //! What these tests found earlier (2026-11-27, on 40b97e0), fixed since:
 //! - writes stalled 10-15 s across a host's cut: a write in flight to the cut host's
@@ -1083,7 +1084,6 @@ fn a_leader_monitor_killed_writes_resume_within_5_s() {
 /// while fio writes and verifies; once the link is back the host's copies are re-created
 /// and every group is clean on three hosts. fio verifies every region at each step.
 #[test]
-#[ignore = "flaky (about 1 run in 3 here): an erasure-coded object whose write failed on some shards can stall its next writes (module notes); run with --include-ignored"]
 fn b_host_link_cut_past_the_out_interval_and_restored() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut rig = Rig::start("b");
@@ -1155,7 +1155,6 @@ fn b_host_link_cut_past_the_out_interval_and_restored() {
 /// read must fail or return the new data, never the replaced data; the old primaries
 /// count the reads they refused for want of a read lease. fio goes on meanwhile.
 #[test]
-#[ignore = "flaky (about 1 run in 3 here): an erasure-coded object whose write failed on some shards can stall its next writes (module notes); run with --include-ignored"]
 fn c_host_partitioned_from_the_monitors_serves_no_stale_read() {
     const OBJECTS: u64 = 32;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
