@@ -125,6 +125,35 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Registers (`add`) or drops clone `child_pool`/`child` of snapshot
+    /// `pool`/`image`@`snap` in the cluster map (the monitor refuses to register a clone
+    /// of an unprotected snapshot, and to unprotect a snapshot with clones).
+    pub async fn snap_child(
+        &self,
+        add: bool,
+        pool: &str,
+        image: &str,
+        snap: &str,
+        child_pool: &str,
+        child: &str,
+    ) -> Result<SnapDone, ClientError> {
+        let args = vec![
+            "snap".to_string(),
+            "child".to_string(),
+            if add { "add" } else { "rm" }.to_string(),
+            pool.to_string(),
+            image.to_string(),
+            snap.to_string(),
+            child_pool.to_string(),
+            child.to_string(),
+        ];
+        let done: SnapDone = self.command_as(args).await?;
+        self.wait_for_epoch(done.epoch, 10_000).await;
+        Ok(done)
+    }
+}
+
 /// A snapshot command's answer (`spindle_mon::reply::SnapDone`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 pub struct SnapDone {

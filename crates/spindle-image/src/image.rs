@@ -34,6 +34,9 @@ use tokio::sync::Notify;
 
 /// Current header format version.
 pub const IMAGE_FORMAT_VERSION: u32 = 1;
+/// Header format version of a clone (a header with a parent): a build that does not know
+/// clones refuses it, instead of reading zeros where the parent has data.
+pub const CLONE_FORMAT_VERSION: u32 = 2;
 /// Default size of one data object.
 pub const OBJECT_SIZE_BYTES_DEFAULT: u64 = 4 << 20;
 /// Default data object size on erasure-coded pools: a small write there is stored as a
@@ -351,6 +354,22 @@ pub struct ImageHeader {
     pub object_size_bytes: u64,
     /// Creation time, seconds since the Unix epoch.
     pub created_unix_secs: u64,
+    /// A clone's parent snapshot ([`CLONE_FORMAT_VERSION`] headers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentSpec>,
+}
+
+/// Where a clone reads the ranges it has not written: snapshot `snap` (id `snap_id`) of
+/// image `image` in pool `pool`, for the image's first `overlap_bytes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentSpec {
+    pub pool: String,
+    pub image: String,
+    pub snap: String,
+    pub snap_id: u64,
+    /// Bytes of the image that read through to the parent where the clone has no data
+    /// object (the snapshot's size at clone time, cut by later shrinks).
+    pub overlap_bytes: u64,
 }
 
 impl ImageHeader {
@@ -360,11 +379,22 @@ impl ImageHeader {
             reason,
         };
         let h: ImageHeader = serde_json::from_slice(data).map_err(|e| corrupt(e.to_string()))?;
-        if h.format_version != IMAGE_FORMAT_VERSION {
+        let expected = if h.parent.is_some() {
+            CLONE_FORMAT_VERSION
+        } else {
+            IMAGE_FORMAT_VERSION
+        };
+        if h.format_version != expected {
             return Err(corrupt(format!(
-                "format version {} (this build reads {IMAGE_FORMAT_VERSION})",
+                "format version {} (this build reads {IMAGE_FORMAT_VERSION}, and \
+                 {CLONE_FORMAT_VERSION} for clones)",
                 h.format_version
             )));
+        }
+        if let Some(p) = &h.parent {
+            if p.overlap_bytes > h.size_bytes || p.snap_id == 0 {
+                return Err(corrupt(format!("bad parent {p:?}")));
+            }
         }
         check_object_size(h.object_size_bytes).map_err(|e| corrupt(e.to_string()))?;
         check_size(h.size_bytes).map_err(|e| corrupt(e.to_string()))?;
@@ -388,6 +418,12 @@ pub struct ImageInfo {
     pub object_count: u64,
     pub created_unix_secs: u64,
     pub format_version: u32,
+    /// A clone's parent snapshot, `POOL/IMAGE@SNAP`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Bytes a clone reads from its parent where it has no data.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overlap_bytes: Option<u64>,
 }
 
 /// Checks the image naming rule.
@@ -567,6 +603,10 @@ impl WriteTracker {
 
 use spindle_types::sync::lock;
 
+/// The future of a read (boxed: a clone's reads go through its parent's).
+type BoxedRead<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<Vec<u8>, ImageError>> + Send + 'a>>;
+
 /// An open block image. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Image<B: ObjectBackend> {
     backend: Arc<B>,
@@ -578,6 +618,8 @@ pub struct Image<B: ObjectBackend> {
     cow: Arc<crate::snap::Cow>,
     /// Set for a snapshot opened read-only ([`Image::open_snap`]).
     snap: Option<Arc<crate::snap::SnapView>>,
+    /// A clone's parent snapshot and copy-up state (`crate::clone`); None once flattened.
+    link: RwLock<Option<Arc<crate::clone::CloneLink<B>>>>,
 }
 
 impl<B: ObjectBackend> Image<B> {
@@ -605,6 +647,7 @@ impl<B: ObjectBackend> Image<B> {
             size_bytes,
             object_size_bytes,
             created_unix_secs: now_unix_secs(),
+            parent: None,
         };
         backend
             .write_full_object(pool, &header_name, header.encode())
@@ -612,10 +655,79 @@ impl<B: ObjectBackend> Image<B> {
         Ok(Image::from_header(backend, pool, name, header))
     }
 
-    /// Opens an existing image.
+    /// Opens an existing image (a clone with its parent snapshot).
     pub async fn open(backend: Arc<B>, pool: &str, name: &str) -> Result<Image<B>, ImageError> {
-        let header = read_header(&*backend, pool, name).await?;
-        Ok(Image::from_header(backend, pool, name, header))
+        Self::open_at(backend, pool.into(), name.into(), None, 0, true).await
+    }
+
+    /// Opens image `name` without its parent (removal: a clone's data objects are deleted
+    /// as they are, not replaced by empty ones).
+    async fn open_unlinked(
+        backend: Arc<B>,
+        pool: &str,
+        name: &str,
+    ) -> Result<Image<B>, ImageError> {
+        Self::open_at(backend, pool.into(), name.into(), None, 0, false).await
+    }
+
+    /// Opens image `name` (at snapshot `snap`, read-only), with its parent snapshot if
+    /// it is a clone and `linked` (recursively: a parent may be a clone itself).
+    fn open_at(
+        backend: Arc<B>,
+        pool: String,
+        name: String,
+        snap: Option<String>,
+        depth: usize,
+        linked: bool,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Image<B>, ImageError>> + Send>> {
+        Box::pin(async move {
+            let mut header = read_header(&*backend, &pool, &name).await?;
+            let view = match &snap {
+                None => None,
+                Some(snap) => {
+                    let view = crate::snap::SnapView::load(&*backend, &pool, &name, snap).await?;
+                    header.size_bytes = view.size_bytes;
+                    Some(Arc::new(view))
+                }
+            };
+            let link = match header.parent.clone() {
+                Some(p) if linked => {
+                    if depth >= spindle_types::limits::CLONE_DEPTH_MAX {
+                        return Err(ImageError::Snapshot(format!(
+                            "{name}: clone chain deeper than {}",
+                            spindle_types::limits::CLONE_DEPTH_MAX
+                        )));
+                    }
+                    let parent = Self::open_at(
+                        backend.clone(),
+                        p.pool.clone(),
+                        p.image.clone(),
+                        Some(p.snap.clone()),
+                        depth + 1,
+                        true,
+                    )
+                    .await
+                    .map_err(|e| {
+                        ImageError::Snapshot(format!(
+                            "clone {pool}/{name}: its parent {}/{}@{} cannot be opened: {e}",
+                            p.pool, p.image, p.snap
+                        ))
+                    })?;
+                    if parent.snapshot().map(|(id, _)| id) != Some(p.snap_id) {
+                        return Err(ImageError::Snapshot(format!(
+                            "clone {pool}/{name}: its parent snapshot {}/{}@{} (id {}) is gone",
+                            p.pool, p.image, p.snap, p.snap_id
+                        )));
+                    }
+                    Some(Arc::new(crate::clone::CloneLink::new(Arc::new(parent))))
+                }
+                _ => None,
+            };
+            let mut image = Image::from_header(backend, &pool, &name, header);
+            image.snap = view;
+            image.link = RwLock::new(link);
+            Ok(image)
+        })
     }
 
     fn from_header(backend: Arc<B>, pool: &str, name: &str, header: ImageHeader) -> Image<B> {
@@ -627,6 +739,7 @@ impl<B: ObjectBackend> Image<B> {
             writes: Arc::new(WriteTracker::default()),
             cow: Arc::new(crate::snap::Cow::default()),
             snap: None,
+            link: RwLock::new(None),
         }
     }
 
@@ -638,12 +751,134 @@ impl<B: ObjectBackend> Image<B> {
         name: &str,
         snap: &str,
     ) -> Result<Image<B>, ImageError> {
-        let mut header = read_header(&*backend, pool, name).await?;
-        let view = crate::snap::SnapView::load(&*backend, pool, name, snap).await?;
-        header.size_bytes = view.size_bytes;
-        let mut image = Image::from_header(backend, pool, name, header);
-        image.snap = Some(Arc::new(view));
-        Ok(image)
+        Self::open_at(
+            backend,
+            pool.into(),
+            name.into(),
+            Some(snap.into()),
+            0,
+            true,
+        )
+        .await
+    }
+
+    /// Creates clone `name` of `parent` (a snapshot opened with [`Image::open_snap`]) in
+    /// `pool`: a header naming the parent, no data object. The caller registered the
+    /// clone with the snapshot (`crate::clone::clone`).
+    pub async fn create_clone(
+        backend: Arc<B>,
+        pool: &str,
+        name: &str,
+        parent: &Image<B>,
+        object_size_bytes: u64,
+    ) -> Result<Image<B>, ImageError> {
+        check_image_name(name)?;
+        check_object_size(object_size_bytes)?;
+        let Some((snap_id, snap)) = parent.snapshot() else {
+            return Err(ImageError::Snapshot(format!(
+                "{}: a clone's parent must be a snapshot",
+                parent.name()
+            )));
+        };
+        let header_name = header_object_name(name);
+        match backend.stat_object(pool, &header_name).await {
+            Ok(_) => return Err(ImageError::Exists(name.to_string())),
+            Err(ClientError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let size_bytes = parent.size_bytes();
+        let header = ImageHeader {
+            format_version: CLONE_FORMAT_VERSION,
+            size_bytes,
+            object_size_bytes,
+            created_unix_secs: now_unix_secs(),
+            parent: Some(ParentSpec {
+                pool: parent.pool().to_string(),
+                image: parent.name().to_string(),
+                snap: snap.to_string(),
+                snap_id,
+                overlap_bytes: size_bytes,
+            }),
+        };
+        backend
+            .write_full_object(pool, &header_name, header.encode())
+            .await?;
+        Self::open(backend, pool, name).await
+    }
+
+    /// The clone's link to its parent, if it is a clone (and not flattened).
+    fn link(&self) -> Option<Arc<crate::clone::CloneLink<B>>> {
+        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The parent snapshot of a clone (None for other images, and once flattened).
+    pub fn parent(&self) -> Option<ParentSpec> {
+        self.header_snapshot().parent
+    }
+
+    /// Bytes of the image a clone reads from its parent where it has no data (0: none).
+    fn overlap_bytes(&self) -> u64 {
+        match (self.link(), self.header_snapshot().parent) {
+            (Some(_), Some(p)) => p.overlap_bytes,
+            _ => 0,
+        }
+    }
+
+    /// A clone: makes sure data object `index` exists in the clone before it changes
+    /// (copy-up, `crate::clone::copy_up`); nothing for other images.
+    fn copy_up(&self, index: u64) -> impl Future<Output = Result<(), ImageError>> + Send + 'static {
+        let job = self.link().map(|link| {
+            (
+                link,
+                self.backend.clone(),
+                self.pool.clone(),
+                self.name.clone(),
+                self.object_size_bytes(),
+                self.overlap_bytes(),
+            )
+        });
+        async move {
+            match job {
+                None => Ok(()),
+                Some((link, backend, pool, name, os, overlap)) => {
+                    link.copy_up(&*backend, &pool, &name, index, os, overlap)
+                        .await
+                }
+            }
+        }
+    }
+
+    /// Makes a clone independent of its parent: copies every object it still reads from
+    /// the parent (`progress(done, total)`), then drops the parent from its header. The
+    /// caller then unregisters it from the parent snapshot (`crate::clone::flatten`).
+    pub async fn flatten(
+        &self,
+        mut progress: impl FnMut(u64, u64) + Send,
+    ) -> Result<(), ImageError> {
+        self.writable()?;
+        if self.link().is_none() {
+            return Err(ImageError::Snapshot(format!(
+                "{} is not a clone",
+                self.name
+            )));
+        }
+        let _ticket = self.writes.begin();
+        let count = self.overlap_bytes().div_ceil(self.object_size_bytes());
+        progress(0, count);
+        let mut index = 0u64;
+        while index < count {
+            let end = (index + PARALLEL_OPS_MAX as u64 * 4).min(count);
+            let jobs: Vec<_> = (index..end).map(|i| self.copy_up(i)).collect();
+            run_bounded(jobs).await?;
+            index = end;
+            progress(index, count);
+        }
+        let mut h = self.header_snapshot();
+        h.parent = None;
+        h.format_version = IMAGE_FORMAT_VERSION;
+        self.write_header(&h).await?;
+        *self.link.write().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
     }
 
     /// The snapshot this image was opened at ([`Image::open_snap`]): (id, name).
@@ -694,7 +929,7 @@ impl<B: ObjectBackend> Image<B> {
         name: &str,
         mut progress: impl FnMut(u64, u64) + Send,
     ) -> Result<(), ImageError> {
-        let image = Image::open(backend.clone(), pool, name).await?;
+        let image = Image::open_unlinked(backend.clone(), pool, name).await?;
         let h = image.header_snapshot();
         let count = h.size_bytes.div_ceil(h.object_size_bytes);
         let existing = image.existing_objects(0..count).await?;
@@ -762,6 +997,15 @@ impl<B: ObjectBackend> Image<B> {
 
     /// Reads `len` bytes at `offset`; never-written bytes read as zeros.
     pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, ImageError> {
+        self.read_boxed(offset, len).await
+    }
+
+    /// [`Image::read`] as a named future type: a clone's read calls its parent's.
+    fn read_boxed(&self, offset: u64, len: u64) -> BoxedRead<'_> {
+        Box::pin(self.read_inner(offset, len))
+    }
+
+    async fn read_inner(&self, offset: u64, len: u64) -> Result<Vec<u8>, ImageError> {
         let h = self.check_range(offset, len)?;
         let pieces = chunks(offset, len, h.object_size_bytes, h.size_bytes);
         let futures: Vec<_> = pieces
@@ -775,6 +1019,13 @@ impl<B: ObjectBackend> Image<B> {
                     .snap
                     .clone()
                     .map(|v| (v, self.name.clone(), c.object_index));
+                // A clone reads what it has not written from its parent, up to the overlap.
+                let image_offset = c.object_index * h.object_size_bytes + c.offset;
+                let parent = self.link().and_then(|l| {
+                    let overlap = self.overlap_bytes();
+                    (image_offset < overlap)
+                        .then(|| (l.parent.clone(), (overlap - image_offset).min(piece_len)))
+                });
                 async move {
                     let r = match at_snap {
                         None => backend.read_object(&pool, &object, off, piece_len).await,
@@ -789,7 +1040,14 @@ impl<B: ObjectBackend> Image<B> {
                             data.resize(piece_len as usize, 0);
                             Ok(data)
                         }
-                        Err(ClientError::NotFound(_)) => Ok(vec![0; piece_len as usize]),
+                        Err(ClientError::NotFound(_)) => match parent {
+                            None => Ok(vec![0; piece_len as usize]),
+                            Some((parent, len)) => {
+                                let mut data = parent.read_boxed(image_offset, len).await?;
+                                data.resize(piece_len as usize, 0);
+                                Ok(data)
+                            }
+                        },
                         Err(e) => Err(ImageError::Backend(e)),
                     }
                 }
@@ -832,6 +1090,10 @@ impl<B: ObjectBackend> Image<B> {
             let object = data_object_name(&self.name, c.object_index);
             let whole_object = c.offset == 0 && data.len() as u64 == h.object_size_bytes;
             let backend = &*self.backend;
+            if let Err(e) = self.copy_up(c.object_index).await {
+                drop(ticket);
+                return Err(e);
+            }
             let r = crate::snap::guarded(
                 backend,
                 &self.cow,
@@ -886,7 +1148,12 @@ impl<B: ObjectBackend> Image<B> {
                     c.object_index,
                     h.object_size_bytes,
                 );
+                let copy_up = self.copy_up(index);
                 async move {
+                    if let Err(e) = copy_up.await {
+                        drop(ticket);
+                        return Err(e);
+                    }
                     // A whole object is replaced, not patched: the daemons write it straight
                     // to a fresh file instead of through their journal.
                     let r = crate::snap::guarded(&*backend, &cow, &pool, &image, index, os, || {
@@ -970,6 +1237,10 @@ impl<B: ObjectBackend> Image<B> {
         let object = data_object_name(&self.name, w.index);
         let backend = &*self.backend;
         let (pool, object) = (&*self.pool, &object);
+        if let Err(e) = self.copy_up(w.index).await {
+            drop(ticket);
+            return Err(e);
+        }
         let r = crate::snap::guarded(
             backend,
             &self.cow,
@@ -1027,6 +1298,22 @@ impl<B: ObjectBackend> Image<B> {
         let old_size_bytes = h.size_bytes;
         let os = h.object_size_bytes;
         if new_size_bytes < old_size_bytes {
+            // A clone reads its parent only up to its size: the overlap shrinks with it.
+            // Not while the clone has snapshots: they read the parent up to the overlap.
+            if let Some(p) = h
+                .parent
+                .as_mut()
+                .filter(|p| new_size_bytes < p.overlap_bytes)
+            {
+                if self.link().is_some() && self.backend.newest_snap(&self.pool, &self.name) != 0 {
+                    return Err(ImageError::Snapshot(format!(
+                        "{} is a clone with snapshots: it cannot shrink below what it reads \
+                         from its parent ({} bytes); flatten it or remove its snapshots first",
+                        self.name, p.overlap_bytes
+                    )));
+                }
+                p.overlap_bytes = new_size_bytes;
+            }
             h.size_bytes = new_size_bytes;
             self.write_header(&h).await?;
             // Offsets past the new end, with object extents of the old geometry.
@@ -1103,6 +1390,8 @@ impl<B: ObjectBackend> Image<B> {
         Ok(found)
     }
 
+    /// Deletes data object `index`, so that it reads as zeros. Within a clone's overlap it
+    /// is replaced by an empty object instead (a missing one would read the parent's data).
     fn delete_data_object(
         &self,
         index: u64,
@@ -1115,10 +1404,16 @@ impl<B: ObjectBackend> Image<B> {
             self.name.clone(),
             self.object_size_bytes(),
         );
+        let keep_empty = index * os < self.overlap_bytes();
+        let copy_up = self.copy_up(index);
         async move {
+            copy_up.await?;
             crate::snap::guarded(&*backend, &cow, &pool, &image, index, os, || {
                 let (backend, pool, object) = (&backend, &pool, &object);
                 async move {
+                    if keep_empty {
+                        return backend.write_full_object(pool, object, Vec::new()).await;
+                    }
                     match backend.delete_object(pool, object).await {
                         Ok(()) | Err(ClientError::NotFound(_)) => Ok(()),
                         Err(e) => Err(e),
@@ -1175,7 +1470,12 @@ impl<B: ObjectBackend> Image<B> {
             let object = data_object_name(&self.name, c.object_index);
             let ticket = ticket.clone();
             let (cow, image) = (self.cow.clone(), self.name.clone());
+            let copy_up = self.copy_up(c.object_index);
             futures.push(Box::pin(async move {
+                if let Err(e) = copy_up.await {
+                    drop(ticket);
+                    return Err(e);
+                }
                 let r = crate::snap::guarded(
                     &*backend,
                     &cow,
@@ -1225,6 +1525,15 @@ async fn zero_partial<B: ObjectBackend>(
     Ok(())
 }
 
+/// Reads and checks the header of image `name` (`NotFound` when there is none).
+pub async fn read_header_of<B: ObjectBackend>(
+    backend: &B,
+    pool: &str,
+    name: &str,
+) -> Result<ImageHeader, ImageError> {
+    read_header(backend, pool, name).await
+}
+
 async fn read_header<B: ObjectBackend>(
     backend: &B,
     pool: &str,
@@ -1250,6 +1559,11 @@ fn info_of(pool: &str, name: &str, h: &ImageHeader) -> ImageInfo {
         object_count: h.size_bytes.div_ceil(h.object_size_bytes),
         created_unix_secs: h.created_unix_secs,
         format_version: h.format_version,
+        parent: h
+            .parent
+            .as_ref()
+            .map(|p| format!("{}/{}@{}", p.pool, p.image, p.snap)),
+        overlap_bytes: h.parent.as_ref().map(|p| p.overlap_bytes),
     }
 }
 
@@ -1281,6 +1595,8 @@ mod memory {
     #[derive(Default)]
     struct State {
         objects: BTreeMap<(String, String), Vec<u8>>,
+        /// Snapshot lists (the cluster map's, for tests): no guard is checked here.
+        snaps: BTreeMap<(String, String), spindle_map::ImageSnaps>,
         counts: MemoryOpCounts,
         rng: u64,
     }
@@ -1311,6 +1627,26 @@ mod memory {
                 latency_us,
                 jitter_us,
             }
+        }
+
+        /// Adds snapshot `name` of `image` (what the monitor's `snap create` does to the
+        /// map); returns its id. The image layer preserves objects for it from now on.
+        pub fn add_snapshot(&self, pool: &str, image: &str, name: &str, size_bytes: u64) -> u64 {
+            let mut s = lock(&self.state);
+            let snaps = s.snaps.entry(key(pool, image)).or_default();
+            snaps.seq += 1;
+            let id = snaps.seq;
+            snaps.snaps.insert(
+                id,
+                spindle_map::SnapInfo {
+                    name: name.to_string(),
+                    size_bytes,
+                    created_unix_secs: 0,
+                    protected: true,
+                    children: Default::default(),
+                },
+            );
+            id
         }
 
         /// Operation counts so far.
@@ -1371,6 +1707,17 @@ mod memory {
     }
 
     impl ObjectBackend for MemoryBackend {
+        fn newest_snap(&self, pool: &str, image: &str) -> u64 {
+            lock(&self.state)
+                .snaps
+                .get(&key(pool, image))
+                .map_or(0, |s| s.newest())
+        }
+
+        fn image_snaps(&self, pool: &str, image: &str) -> Option<spindle_map::ImageSnaps> {
+            lock(&self.state).snaps.get(&key(pool, image)).cloned()
+        }
+
         async fn read_object(
             &self,
             pool: &str,
@@ -1677,6 +2024,145 @@ mod tests {
                 }
             });
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// A clone of a snapshot against a `Vec` model: random writes, zeroing, resizes,
+        /// snapshots of the clone (checked at the end) and a flatten, while the parent's
+        /// head keeps changing (the snapshot must not).
+        #[test]
+        fn clone_model_based(
+            parent_ops in proptest::collection::vec((0u64..40_000, 1u64..9_000, 1u8..=255), 1..8),
+            ops in proptest::collection::vec((0u8..8, 0u64..70_000, 0u64..20_000, 1u8..=255), 1..30),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let b = Arc::new(MemoryBackend::new());
+                let size = 40u64 << 10;
+                let parent = Image::create(b.clone(), POOL, "golden", size, 4096).await.unwrap();
+                let mut parent_model = vec![0u8; size as usize];
+                for (off, len, byte) in parent_ops {
+                    let off = off % size;
+                    let len = len.min(size - off);
+                    parent.write(off, &vec![byte; len as usize]).await.unwrap();
+                    parent_model[off as usize..(off + len) as usize].fill(byte);
+                }
+                b.add_snapshot(POOL, "golden", "base", size);
+                let at = Image::open_snap(b.clone(), POOL, "golden", "base").await.unwrap();
+                // Objects of 8 KiB: two of the parent's per clone object.
+                let img = Image::create_clone(b.clone(), POOL, "vm", &at, 8192).await.unwrap();
+                assert_eq!(img.read(0, size).await.unwrap(), parent_model);
+                let mut model = parent_model.clone();
+                let mut snaps: Vec<(String, Vec<u8>)> = Vec::new();
+                let mut flattened = false;
+                for (kind, off, len, byte) in ops {
+                    let size = model.len() as u64;
+                    let off = off % (size + 1);
+                    let len = len.min(size - off);
+                    let (o, l) = (off as usize, len as usize);
+                    match kind {
+                        0..=2 => {
+                            img.write(off, &vec![byte; l]).await.unwrap();
+                            model[o..o + l].fill(byte);
+                        }
+                        3 => {
+                            img.discard(off, len).await.unwrap();
+                            model[o..o + l].fill(0);
+                        }
+                        4 => {
+                            let new_size = (off + len + 512) / 512 * 512;
+                            match img.resize(new_size).await {
+                                Ok(()) => model.resize(new_size as usize, 0),
+                                Err(ImageError::Snapshot(m)) => {
+                                    assert!(!snaps.is_empty() && m.contains("snapshots"), "{m}");
+                                }
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                        5 => {
+                            let name = format!("s{}", snaps.len());
+                            b.add_snapshot(POOL, "vm", &name, size);
+                            snaps.push((name, model.clone()));
+                        }
+                        6 if !flattened => {
+                            img.flatten(|_, _| {}).await.unwrap();
+                            flattened = true;
+                            assert!(img.parent().is_none());
+                        }
+                        _ => {
+                            // The parent's head changes; its snapshot does not.
+                            parent.write(off % 40_000, &[byte; 512]).await.unwrap();
+                        }
+                    }
+                    assert_eq!(img.read(0, model.len() as u64).await.unwrap(), model);
+                }
+                // A new opener (no in-memory copy-up state) reads the same.
+                let again = Image::open(b.clone(), POOL, "vm").await.unwrap();
+                assert_eq!(again.read(0, model.len() as u64).await.unwrap(), model);
+                for (name, want) in &snaps {
+                    let view = Image::open_snap(b.clone(), POOL, "vm", name).await.unwrap();
+                    assert_eq!(&view.read(0, want.len() as u64).await.unwrap(), want, "{name}");
+                }
+                assert_eq!(at.read(0, size).await.unwrap(), parent_model);
+            });
+        }
+    }
+
+    #[tokio::test]
+    async fn clone_headers_refuse_old_readers_and_bad_parents() {
+        let b = Arc::new(MemoryBackend::new());
+        let parent = Image::create(b.clone(), POOL, "golden", 1 << 20, 4096)
+            .await
+            .unwrap();
+        assert!(matches!(
+            Image::create_clone(b.clone(), POOL, "c", &parent, 4096).await,
+            Err(ImageError::Snapshot(_))
+        ));
+        b.add_snapshot(POOL, "golden", "base", 1 << 20);
+        let at = Image::open_snap(b.clone(), POOL, "golden", "base")
+            .await
+            .unwrap();
+        let c = Image::create_clone(b.clone(), POOL, "c", &at, 4096)
+            .await
+            .unwrap();
+        assert_eq!(c.info().parent.as_deref(), Some("p/golden@base"));
+        assert!(matches!(
+            Image::create_clone(b.clone(), POOL, "c", &at, 4096).await,
+            Err(ImageError::Exists(_))
+        ));
+        // The header is format 2: a format-1 header with a parent is corrupt, and so is
+        // an overlap past the image's end.
+        let raw = b
+            .read_object(POOL, "img.c.header", 0, 1 << 16)
+            .await
+            .unwrap();
+        let mut h: ImageHeader = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(h.format_version, CLONE_FORMAT_VERSION);
+        h.format_version = IMAGE_FORMAT_VERSION;
+        assert!(ImageHeader::decode("c", &h.encode()).is_err());
+        h.format_version = CLONE_FORMAT_VERSION;
+        h.parent.as_mut().unwrap().overlap_bytes = h.size_bytes + 1;
+        assert!(ImageHeader::decode("c", &h.encode()).is_err());
+        // A parent snapshot that is gone: opening the clone says so.
+        let mut h2: ImageHeader = serde_json::from_slice(&raw).unwrap();
+        h2.parent.as_mut().unwrap().snap = "nope".into();
+        b.write_full_object(POOL, "img.c.header", h2.encode())
+            .await
+            .unwrap();
+        let e = Image::open(b.clone(), POOL, "c")
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("parent") && e.contains("nope"), "{e}");
+        // Removal does not need the parent.
+        Image::remove(b.clone(), POOL, "c", |_, _| {})
+            .await
+            .unwrap();
     }
 
     #[tokio::test]

@@ -10,12 +10,15 @@
 //! - [`nbd`]: the images of a pool as NBD exports (`spindle nbd`).
 //! - [`snap`]: snapshots (client-side copy-on-write of whole objects, guarded by the
 //!   daemons), their reading, removal and rollback.
+//! - [`clone`]: clones of snapshots (a child reading what it has not written from its
+//!   parent snapshot, copy-up before its first change of an object), flatten.
 //! - [`transfer`]: raw export and import (holes stay holes), and space accounting.
 //!
 //! Layering: above `spindle-client` (objects) and `spindle-nbd` (the NBD server, generic
 //! over a block-device trait); the `spindle` binary uses it.
 
 pub mod block;
+pub mod clone;
 pub mod image;
 pub mod lock;
 pub mod nbd;

@@ -11,16 +11,17 @@
 //! default ratios and no flags; formats 1 and 2 with no locks and no fenced clients.
 //! Format 4 appends the image snapshots: `u32 n | n x (u32 pool, str image, u64 seq,
 //! u32 count | count x (u64 id, str name, u64 size_bytes, u64 created, u8 protected))`.
+//! Format 5 appends to each snapshot its clones: `u32 n | n x (u32 pool, str image)`.
 //! The frame or store record around it carries the CRC.
 
 use crate::{ClusterMap, ImageLock, OsdInfo, Pool, PoolKind, PG_COUNT_MAX};
 use spindle_proto::{CodecError, Reader, Writer};
 use spindle_types::limits::{
-    CLUSTER_SNAPS_MAX, IMAGE_LOCK_HOLDER_BYTES_MAX, IMAGE_NAME_BYTES_MAX, IMAGE_SNAPS_MAX,
-    SNAP_NAME_BYTES_MAX,
+    CLUSTER_CLONES_MAX, CLUSTER_SNAPS_MAX, IMAGE_LOCK_HOLDER_BYTES_MAX, IMAGE_NAME_BYTES_MAX,
+    IMAGE_SNAPS_MAX, SNAP_CHILDREN_MAX, SNAP_NAME_BYTES_MAX,
 };
 
-const MAP_FORMAT: u32 = 4;
+const MAP_FORMAT: u32 = 5;
 const OSD_NEARFULL: u8 = 1;
 const OSD_FULL: u8 = 2;
 const OSD_AUTO_OUT: u8 = 4;
@@ -114,7 +115,11 @@ impl ClusterMap {
                     .str(&snap.name)
                     .u64(snap.size_bytes)
                     .u64(snap.created_unix_secs)
-                    .u8(u8::from(snap.protected));
+                    .u8(u8::from(snap.protected))
+                    .u32(snap.children.len() as u32);
+                for (pool, child) in &snap.children {
+                    w.u32(*pool).str(child);
+                }
             }
         }
         w.finish()
@@ -254,6 +259,7 @@ impl ClusterMap {
         if format >= 4 {
             let n = r.u32("snapshotted image count")?;
             let mut total = 0usize;
+            let mut clones = 0usize;
             for _ in 0..n {
                 let pool = r.u32("snap pool")?;
                 let image = r.str("snap image", IMAGE_NAME_BYTES_MAX)?.to_string();
@@ -268,12 +274,31 @@ impl ClusterMap {
                 let mut snaps = std::collections::BTreeMap::new();
                 for _ in 0..count {
                     let id = r.u64("snap id")?;
-                    let info = crate::SnapInfo {
+                    let mut info = crate::SnapInfo {
                         name: r.str("snap name", SNAP_NAME_BYTES_MAX)?.to_string(),
                         size_bytes: r.u64("snap size")?,
                         created_unix_secs: r.u64("snap created")?,
                         protected: r.u8("snap protected")? != 0,
+                        children: Default::default(),
                     };
+                    if format >= 5 {
+                        let n = r.u32("clone count")? as usize;
+                        clones += n;
+                        if n > SNAP_CHILDREN_MAX || clones > CLUSTER_CLONES_MAX {
+                            return Err(MapDecodeError::Invalid(format!(
+                                "{n} clones of a snapshot of {image} ({clones} in the map)"
+                            )));
+                        }
+                        for _ in 0..n {
+                            let pool = r.u32("clone pool")?;
+                            let child = r.str("clone image", IMAGE_NAME_BYTES_MAX)?.to_string();
+                            if !info.children.insert((pool, child)) {
+                                return Err(MapDecodeError::Invalid(format!(
+                                    "duplicate clone of a snapshot of {image}"
+                                )));
+                            }
+                        }
+                    }
                     if id == 0 || id > seq || snaps.insert(id, info).is_some() {
                         return Err(MapDecodeError::Invalid(format!(
                             "snapshot id {id} of {image} (seq {seq})"

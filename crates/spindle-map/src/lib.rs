@@ -29,7 +29,7 @@ pub use placement::{
 pub use view::{MapRejected, MapView};
 
 use spindle_crush::CrushMap;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Largest number of placement groups in one pool.
 pub const PG_COUNT_MAX: u32 = spindle_types::limits::PG_COUNT_MAX;
@@ -227,6 +227,8 @@ pub struct SnapInfo {
     pub created_unix_secs: u64,
     /// A protected snapshot cannot be removed (clones read from it).
     pub protected: bool,
+    /// Its clones, (pool id, image name): while any exists it cannot be unprotected.
+    pub children: BTreeSet<(u32, String)>,
 }
 
 impl ClusterMap {

@@ -214,8 +214,9 @@ mod tests {
         for cut in [0, 1, 10, bytes.len() / 2, bytes.len() - 1] {
             assert!(ClusterMap::decode(&bytes[..cut]).is_err());
         }
+        // A format from the future.
         let mut bad = bytes.clone();
-        bad[0] ^= 1;
+        bad[0] ^= 0x80;
         assert!(ClusterMap::decode(&bad).is_err());
         // A daemon the monitor marked out (auto_out) keeps the mark through the codec.
         let mut out = map(3);
@@ -271,10 +272,11 @@ mod tests {
             .contains("format 9"));
     }
 
-    /// Image snapshots travel in format 4; a format-3 map still decodes, without them;
+    /// Image snapshots travel in format 4, their clones in 5; format-3 and -4 maps still
+    /// decode, without them;
     /// impossible snapshot ids are refused.
     #[test]
-    fn snapshots_round_trip_and_format_3_maps_still_decode() {
+    fn snapshots_round_trip_and_format_3_and_4_maps_still_decode() {
         let mut m = map(3);
         let pool_id = *m.pools.keys().next().unwrap();
         let mut snaps = crate::ImageSnaps {
@@ -289,6 +291,11 @@ mod tests {
                     size_bytes: 1 << 30,
                     created_unix_secs: 1_700_000_000 + id,
                     protected: id == 2,
+                    children: if id == 2 {
+                        [(pool_id, "child1".to_string()), (pool_id + 1, "c2".into())].into()
+                    } else {
+                        Default::default()
+                    },
                 },
             );
         }
@@ -299,6 +306,53 @@ mod tests {
         assert_eq!(back.newest_snap(pool_id, "vm1"), 7);
         assert_eq!(back.newest_snap(pool_id, "vm2"), 0);
         assert_eq!(snaps.by_name("monday").map(|(id, _)| id), Some(2));
+        // Format 4: no clones.
+        let mut v4 = m.clone();
+        for s in v4
+            .image_snaps
+            .values_mut()
+            .flat_map(|s| s.snaps.values_mut())
+        {
+            s.children.clear();
+        }
+        let plain4 = v4.encode();
+        let mut old = Vec::new();
+        // Re-encode without the clone counts: drop each snapshot's trailing u32 0.
+        {
+            let back = ClusterMap::decode(&plain4).unwrap();
+            assert_eq!(back.image_snaps, v4.image_snaps);
+            // The snapshot section ends the map: where a map without snapshots ends it
+            // with its count (0).
+            let mut empty = v4.clone();
+            empty.image_snaps.clear();
+            let snaps_at = empty.encode().len() - 4;
+            old.extend_from_slice(&plain4[..snaps_at]);
+            let mut r = spindle_proto::Reader::new(&plain4[snaps_at..]);
+            let mut w = spindle_proto::Writer::new();
+            let n = r.u32("n").unwrap();
+            w.u32(n);
+            for _ in 0..n {
+                w.u32(r.u32("pool").unwrap())
+                    .str(r.str("image", 64).unwrap())
+                    .u64(r.u64("seq").unwrap());
+                let count = r.u32("count").unwrap();
+                w.u32(count);
+                for _ in 0..count {
+                    w.u64(r.u64("id").unwrap())
+                        .str(r.str("name", 64).unwrap())
+                        .u64(r.u64("size").unwrap())
+                        .u64(r.u64("created").unwrap())
+                        .u8(r.u8("protected").unwrap());
+                    assert_eq!(r.u32("clones").unwrap(), 0);
+                }
+            }
+            old.extend_from_slice(&w.finish());
+            old[..4].copy_from_slice(&4u32.to_le_bytes());
+        }
+        assert_eq!(
+            ClusterMap::decode(&old).unwrap().image_snaps,
+            v4.image_snaps
+        );
         // Format 3: no snapshot section.
         let plain = map(3).encode();
         let mut v3 = plain[..plain.len() - 4].to_vec();

@@ -250,6 +250,24 @@ pub fn refusal(peer: &Peer, msg: &Msg) -> Option<String> {
                     | AdminCommand::Snap { pool, .. } => (!caps
                         .osd_allows_images(&pool, spindle_proto::auth::Access::Write))
                     .then(|| format!("{who} may not write images in pool {pool}")),
+                    // A clone reads its parent's snapshot and is written in its own pool.
+                    AdminCommand::SnapChild {
+                        add,
+                        pool,
+                        child_pool,
+                        ..
+                    } => {
+                        if !caps.osd_allows_images(&child_pool, spindle_proto::auth::Access::Write)
+                        {
+                            Some(format!("{who} may not write images in pool {child_pool}"))
+                        } else if add
+                            && !caps.osd_allows_images(&pool, spindle_proto::auth::Access::Read)
+                        {
+                            Some(format!("{who} may not read images in pool {pool}"))
+                        } else {
+                            None
+                        }
+                    }
                     AdminCommand::AuthLs
                     | AdminCommand::AuthGet { .. }
                     | AdminCommand::AuthAdd { .. }

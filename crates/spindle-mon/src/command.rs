@@ -125,6 +125,17 @@ pub enum AdminCommand {
         /// The image's size, for `create` (0 otherwise).
         size_bytes: u64,
     },
+    /// Register (`add`) or drop (`rm`) clone `child_pool`/`child` of snapshot
+    /// `pool`/`image`@`snap` (`snaps` module): add needs the snapshot protected; rm of a
+    /// clone that is not registered (or whose snapshot is gone) changes nothing.
+    SnapChild {
+        add: bool,
+        pool: String,
+        image: String,
+        snap: String,
+        child_pool: String,
+        child: String,
+    },
     /// The monitors: members, leader, term (any monitor answers from its own view).
     MonLs,
     /// Add monitor `id` listening on `addr` (already running, started with `--id`): it
@@ -307,6 +318,16 @@ impl AdminCommand {
                     AdminCommand::LockRelease { pool, image, client }
                 }
             }
+            ["snap", "child", verb @ ("add" | "rm"), pool, image, snap, child_pool, child] => {
+                AdminCommand::SnapChild {
+                    add: *verb == "add",
+                    pool: pool.to_string(),
+                    image: image.to_string(),
+                    snap: snap.to_string(),
+                    child_pool: child_pool.to_string(),
+                    child: child.to_string(),
+                }
+            }
             ["snap", verb, pool, image, snap, size] => {
                 let verb = match *verb {
                     "create" => SnapVerb::Create,
@@ -476,6 +497,23 @@ impl AdminCommand {
                 snap.clone(),
                 size_bytes.to_string(),
             ],
+            AdminCommand::SnapChild {
+                add,
+                pool,
+                image,
+                snap,
+                child_pool,
+                child,
+            } => vec![
+                "snap".into(),
+                "child".into(),
+                if *add { "add" } else { "rm" }.into(),
+                pool.clone(),
+                image.clone(),
+                snap.clone(),
+                child_pool.clone(),
+                child.clone(),
+            ],
             AdminCommand::MonLs => vec!["mon".into(), "ls".into()],
             AdminCommand::MonAdd { id, addr } => {
                 vec!["mon".into(), "add".into(), id.to_string(), addr.clone()]
@@ -578,6 +616,22 @@ mod tests {
                 pool: "rbd".into(),
                 image: "vm1".into(),
                 client: u64::MAX,
+            },
+            AdminCommand::SnapChild {
+                add: true,
+                pool: "rbd".into(),
+                image: "golden".into(),
+                snap: "base".into(),
+                child_pool: "vms".into(),
+                child: "vm7".into(),
+            },
+            AdminCommand::SnapChild {
+                add: false,
+                pool: "rbd".into(),
+                image: "golden".into(),
+                snap: "base".into(),
+                child_pool: "rbd".into(),
+                child: "vm8".into(),
             },
             AdminCommand::Snap {
                 verb: SnapVerb::Create,

@@ -148,6 +148,14 @@ impl MonCore {
                 snap,
                 size_bytes,
             } => self.snap_command(now_unix_secs, *verb, pool, image, snap, *size_bytes),
+            AdminCommand::SnapChild {
+                add,
+                pool,
+                image,
+                snap,
+                child_pool,
+                child,
+            } => self.snap_child(*add, pool, image, snap, child_pool, child),
             other => self.execute(other),
         }
     }
@@ -374,7 +382,7 @@ impl MonCore {
             | AdminCommand::LockRelease { .. } => {
                 Err("image lock commands change lease state: run them with execute_at".to_string())
             }
-            AdminCommand::Snap { .. } => {
+            AdminCommand::Snap { .. } | AdminCommand::SnapChild { .. } => {
                 Err("snapshot commands need the wall clock: run them with execute_at".to_string())
             }
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => Err(

@@ -15,7 +15,8 @@ use crate::core::{propose, MonCore};
 use crate::reply::{AdminReply, SnapDone};
 use spindle_map::{ImageSnaps, SnapInfo};
 use spindle_types::limits::{
-    CLUSTER_SNAPS_MAX, IMAGE_NAME_BYTES_MAX, IMAGE_SNAPS_MAX, SNAP_NAME_BYTES_MAX,
+    CLUSTER_CLONES_MAX, CLUSTER_SNAPS_MAX, IMAGE_NAME_BYTES_MAX, IMAGE_SNAPS_MAX,
+    SNAP_CHILDREN_MAX, SNAP_NAME_BYTES_MAX,
 };
 
 /// The naming rule of snapshots (as image names: `[A-Za-z0-9._-]`, 1..=64 bytes).
@@ -80,6 +81,7 @@ impl MonCore {
                         size_bytes,
                         created_unix_secs: now_unix_secs,
                         protected: false,
+                        children: Default::default(),
                     },
                 );
                 id
@@ -95,7 +97,21 @@ impl MonCore {
                 id
             }
             SnapVerb::Protect | SnapVerb::Unprotect => {
-                let (id, _) = found.ok_or_else(|| format!("no snapshot {image}@{snap}"))?;
+                let (id, info) = found.ok_or_else(|| format!("no snapshot {image}@{snap}"))?;
+                if verb == SnapVerb::Unprotect && !info.children.is_empty() {
+                    let names: Vec<String> = info
+                        .children
+                        .iter()
+                        .take(3)
+                        .map(|(p, c)| format!("{}/{c}", self.pool_name(*p)))
+                        .collect();
+                    return Err(format!(
+                        "snapshot {image}@{snap} has {} clone(s) ({}{}): flatten or remove them first",
+                        info.children.len(),
+                        names.join(", "),
+                        if info.children.len() > 3 { ", ..." } else { "" }
+                    ));
+                }
                 if let Some(s) = next_snaps.snaps.get_mut(&id) {
                     s.protected = verb == SnapVerb::Protect;
                 }
@@ -116,6 +132,121 @@ impl MonCore {
                 m.image_snaps.remove(&key);
             } else {
                 m.image_snaps.insert(key.clone(), next_snaps.clone());
+            }
+            Ok(())
+        })?;
+        let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
+        Ok((AdminReply::SnapDone(SnapDone { epoch, id }), next))
+    }
+}
+
+impl MonCore {
+    fn pool_name(&self, id: u32) -> String {
+        self.map
+            .pools
+            .get(&id)
+            .map_or_else(|| format!("pool#{id}"), |p| p.name.clone())
+    }
+
+    /// `snap child add|rm POOL IMAGE SNAP CHILD_POOL CHILD`: registers or drops a clone of
+    /// a snapshot. Registering needs the snapshot protected (so it cannot be removed while
+    /// the clone reads it); dropping what is not registered changes nothing (a clone's
+    /// flatten or removal may run again after a crash).
+    pub(crate) fn snap_child(
+        &self,
+        add: bool,
+        pool: &str,
+        image: &str,
+        snap: &str,
+        child_pool: &str,
+        child: &str,
+    ) -> Result<(AdminReply, Option<spindle_map::ClusterMap>), String> {
+        let pool_id = self
+            .map
+            .pool_by_name(pool)
+            .ok_or_else(|| format!("no pool named '{pool}'"))?
+            .id;
+        let child_pool_id = self
+            .map
+            .pool_by_name(child_pool)
+            .ok_or_else(|| format!("no pool named '{child_pool}'"))?
+            .id;
+        for name in [image, child] {
+            if !spindle_types::limits::is_simple_name(name, IMAGE_NAME_BYTES_MAX) {
+                return Err(format!("bad image name {name:?}"));
+            }
+        }
+        let key = (pool_id, image.to_string());
+        let child_key = (child_pool_id, child.to_string());
+        let unchanged = || {
+            Ok((
+                AdminReply::SnapDone(SnapDone {
+                    epoch: self.map.epoch,
+                    id: 0,
+                }),
+                None,
+            ))
+        };
+        let Some(current) = self.map.image_snaps.get(&key) else {
+            return if add {
+                Err(format!("no snapshot {image}@{snap}"))
+            } else {
+                unchanged()
+            };
+        };
+        let Some((id, info)) = current.by_name(snap) else {
+            return if add {
+                Err(format!("no snapshot {image}@{snap}"))
+            } else {
+                unchanged()
+            };
+        };
+        if add {
+            if child_key == key {
+                return Err(format!("{image} cannot be a clone of itself"));
+            }
+            if !info.protected {
+                return Err(format!(
+                    "snapshot {image}@{snap} is not protected: protect it first \
+                     (`spindle image snap protect {image}@{snap}`)"
+                ));
+            }
+            if info.children.contains(&child_key) {
+                return Err(format!(
+                    "{child_pool}/{child} is already a clone of {image}@{snap}"
+                ));
+            }
+            if info.children.len() >= SNAP_CHILDREN_MAX {
+                return Err(format!(
+                    "{image}@{snap} has {SNAP_CHILDREN_MAX} clones, its limit"
+                ));
+            }
+            let total: usize = self
+                .map
+                .image_snaps
+                .values()
+                .flat_map(|s| s.snaps.values())
+                .map(|s| s.children.len())
+                .sum();
+            if total >= CLUSTER_CLONES_MAX {
+                return Err(format!(
+                    "the cluster holds {CLUSTER_CLONES_MAX} clones, its limit"
+                ));
+            }
+        } else if !info.children.contains(&child_key) {
+            return unchanged();
+        }
+        let (_, next) = propose(&self.map, |m| {
+            if let Some(s) = m
+                .image_snaps
+                .get_mut(&key)
+                .and_then(|s| s.snaps.get_mut(&id))
+            {
+                if add {
+                    s.children.insert(child_key.clone());
+                } else {
+                    s.children.remove(&child_key);
+                }
             }
             Ok(())
         })?;
@@ -189,5 +320,44 @@ mod tests {
             .contains("no snapshot"));
         run(&mut c, SnapVerb::Forget, "").unwrap();
         assert!(c.map().image_snaps.is_empty());
+    }
+
+    #[test]
+    fn clones_need_a_protected_snapshot_and_keep_it_protected() {
+        let mut c = core();
+        run(&mut c, SnapVerb::Create, "base").unwrap();
+        let child = |c: &mut MonCore, add: bool, name: &str| {
+            let (reply, next) = c.snap_child(add, "default", "vm", "base", "default", name)?;
+            if let Some(m) = next {
+                c.install(m, 0);
+            }
+            Ok::<_, String>(reply)
+        };
+        assert!(child(&mut c, true, "c1")
+            .unwrap_err()
+            .contains("not protected"));
+        run(&mut c, SnapVerb::Protect, "base").unwrap();
+        child(&mut c, true, "c1").unwrap();
+        assert!(child(&mut c, true, "c1").unwrap_err().contains("already"));
+        assert!(child(&mut c, true, "vm").unwrap_err().contains("itself"));
+        child(&mut c, true, "c2").unwrap();
+        let err = run(&mut c, SnapVerb::Unprotect, "base").unwrap_err();
+        assert!(
+            err.contains("2 clone(s)") && err.contains("default/c1"),
+            "{err}"
+        );
+        assert!(run(&mut c, SnapVerb::Rm, "base").is_err());
+        child(&mut c, false, "c1").unwrap();
+        let epoch = c.map().epoch;
+        // Dropping what is not registered changes nothing.
+        child(&mut c, false, "c1").unwrap();
+        child(&mut c, false, "never").unwrap();
+        assert_eq!(c.map().epoch, epoch);
+        child(&mut c, false, "c2").unwrap();
+        run(&mut c, SnapVerb::Unprotect, "base").unwrap();
+        run(&mut c, SnapVerb::Rm, "base").unwrap();
+        assert!(child(&mut c, true, "c3")
+            .unwrap_err()
+            .contains("no snapshot"));
     }
 }

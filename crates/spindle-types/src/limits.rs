@@ -32,6 +32,14 @@ pub const IMAGE_SNAPS_MAX: usize = 256;
 pub const CLUSTER_SNAPS_MAX: usize = 1 << 14;
 /// Longest snapshot name (`[A-Za-z0-9._-]`, like image names).
 pub const SNAP_NAME_BYTES_MAX: usize = 64;
+/// Most clones of one snapshot (its children are listed in the cluster map, so that
+/// unprotecting it can refuse while any exists).
+pub const SNAP_CHILDREN_MAX: usize = 1024;
+/// Most clones in one cluster map, over all snapshots (each about 80 bytes in the map).
+pub const CLUSTER_CLONES_MAX: usize = 1 << 14;
+/// Longest chain of clones (a clone of a clone of ...): each level is one more image a
+/// read of an unwritten range may go through, and one more header to open.
+pub const CLONE_DEPTH_MAX: usize = 16;
 
 // ---- sizes ----
 
@@ -124,9 +132,11 @@ const _: () = assert!(
     IMAGE_LOCKS_MAX * (IMAGE_NAME_BYTES_MAX + IMAGE_LOCK_HOLDER_BYTES_MAX + 4 * 8)
         + FENCED_CLIENTS_MAX * 16
         + CLUSTER_SNAPS_MAX * (SNAP_NAME_BYTES_MAX + IMAGE_NAME_BYTES_MAX + 6 * 8)
+        + CLUSTER_CLONES_MAX * (IMAGE_NAME_BYTES_MAX + 2 * 8)
         <= CLUSTER_MAP_BYTES_MAX / 2
 );
 const _: () = assert!(IMAGE_SNAPS_MAX <= CLUSTER_SNAPS_MAX);
+const _: () = assert!(SNAP_CHILDREN_MAX <= CLUSTER_CLONES_MAX);
 
 // One name limit: an image object's name, and an EC slot object's name, fit it.
 const _: () =

@@ -91,6 +91,35 @@ pub enum ImageCommand {
         #[command(flatten)]
         obj: ObjArgs,
     },
+    /// Create a copy-on-write clone of a protected snapshot: the clone reads what it has
+    /// not written from the snapshot (`spindle image snap protect` it first).
+    Clone {
+        /// [POOL/]IMAGE@SNAP (POOL defaults to --pool)
+        parent: String,
+        /// [POOL/]NAME of the new image (POOL defaults to --pool)
+        child: String,
+        /// Object size of the clone (default: the parent's).
+        #[arg(long, value_parser = parse_size_bytes)]
+        object_size: Option<u64>,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Copy everything a clone still reads from its parent snapshot into the clone and
+    /// detach it (takes the image's lock: refused while it is served).
+    Flatten {
+        name: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// List the clones of a snapshot.
+    Children {
+        /// IMAGE@SNAP
+        spec: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
     /// Snapshots: `create|ls|rm|rollback|protect|unprotect|trim IMAGE@SNAP`.
     Snap {
         #[command(subcommand)]
@@ -178,6 +207,14 @@ fn snap_spec(spec: &str) -> anyhow::Result<(&str, &str)> {
     match spec.split_once('@') {
         Some((image, snap)) if !image.is_empty() && !snap.is_empty() => Ok((image, snap)),
         _ => bail!("expected IMAGE@SNAP, got {spec:?}"),
+    }
+}
+
+/// `[POOL/]NAME` with the pool defaulting to `pool`.
+fn pool_spec<'a>(spec: &'a str, pool: &'a str) -> (&'a str, &'a str) {
+    match spec.split_once('/') {
+        Some((p, n)) if !p.is_empty() => (p, n),
+        _ => (pool, spec),
     }
 }
 
@@ -274,6 +311,13 @@ async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> 
         }
         SnapCommand::Unprotect { spec, obj } => {
             let (image, name) = snap_spec(&spec)?;
+            // Clones that no longer exist (a clone or removal interrupted by a crash)
+            // do not hold the snapshot.
+            let pruned =
+                spindle_image::clone::prune_children(&client, &obj.pool, image, name).await?;
+            if pruned > 0 {
+                eprintln!("dropped {pruned} clone(s) of {spec} that no longer exist");
+            }
             snap::protect(&client, &obj.pool, image, name, false).await?;
             println!("unprotected {spec}");
         }
@@ -330,6 +374,9 @@ fn print_info(info: &ImageInfo) {
     );
     println!("created:     {} (unix seconds)", info.created_unix_secs);
     println!("format:      {}", info.format_version);
+    if let (Some(parent), Some(overlap)) = (&info.parent, info.overlap_bytes) {
+        println!("parent:      {parent} (overlap {})", format_size(overlap));
+    }
 }
 
 fn print_lock(lock: &serde_json::Value) {
@@ -413,6 +460,64 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 );
             }
             ImageCommand::Snap { command } => run_snap(client, command).await?,
+            ImageCommand::Clone {
+                parent,
+                child,
+                object_size,
+                obj,
+            } => {
+                let (parent_pool, parent_spec) = pool_spec(&parent, &obj.pool);
+                let (image, snap) = snap_spec(parent_spec)?;
+                let (child_pool, child_name) = pool_spec(&child, &obj.pool);
+                spindle_image::clone::clone(
+                    &client,
+                    parent_pool,
+                    image,
+                    snap,
+                    child_pool,
+                    child_name,
+                    object_size,
+                )
+                .await
+                .with_context(|| format!("cloning {parent} as {child}"))?;
+                println!("cloned {parent_pool}/{image}@{snap} as {child_pool}/{child_name}");
+            }
+            ImageCommand::Flatten { name, obj } => {
+                let lock = spindle_image::lock::ImageLock::acquire(
+                    client.clone(),
+                    &obj.pool,
+                    &name,
+                    &spindle_image::lock::holder_description("spindle image flatten"),
+                    &spindle_image::lock::LockOptions::default(),
+                )
+                .await
+                .with_context(|| format!("cannot flatten {name}"))?;
+                let started = std::time::Instant::now();
+                let r = spindle_image::clone::flatten(
+                    &client,
+                    &obj.pool,
+                    &name,
+                    progress(format!("flattening {name}")),
+                )
+                .await;
+                lock.release().await;
+                r.with_context(|| format!("flattening {name}"))?;
+                println!(
+                    "flattened {name} in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            ImageCommand::Children { spec, json, obj } => {
+                let (image, snap) = snap_spec(&spec)?;
+                let children = spindle_image::clone::children(&client, &obj.pool, image, snap)?;
+                if json {
+                    println!("{}", serde_json::to_string(&children)?);
+                } else {
+                    for c in children {
+                        println!("{c}");
+                    }
+                }
+            }
             ImageCommand::Export { spec, file, obj } => {
                 let img = match spec.split_once('@') {
                     Some((image, snap)) => {
@@ -534,6 +639,12 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                         snaps[0].name
                     );
                 }
+                // A clone leaves its parent snapshot's list once it is gone.
+                let parent = match spindle_image::image::read_header_of(&*client, &obj.pool, &name).await {
+                    Ok(h) => h.parent,
+                    Err(spindle_image::ImageError::NotFound(_)) => None,
+                    Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {name}"))),
+                };
                 // Removing an image someone serves would pull its data from under it:
                 // take the lock first (refused while a live holder has it).
                 let lock = spindle_image::lock::ImageLock::acquire(
@@ -569,6 +680,16 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                         .snap_command("forget", &obj.pool, &name, "", 0)
                         .await
                         .with_context(|| format!("forgetting the snapshots of {name}"))?;
+                }
+                if let Some(parent) = parent {
+                    spindle_image::clone::unregister(&client, &parent, &obj.pool, &name)
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "dropping {name} from the clones of {}@{}",
+                                parent.image, parent.snap
+                            )
+                        })?;
                 }
                 println!("removed image {name}");
             }
