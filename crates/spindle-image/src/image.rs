@@ -445,6 +445,11 @@ fn check_object_size(object_size_bytes: u64) -> Result<(), ImageError> {
     }
 }
 
+/// Checks an image size (a multiple of 512, at most 2^60).
+pub fn check_size_bytes(size_bytes: u64) -> Result<(), ImageError> {
+    check_size(size_bytes)
+}
+
 fn check_size(size_bytes: u64) -> Result<(), ImageError> {
     if size_bytes.is_multiple_of(SECTOR_BYTES) && size_bytes <= IMAGE_SIZE_BYTES_MAX {
         Ok(())

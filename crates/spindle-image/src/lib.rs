@@ -12,6 +12,8 @@
 //!   daemons), their reading, removal and rollback.
 //! - [`clone`]: clones of snapshots (a child reading what it has not written from its
 //!   parent snapshot, copy-up before its first change of an object), flatten.
+//! - [`diff`]: changed extents between snapshots (from the snapshot copies), and the
+//!   checksummed diff stream of `export-diff` / `import-diff`.
 //! - [`transfer`]: raw export and import (holes stay holes), and space accounting.
 //!
 //! Layering: above `spindle-client` (objects) and `spindle-nbd` (the NBD server, generic
@@ -19,6 +21,7 @@
 
 pub mod block;
 pub mod clone;
+pub mod diff;
 pub mod image;
 pub mod lock;
 pub mod nbd;

@@ -83,6 +83,41 @@ pub enum ImageCommand {
         #[command(flatten)]
         obj: ObjArgs,
     },
+    /// List the extents that changed between two states of an image (from nothing, or
+    /// from `--from-snap`, to IMAGE@SNAP or the head).
+    Diff {
+        /// IMAGE or IMAGE@SNAP (the newer state)
+        spec: String,
+        /// The older snapshot (default: from an empty image).
+        #[arg(long)]
+        from_snap: Option<String>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Write the changes between two states of an image as a diff (checksummed records)
+    /// to a file or `-`.
+    ExportDiff {
+        /// IMAGE or IMAGE@SNAP (the newer state; the diff then ends in that snapshot)
+        spec: String,
+        /// A new file, or `-` for standard output.
+        file: String,
+        /// The older snapshot (default: from an empty image).
+        #[arg(long)]
+        from_snap: Option<String>,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Apply a diff to an image: the whole diff is checked first (a damaged one changes
+    /// nothing); the image must have the diff's start snapshot, and gets its end snapshot.
+    ImportDiff {
+        /// A file, or `-` for standard input.
+        file: String,
+        name: String,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
     /// Provisioned and used bytes of the images of a pool (or one), and of their snapshots.
     Du {
         name: Option<String>,
@@ -602,6 +637,146 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                     "imported {name}: {} ({} of data) in {:.1} s",
                     format_size(stats.size_bytes),
                     format_size(stats.data_bytes),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            ImageCommand::Diff {
+                spec,
+                from_snap,
+                json,
+                obj,
+            } => {
+                let (image, to) = match spec.split_once('@') {
+                    Some((i, s)) => (i, Some(s)),
+                    None => (spec.as_str(), None),
+                };
+                let dspec = spindle_image::diff::DiffSpec {
+                    pool: &obj.pool,
+                    image,
+                    from: from_snap.as_deref(),
+                    to,
+                };
+                let (_, extents) = spindle_image::diff::changed_extents(
+                    &client,
+                    &dspec,
+                    progress(format!("comparing {spec}")),
+                )
+                .await?;
+                if json {
+                    println!("{}", serde_json::to_string(&extents)?);
+                } else {
+                    println!("OFFSET\tLENGTH\tTYPE");
+                    for e in extents {
+                        println!(
+                            "{}\t{}\t{}",
+                            e.offset,
+                            e.len,
+                            if e.zero { "zero" } else { "data" }
+                        );
+                    }
+                }
+            }
+            ImageCommand::ExportDiff {
+                spec,
+                file,
+                from_snap,
+                obj,
+            } => {
+                let (image, to) = match spec.split_once('@') {
+                    Some((i, s)) => (i, Some(s)),
+                    None => (spec.as_str(), None),
+                };
+                let dspec = spindle_image::diff::DiffSpec {
+                    pool: &obj.pool,
+                    image,
+                    from: from_snap.as_deref(),
+                    to,
+                };
+                let started = std::time::Instant::now();
+                let stats = if file == "-" {
+                    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                    spindle_image::diff::export_diff(&client, &dspec, &mut out, |_, _| {}).await?
+                } else {
+                    let f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&file)
+                        .with_context(|| format!("creating {file} (it must not exist)"))?;
+                    let mut out = std::io::BufWriter::new(f);
+                    let r = spindle_image::diff::export_diff(
+                        &client,
+                        &dspec,
+                        &mut out,
+                        progress(format!("exporting the diff of {spec}")),
+                    )
+                    .await;
+                    let stats = match r {
+                        Ok(s) => s,
+                        Err(e) => {
+                            drop(out);
+                            let _ = std::fs::remove_file(&file);
+                            return Err(anyhow::Error::new(e)
+                                .context(format!("exporting the diff of {spec}; {file} was removed")));
+                        }
+                    };
+                    out.into_inner()
+                        .map_err(|e| anyhow::anyhow!("writing {file}: {e}"))?
+                        .sync_all()?;
+                    stats
+                };
+                eprintln!(
+                    "exported the diff of {spec}{}: {} of data, {} of zeros, {} records in {:.1} s",
+                    from_snap.as_deref().map(|f| format!(" since {f}")).unwrap_or_default(),
+                    format_size(stats.data_bytes),
+                    format_size(stats.zero_bytes),
+                    stats.records,
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            ImageCommand::ImportDiff { file, name, obj } => {
+                // Read twice (checked whole first): standard input is spooled to a file.
+                let mut input = if file == "-" {
+                    let path = std::env::temp_dir()
+                        .join(format!("spindle-import-diff-{}", std::process::id()));
+                    let mut f = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create_new(true)
+                        .open(&path)
+                        .with_context(|| format!("creating {}", path.display()))?;
+                    let copied = std::io::copy(&mut std::io::stdin().lock(), &mut f);
+                    let _ = std::fs::remove_file(&path);
+                    copied.context("reading the diff from standard input")?;
+                    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))?;
+                    f
+                } else {
+                    std::fs::File::open(&file).with_context(|| format!("opening {file}"))?
+                };
+                let lock = spindle_image::lock::ImageLock::acquire(
+                    client.clone(),
+                    &obj.pool,
+                    &name,
+                    &spindle_image::lock::holder_description("spindle image import-diff"),
+                    &spindle_image::lock::LockOptions::default(),
+                )
+                .await
+                .with_context(|| format!("cannot apply a diff to {name}"))?;
+                let started = std::time::Instant::now();
+                let r = spindle_image::diff::import_diff(
+                    &client,
+                    &obj.pool,
+                    &name,
+                    &mut std::io::BufReader::new(&mut input),
+                    progress(format!("applying the diff to {name}")),
+                )
+                .await;
+                lock.release().await;
+                let s = r.with_context(|| format!("applying {file} to {name}"))?;
+                println!(
+                    "applied {file} to {name}: {} of data, {} of zeros{} in {:.1} s",
+                    format_size(s.data_bytes),
+                    format_size(s.zero_bytes),
+                    s.to.as_deref().map(|t| format!(", snapshot {name}@{t}")).unwrap_or_default(),
                     started.elapsed().as_secs_f64()
                 );
             }

@@ -237,3 +237,214 @@ async fn export_import_round_trips_keep_holes_and_du_counts() {
         "exists",
     );
 }
+
+/// A chain of three `export-diff`/`import-diff` reproduces the image byte for byte (sha256
+/// of exports), each diff carrying only what changed; `image diff` lists the changed
+/// extents; a diff applies only in order; a truncated or corrupted diff is refused and
+/// leaves the image unchanged; diffs travel through pipes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_diffs_reproduces_the_image_and_bad_diffs_change_nothing() {
+    let c = Cluster::start("diffs", 3, 8);
+    let dir = c.dir.clone();
+    let size = 8usize << 20;
+    ok(
+        &c,
+        &[
+            "image",
+            "create",
+            "src",
+            "--size",
+            "8M",
+            "--object-size",
+            "1M",
+        ],
+    );
+    let client = Arc::new(c.client().await);
+    let src = Image::open(client.clone(), POOL, "src").await.unwrap();
+    let mut model = vec![0u8; size];
+    let write = |img_model: &mut Vec<u8>, off: usize, data: &[u8]| {
+        img_model[off..off + data.len()].copy_from_slice(data);
+        (off as u64, data.to_vec())
+    };
+    // Generation 1: two regions; then s1.
+    for (off, data) in [
+        write(&mut model, 0, &pattern(1, 100_000)),
+        write(&mut model, 5 << 20, &pattern(2, 8192)),
+    ] {
+        src.write(off, &data).await.unwrap();
+    }
+    ok(&c, &["image", "snap", "create", "src@s1"]);
+    let d1 = dir.join("d1");
+    ok(
+        &c,
+        &["image", "export-diff", "src@s1", d1.to_str().unwrap()],
+    );
+    // Generation 2: a small change inside object 0, a zeroed range, and the image grows.
+    src.write(4096, &pattern(3, 4096)).await.unwrap();
+    model[4096..8192].copy_from_slice(&pattern(3, 4096));
+    src.write_zeroes(5 << 20, 8192).await.unwrap();
+    model[5 << 20..(5 << 20) + 8192].fill(0);
+    src.resize(10 << 20).await.unwrap();
+    model.resize(10 << 20, 0);
+    src.write(9 << 20, &pattern(4, 3000)).await.unwrap();
+    model[9 << 20..(9 << 20) + 3000].copy_from_slice(&pattern(4, 3000));
+    ok(&c, &["image", "snap", "create", "src@s2"]);
+    // `image diff` s1 -> s2: exactly the changed blocks.
+    let extents: serde_json::Value = serde_json::from_str(&ok(
+        &c,
+        &["image", "diff", "src@s2", "--from-snap", "s1", "--json"],
+    ))
+    .unwrap();
+    let listed: Vec<(u64, u64, bool)> = extents
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["offset"].as_u64().unwrap(),
+                e["len"].as_u64().unwrap(),
+                e["zero"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            (4096, 4096, false),
+            (5 << 20, 8192, true),
+            (9 << 20, 4096, false)
+        ],
+        "{extents}"
+    );
+    let d2 = dir.join("d2");
+    ok(
+        &c,
+        &[
+            "image",
+            "export-diff",
+            "--from-snap",
+            "s1",
+            "src@s2",
+            d2.to_str().unwrap(),
+        ],
+    );
+    // Generation 3: the image shrinks and changes; the diff goes through a pipe.
+    src.resize(9 << 20).await.unwrap();
+    model.truncate(9 << 20);
+    src.write(8 << 20, &pattern(5, 65536)).await.unwrap();
+    model[8 << 20..(8 << 20) + 65536].copy_from_slice(&pattern(5, 65536));
+    ok(&c, &["image", "snap", "create", "src@s3"]);
+    let d3 = dir.join("d3");
+    let out = spindle()
+        .args([
+            "image",
+            "export-diff",
+            "--from-snap",
+            "s2",
+            "src@s3",
+            "-",
+            "--dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&d3, &out.stdout).unwrap();
+    // Each diff is about its changes: d2 and d3 are far smaller than the image.
+    let len = |p: &std::path::Path| std::fs::metadata(p).unwrap().len();
+    assert!(
+        len(&d1) < 200_000 && len(&d2) < 20_000 && len(&d3) < 100_000,
+        "{} {} {}",
+        len(&d1),
+        len(&d2),
+        len(&d3)
+    );
+
+    // The destination: an empty image; the chain in order.
+    ok(&c, &["image", "create", "dst", "--size", "1M"]);
+    fails(
+        &c,
+        &["image", "import-diff", d2.to_str().unwrap(), "dst"],
+        "does not have",
+    );
+    ok(&c, &["image", "import-diff", d1.to_str().unwrap(), "dst"]);
+    fails(
+        &c,
+        &["image", "import-diff", d1.to_str().unwrap(), "dst"],
+        "already has snapshot s1",
+    );
+    let export = |spec: &str, name: &str| {
+        let path = dir.join(name);
+        ok(&c, &["image", "export", spec, path.to_str().unwrap()]);
+        sha256(&path)
+    };
+    let before = export("dst", "dst-before.raw");
+    // Damaged copies of d2: truncated, one flipped byte, trailing garbage: refused, and
+    // the image is unchanged.
+    let good = std::fs::read(&d2).unwrap();
+    let mut damaged: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", good[..good.len() - 7].to_vec()),
+        ("truncated at a record", good[..good.len() / 2].to_vec()),
+        ("trailing", [good.clone(), b"junk".to_vec()].concat()),
+    ];
+    let mut flipped = good.clone();
+    let at = flipped.len() / 2;
+    flipped[at] ^= 0x01;
+    damaged.push(("flipped", flipped));
+    for (what, bytes) in damaged {
+        let p = dir.join(format!("bad-{}", what.replace(' ', "-")));
+        std::fs::write(&p, bytes).unwrap();
+        fails(
+            &c,
+            &["image", "import-diff", p.to_str().unwrap(), "dst"],
+            "not a valid diff",
+        );
+    }
+    assert_eq!(
+        export("dst", "dst-after-bad.raw"),
+        before,
+        "a refused diff changed the image"
+    );
+    assert!(
+        !ok(&c, &["image", "snap", "ls", "dst"]).contains("s2"),
+        "a refused diff took its snapshot"
+    );
+    ok(&c, &["image", "import-diff", d2.to_str().unwrap(), "dst"]);
+    // d3 through standard input.
+    let mut child = spindle()
+        .args(["image", "import-diff", "-", "dst", "--dir"])
+        .arg(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&std::fs::read(&d3).unwrap()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Byte for byte, at every snapshot of the chain and at the head.
+    for s in ["s1", "s2", "s3"] {
+        assert_eq!(
+            export(&format!("dst@{s}"), &format!("dst-{s}.raw")),
+            export(&format!("src@{s}"), &format!("src-{s}.raw")),
+            "dst@{s} differs from src@{s}"
+        );
+    }
+    let reference = dir.join("model.raw");
+    std::fs::write(&reference, &model).unwrap();
+    assert_eq!(export("dst", "dst.raw"), sha256(&reference));
+    assert_eq!(export("src@s3", "src-s3-again.raw"), sha256(&reference));
+}
