@@ -132,6 +132,9 @@ pub enum ImageError {
     /// A snapshot operation was refused (no such snapshot, a bad name, ...).
     #[error("{0}")]
     Snapshot(String),
+    /// An image setting is refused (`spindle image config`).
+    #[error("invalid setting: {0}")]
+    InvalidSetting(String),
 }
 
 impl ImageError {
@@ -160,6 +163,7 @@ impl ImageError {
             ImageError::WriteLog(s) => ImageError::WriteLog(s.clone()),
             ImageError::ReadOnly(s) => ImageError::ReadOnly(s.clone()),
             ImageError::Snapshot(s) => ImageError::Snapshot(s.clone()),
+            ImageError::InvalidSetting(s) => ImageError::InvalidSetting(s.clone()),
         }
     }
 }
@@ -357,6 +361,10 @@ pub struct ImageHeader {
     /// A clone's parent snapshot ([`CLONE_FORMAT_VERSION`] headers only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentSpec>,
+    /// Limits where the image is served (`crate::qos`); a build that does not know them
+    /// serves the image unlimited.
+    #[serde(default, skip_serializing_if = "crate::qos::QosSpec::is_unlimited")]
+    pub qos: crate::qos::QosSpec,
 }
 
 /// Where a clone reads the ranges it has not written: snapshot `snap` (id `snap_id`) of
@@ -391,6 +399,7 @@ impl ImageHeader {
                 h.format_version
             )));
         }
+        h.qos.check().map_err(|e| corrupt(format!("qos: {e}")))?;
         if let Some(p) = &h.parent {
             if p.overlap_bytes > h.size_bytes || p.snap_id == 0 {
                 return Err(corrupt(format!("bad parent {p:?}")));
@@ -424,6 +433,9 @@ pub struct ImageInfo {
     /// Bytes a clone reads from its parent where it has no data.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overlap_bytes: Option<u64>,
+    /// Limits where it is served.
+    #[serde(skip_serializing_if = "crate::qos::QosSpec::is_unlimited")]
+    pub qos: crate::qos::QosSpec,
 }
 
 /// Checks the image naming rule.
@@ -653,6 +665,7 @@ impl<B: ObjectBackend> Image<B> {
             object_size_bytes,
             created_unix_secs: now_unix_secs(),
             parent: None,
+            qos: Default::default(),
         };
         backend
             .write_full_object(pool, &header_name, header.encode())
@@ -804,11 +817,39 @@ impl<B: ObjectBackend> Image<B> {
                 snap_id,
                 overlap_bytes: size_bytes,
             }),
+            qos: Default::default(),
         };
         backend
             .write_full_object(pool, &header_name, header.encode())
             .await?;
         Self::open(backend, pool, name).await
+    }
+
+    /// The image's limits as its header says now (read again: another process may have
+    /// changed them).
+    pub async fn read_qos(&self) -> Result<crate::qos::QosSpec, ImageError> {
+        Ok(read_header(&*self.backend, &self.pool, &self.name)
+            .await?
+            .qos)
+    }
+
+    /// Changes the image's limits (a header rewrite; the serving process picks them up
+    /// within a second). `changes`: (key, value or None to remove).
+    pub async fn update_qos(
+        backend: &B,
+        pool: &str,
+        name: &str,
+        changes: &[(String, Option<u64>)],
+    ) -> Result<crate::qos::QosSpec, ImageError> {
+        let mut h = read_header(backend, pool, name).await?;
+        for (key, value) in changes {
+            h.qos.set(key, *value).map_err(ImageError::InvalidSetting)?;
+        }
+        h.qos.check().map_err(ImageError::InvalidSetting)?;
+        backend
+            .write_full_object(pool, &header_object_name(name), h.encode())
+            .await?;
+        Ok(h.qos)
     }
 
     /// The clone's link to its parent, if it is a clone (and not flattened).
@@ -949,6 +990,13 @@ impl<B: ObjectBackend> Image<B> {
             run_bounded(futures).await?;
             done += batch.len() as u64;
             progress(done, total);
+        }
+        match backend
+            .delete_object(pool, &crate::qos::stats_object_name(name))
+            .await
+        {
+            Ok(()) | Err(ClientError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
         }
         match backend.delete_object(pool, &header_object_name(name)).await {
             Ok(()) | Err(ClientError::NotFound(_)) => Ok(()),
@@ -1569,6 +1617,7 @@ fn info_of(pool: &str, name: &str, h: &ImageHeader) -> ImageInfo {
             .as_ref()
             .map(|p| format!("{}/{}@{}", p.pool, p.image, p.snap)),
         overlap_bytes: h.parent.as_ref().map(|p| p.overlap_bytes),
+        qos: h.qos.clone(),
     }
 }
 

@@ -8,6 +8,8 @@
 //! - [`lock`]: the exclusive lock of an image opened for writing (lease, takeover,
 //!   fencing).
 //! - [`nbd`]: the images of a pool as NBD exports (`spindle nbd`).
+//! - [`qos`]: per-image limits (IOPS, bytes/s, bursts) and I/O statistics where an image
+//!   is served.
 //! - [`snap`]: snapshots (client-side copy-on-write of whole objects, guarded by the
 //!   daemons), their reading, removal and rollback.
 //! - [`clone`]: clones of snapshots (a child reading what it has not written from its
@@ -25,6 +27,7 @@ pub mod diff;
 pub mod image;
 pub mod lock;
 pub mod nbd;
+pub mod qos;
 pub mod snap;
 pub mod transfer;
 pub mod wlog;

@@ -3,7 +3,9 @@
 //! `ENOSPC`, other failures `EIO`), rate-limited logging of failed writes, and each
 //! image's exclusive lock taken on open (`crate::lock`).
 
+use crate::image::ObjectBackend;
 use crate::lock::{holder_description, ImageLock, LockOptions};
+use crate::qos::{stats_object_name, ImageIoReport, IoKind, IoStats, IoTotals, Qos};
 use crate::wlog::{WriteLog, WriteLogConfig};
 use crate::{BlockConfig, BlockLayer, Image, ImageError};
 use bytes::Bytes;
@@ -11,6 +13,7 @@ use spindle_client::{Client, ClientError};
 use spindle_nbd::{BlockDevice, DeviceError, ExportInfo, Exports};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::Mutex;
 
 /// Maps an image error to the NBD errno family. `out_of_range` is what a range error
@@ -114,18 +117,46 @@ pub struct ImageDevice {
     lock: Option<Arc<ImageLock>>,
     /// The client write log in front of the block layer, when one is configured.
     wlog: Option<Arc<WriteLog<Client>>>,
+    /// The image's limits (`crate::qos`), from its header, refreshed by
+    /// [`ImageExports::housekeeping_loop`].
+    qos: Arc<Qos>,
+    /// What its clients did (`spindle image stats`).
+    stats: Arc<IoStats>,
 }
 
 impl ImageDevice {
     /// Wraps a block layer (`name`: the image, for log lines).
     pub fn new(layer: Arc<BlockLayer<Client>>, name: &str) -> Self {
+        let qos = Arc::new(Qos::default());
+        if layer.image().snapshot().is_none() {
+            qos.set(&layer.image().info().qos);
+        }
         ImageDevice {
             layer,
             name: name.to_string(),
             write_errors: WriteErrorLog::default(),
             lock: None,
             wlog: None,
+            qos,
+            stats: Arc::new(IoStats::default()),
         }
+    }
+
+    /// The image's limits in force.
+    pub fn qos(&self) -> &Arc<Qos> {
+        &self.qos
+    }
+
+    /// The image's I/O counters.
+    pub fn io_stats(&self) -> &Arc<IoStats> {
+        &self.stats
+    }
+
+    /// Counts an operation and waits for the image's limits to let it start.
+    async fn admit(&self, kind: IoKind, bytes: u64) -> crate::qos::IoTimer<'_> {
+        let timer = self.stats.begin(kind, bytes);
+        self.qos.admit(kind, bytes).await;
+        timer
     }
 
     /// The same, with writes acknowledged from `wlog` (persist and publish).
@@ -202,6 +233,7 @@ impl BlockDevice for ImageDevice {
 
     async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, DeviceError> {
         self.check_lock()?;
+        let _io = self.admit(IoKind::Read, u64::from(len)).await;
         if let Some(w) = &self.wlog {
             let pieces = w
                 .read_pieces(offset, u64::from(len))
@@ -221,6 +253,7 @@ impl BlockDevice for ImageDevice {
 
     async fn read_pieces(&self, offset: u64, len: u32) -> Result<Vec<Bytes>, DeviceError> {
         self.check_lock()?;
+        let _io = self.admit(IoKind::Read, u64::from(len)).await;
         if let Some(w) = &self.wlog {
             return w
                 .read_pieces(offset, u64::from(len))
@@ -238,6 +271,7 @@ impl BlockDevice for ImageDevice {
     /// waits until it is published.
     async fn write(&self, offset: u64, data: Vec<u8>, fua: bool) -> Result<(), DeviceError> {
         self.check_lock()?;
+        let _io = self.admit(IoKind::Write, data.len() as u64).await;
         let r = match &self.wlog {
             Some(w) => {
                 // Range checks first: the log must not accept what the image refuses.
@@ -273,6 +307,7 @@ impl BlockDevice for ImageDevice {
 
     async fn trim(&self, offset: u64, len: u32) -> Result<(), DeviceError> {
         self.check_lock()?;
+        let _io = self.admit(IoKind::Other, u64::from(len)).await;
         let r = match &self.wlog {
             Some(w) => w.write_zeroes(offset, u64::from(len)).await,
             None => self.layer.discard(offset, u64::from(len)).await,
@@ -293,6 +328,7 @@ impl BlockDevice for ImageDevice {
         _fua: bool,
     ) -> Result<(), DeviceError> {
         self.check_lock()?;
+        let _io = self.admit(IoKind::Other, u64::from(len)).await;
         let r = match &self.wlog {
             Some(w) => w.write_zeroes(offset, u64::from(len)).await,
             None => self.layer.write_zeroes(offset, u64::from(len)).await,
@@ -372,6 +408,66 @@ impl ImageExports {
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+
+    /// Every second, for every served image (not snapshots): applies the limits its header
+    /// holds now, and publishes its I/O rates in `img.NAME.stats` (while it is busy, and
+    /// once more when it goes idle) for `spindle image stats`.
+    pub async fn housekeeping_loop(self: Arc<Self>) {
+        let mut last: HashMap<String, (std::time::Instant, IoTotals, bool)> = HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let served_by = self
+            .locking
+            .as_ref()
+            .map_or_else(|| holder_description("spindle nbd"), |(_, h)| h.clone());
+        loop {
+            tick.tick().await;
+            for (name, dev) in self.opened().await {
+                if name.contains('@') {
+                    continue;
+                }
+                let image = dev.layer().image();
+                match image.read_qos().await {
+                    Ok(spec) => dev.qos().set(&spec),
+                    Err(e) => tracing::debug!("image {name}: reading its limits: {e}"),
+                }
+                let now = std::time::Instant::now();
+                let totals = dev.io_stats().totals();
+                let (at, before, was_busy) =
+                    last.get(&name)
+                        .cloned()
+                        .unwrap_or((now, IoTotals::default(), true));
+                let busy = totals != before;
+                if busy || was_busy {
+                    let interval = now.duration_since(at).max(Duration::from_millis(1));
+                    let (throttled_ops, throttled_ns) = dev.qos().throttled();
+                    let report = ImageIoReport {
+                        image: name.clone(),
+                        pool: self.pool.clone(),
+                        served_by: served_by.clone(),
+                        unix_ms: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64),
+                        interval_ms: interval.as_millis() as u64,
+                        rates: totals.rates_since(&before, interval),
+                        totals,
+                        qos: dev.qos().spec(),
+                        throttled_ops,
+                        throttled_ms: throttled_ns / 1_000_000,
+                    };
+                    let body = serde_json::to_vec(&report).unwrap_or_default();
+                    if let Err(e) = self
+                        .client
+                        .write_full_object(&self.pool, &stats_object_name(&name), body)
+                        .await
+                    {
+                        tracing::debug!("image {name}: publishing its statistics: {e}");
+                    }
+                }
+                last.insert(name, (now, totals, busy));
+            }
+        }
     }
 
     /// Flushes every opened device; returns the first error.

@@ -24,6 +24,10 @@ pub enum ImageCommand {
         /// erasure-coded pool, where small writes rewrite a shard of their object).
         #[arg(long, value_parser = parse_size_bytes)]
         object_size: Option<u64>,
+        /// A limit where the image is served, `qos.KEY=VALUE` (repeatable; see
+        /// `spindle image config`).
+        #[arg(long = "qos", value_name = "qos.KEY=VALUE")]
+        qos: Vec<String>,
         #[command(flatten)]
         obj: ObjArgs,
     },
@@ -118,6 +122,24 @@ pub enum ImageCommand {
         #[command(flatten)]
         obj: ObjArgs,
     },
+    /// Per-image settings: limits where the image is served (qos.iops, qos.read_iops,
+    /// qos.write_iops, qos.bps, qos.read_bps, qos.write_bps, each with a `_burst`),
+    /// applied live within a second.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// I/O rates, latency and queue depth of the images being served (as their clients
+    /// see them), like `rbd perf image iostat`.
+    Stats {
+        /// Print again every second until interrupted.
+        #[arg(long)]
+        watch: bool,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
     /// Provisioned and used bytes of the images of a pool (or one), and of their snapshots.
     Du {
         name: Option<String>,
@@ -160,6 +182,103 @@ pub enum ImageCommand {
         #[command(subcommand)]
         command: SnapCommand,
     },
+}
+
+/// `spindle image config` subcommands.
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// Set `qos.KEY=VALUE` settings (a value of 0 removes one; byte values take K/M/G).
+    Set {
+        name: String,
+        #[arg(required = true, value_name = "qos.KEY=VALUE")]
+        settings: Vec<String>,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Remove settings.
+    Rm {
+        name: String,
+        #[arg(required = true, value_name = "qos.KEY")]
+        keys: Vec<String>,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+    /// Show the settings.
+    Get {
+        name: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        obj: ObjArgs,
+    },
+}
+
+/// `qos.KEY=VALUE` parsed (value: a count, or bytes with a K/M/G suffix; 0 removes it).
+fn qos_setting(s: &str) -> anyhow::Result<(String, Option<u64>)> {
+    let (key, value) = s
+        .split_once('=')
+        .ok_or_else(|| anyhow::anyhow!("expected qos.KEY=VALUE, got {s:?}"))?;
+    let value = parse_size_bytes(value).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+    Ok((key.to_string(), (value > 0).then_some(value)))
+}
+
+/// Prints the reports of the images served now.
+async fn print_stats(
+    client: &Arc<spindle_client::Client>,
+    pool: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    use spindle_image::ObjectBackend;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut reports = Vec::new();
+    for object in client.list_objects(pool).await? {
+        let Some(image) = object
+            .strip_prefix("img.")
+            .and_then(|o| o.strip_suffix(".stats"))
+        else {
+            continue;
+        };
+        let Ok(data) = client.read_object(pool, &object, 0, 1 << 16).await else {
+            continue;
+        };
+        let Ok(r) = serde_json::from_slice::<spindle_image::qos::ImageIoReport>(&data) else {
+            eprintln!("image {image}: unreadable statistics object {object}");
+            continue;
+        };
+        // Reports older than a few seconds: not served any more (or the server is gone).
+        if now_ms.saturating_sub(r.unix_ms) <= 5_000 {
+            reports.push(r);
+        }
+    }
+    reports.sort_by(|a, b| a.image.cmp(&b.image));
+    if json {
+        println!("{}", serde_json::to_string(&reports)?);
+        return Ok(());
+    }
+    println!(
+        "{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>6}",
+        "IMAGE", "RD IOPS", "WR IOPS", "RD MB/s", "WR MB/s", "RD LAT ms", "WR LAT ms", "QD"
+    );
+    for r in &reports {
+        let x = &r.rates;
+        println!(
+            "{:<20} {:>9.0} {:>9.0} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>6.1}",
+            r.image,
+            x.read_iops,
+            x.write_iops,
+            x.read_bytes_per_sec / 1e6,
+            x.write_bytes_per_sec / 1e6,
+            x.read_latency_us / 1e3,
+            x.write_latency_us / 1e3,
+            x.queue_depth
+        );
+    }
+    if reports.is_empty() {
+        println!("(no image of pool {pool} is being served)");
+    }
+    Ok(())
 }
 
 /// `spindle image snap` subcommands.
@@ -235,6 +354,19 @@ impl<W: Write> std::io::Seek for StdoutSeek<W> {
     fn seek(&mut self, _: std::io::SeekFrom) -> std::io::Result<u64> {
         Err(std::io::Error::other("standard output cannot seek"))
     }
+}
+
+/// The settings as one line (`unlimited` when none).
+fn spec_line(spec: &spindle_image::qos::QosSpec) -> String {
+    let pairs = spec.pairs();
+    if pairs.is_empty() {
+        return "unlimited".to_string();
+    }
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `IMAGE@SNAP` split, with a clear error.
@@ -409,6 +541,9 @@ fn print_info(info: &ImageInfo) {
     );
     println!("created:     {} (unix seconds)", info.created_unix_secs);
     println!("format:      {}", info.format_version);
+    if !info.qos.is_unlimited() {
+        println!("qos:         {}", spec_line(&info.qos));
+    }
     if let (Some(parent), Some(overlap)) = (&info.parent, info.overlap_bytes) {
         println!("parent:      {parent} (overlap {})", format_size(overlap));
     }
@@ -437,15 +572,26 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 name,
                 size,
                 object_size,
+                qos,
                 obj,
             } => {
                 check_volume_size(size)?;
+                let qos: Vec<(String, Option<u64>)> =
+                    qos.iter().map(|s| qos_setting(s)).collect::<anyhow::Result<_>>()?;
+                let mut spec = spindle_image::qos::QosSpec::default();
+                for (k, v) in &qos {
+                    spec.set(k, *v).map_err(|e| anyhow::anyhow!(e))?;
+                }
+                spec.check().map_err(|e| anyhow::anyhow!(e))?;
                 let object_size = object_size
                     .or_else(|| spindle_image::image::default_object_size(&client.map(), &obj.pool))
                     .unwrap_or(OBJECT_SIZE_BYTES_DEFAULT);
-                let img = Image::create(client, &obj.pool, &name, size, object_size)
+                let img = Image::create(client.clone(), &obj.pool, &name, size, object_size)
                     .await
                     .with_context(|| format!("creating image {name}"))?;
+                if !qos.is_empty() {
+                    Image::update_qos(&*client, &obj.pool, &name, &qos).await?;
+                }
                 let info = img.info();
                 println!(
                     "created image {name} ({}, {} objects of {})",
@@ -780,6 +926,48 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                     started.elapsed().as_secs_f64()
                 );
             }
+            ImageCommand::Config { command } => match command {
+                ConfigCommand::Set {
+                    name,
+                    settings,
+                    obj,
+                } => {
+                    let changes: Vec<(String, Option<u64>)> = settings
+                        .iter()
+                        .map(|s| qos_setting(s))
+                        .collect::<anyhow::Result<_>>()?;
+                    let spec = Image::update_qos(&*client, &obj.pool, &name, &changes)
+                        .await
+                        .with_context(|| format!("configuring {name}"))?;
+                    println!("{name}: {}", spec_line(&spec));
+                }
+                ConfigCommand::Rm { name, keys, obj } => {
+                    let changes: Vec<(String, Option<u64>)> =
+                        keys.into_iter().map(|k| (k, None)).collect();
+                    let spec = Image::update_qos(&*client, &obj.pool, &name, &changes)
+                        .await
+                        .with_context(|| format!("configuring {name}"))?;
+                    println!("{name}: {}", spec_line(&spec));
+                }
+                ConfigCommand::Get { name, json, obj } => {
+                    let info = Image::open(client.clone(), &obj.pool, &name).await?.info();
+                    if json {
+                        println!("{}", serde_json::to_string(&info.qos)?);
+                    } else {
+                        for (k, v) in info.qos.pairs() {
+                            println!("{k}={v}");
+                        }
+                    }
+                }
+            },
+            ImageCommand::Stats { watch, json, obj } => loop {
+                print_stats(&client, &obj.pool, json).await?;
+                if !watch {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                println!();
+            },
             ImageCommand::Du { name, json, obj } => {
                 let usage = spindle_image::transfer::usage(&client, &obj.pool, name.as_deref()).await?;
                 if json {

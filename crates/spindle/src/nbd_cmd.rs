@@ -225,6 +225,10 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             }
         }))
     });
+    // Each served image's limits (re-read from its header) and its I/O statistics
+    // (`img.NAME.stats`, for `spindle image stats`), every second.
+    let _housekeeping =
+        spindle_proto::net::AbortOnDrop(tokio::spawn(exports.clone().housekeeping_loop()));
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let serving = if let Some(path) = &args.socket {
