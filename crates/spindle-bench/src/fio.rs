@@ -40,7 +40,7 @@
 //! prefills it like `baselines/fio/prefill.fio`, starts its own `spindle nbd` and
 //! `nbdkit memory` children on free ports, and stops them when done.
 
-mod ceph;
+pub(crate) mod ceph;
 mod published;
 mod targets;
 mod wlog;

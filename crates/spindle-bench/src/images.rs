@@ -10,7 +10,11 @@
 //! 4. nine more snapshots, each followed by a first write to every object, then fio: 10
 //!    snapshots. Target: at most 10% slower with 10 snapshots than with none.
 //!
-//! Not measured yet (not built): clone read latency, export/import beside `rbd`.
+//! 5. a clone of the first snapshot: 4k random reads QD1 of the clone (nothing written:
+//!    every read goes through to the parent snapshot) beside the same reads of the parent;
+//! 6. export of the (full) image to a file and import of that file as a new image,
+//!    throughput; with `--ceph`, a real Ceph 16 started by `shared/baselines/ceph/up.sh`
+//!    in the same sitting does `rbd import` and `rbd export` of the same file.
 
 use crate::common::{print_report, BenchResult};
 use crate::fio::{fio_json, parse_figures, spindle_nbd_child, Engine, Point};
@@ -36,6 +40,13 @@ pub struct BenchImagesArgs {
     /// Image size in MiB (objects of 4 MiB: every one is copied once per snapshot).
     #[arg(long, default_value_t = 256)]
     pub size_mib: u64,
+    /// Also start Ceph 16 (shared/baselines/ceph/up.sh) after the Spindle runs and time
+    /// `rbd import` and `rbd export` of the same file.
+    #[arg(long)]
+    pub ceph: bool,
+    /// Data directory of that Ceph cluster (down.sh removes it).
+    #[arg(long, env = "CEPH_DIR", default_value = "/var/tmp/cephanchor")]
+    pub ceph_dir: PathBuf,
 }
 
 /// With 10 snapshots, 4k random writes keep at least this share of their IOPS.
@@ -51,12 +62,102 @@ pub fn run(args: BenchImagesArgs) -> anyhow::Result<()> {
     if args.size_mib < 8 || args.seconds == 0 {
         anyhow::bail!("--size-mib must be at least 8 and --seconds at least 1");
     }
+    // Everything --ceph needs is checked before the long Spindle run.
+    let ceph_scripts = if args.ceph {
+        let shared = std::env::var_os("SPINDLE_SHARED_DIR").map(PathBuf::from);
+        let dir = crate::fio::ceph::scripts_dir(None, shared.as_deref());
+        let scripts = crate::fio::ceph::CephScripts::find(&dir)?;
+        crate::fio::ceph::check_free(&args.ceph_dir)?;
+        Some(scripts)
+    } else {
+        None
+    };
     let mut results = Vec::new();
+    let mut export_file = None;
     crate::common::in_scratch_cluster("images", args.scratch.clone(), args.keep, |scratch| {
         results = run_in(&args, scratch)?;
+        // The exported file outlives the scratch cluster for Ceph's runs.
+        if let Some(scripts) = &ceph_scripts {
+            let file = std::env::temp_dir()
+                .join(format!("spindle-bench-images-{}.raw", std::process::id()));
+            std::fs::rename(scratch.join("export.raw"), &file)
+                .or_else(|_| std::fs::copy(scratch.join("export.raw"), &file).map(|_| ()))?;
+            export_file = Some((scripts.clone(), file));
+        }
         Ok(())
     })?;
+    if let Some((scripts, file)) = export_file {
+        let r = rbd_transfer(&scripts, &args.ceph_dir, &file);
+        let _ = std::fs::remove_file(&file);
+        let (import_mbps, export_mbps) = r?;
+        let spindle = |label: &str| {
+            results
+                .iter()
+                .find(|r| r.name.starts_with(label))
+                .map(|r| r.spindle)
+                .unwrap_or(0.0)
+        };
+        let (ours_export, ours_import) = (spindle("export of"), spindle("import of"));
+        results.push(BenchResult::higher_is_better(
+            "export of a full image to a file, same sitting (MB/s; reference: rbd export on Ceph 16)",
+            "MB/s",
+            ours_export,
+            "rbd export",
+            export_mbps,
+        ));
+        results.push(BenchResult::higher_is_better(
+            "import of that file as a new image, same sitting (MB/s; reference: rbd import on Ceph 16)",
+            "MB/s",
+            ours_import,
+            "rbd import",
+            import_mbps,
+        ));
+    }
     print_report("images", &results, args.json)
+}
+
+/// Ceph 16 in this sitting: `rbd import FILE` then `rbd export` of it to another file,
+/// each timed (MB/s); down.sh afterwards (also on failure: the guard).
+fn rbd_transfer(
+    scripts: &crate::fio::ceph::CephScripts,
+    ceph_dir: &Path,
+    file: &Path,
+) -> anyhow::Result<(f64, f64)> {
+    progress("starting Ceph 16 with up.sh (about a minute)");
+    let size = std::fs::metadata(file)?.len();
+    let mut cluster = crate::fio::ceph::CephCluster::start(scripts, ceph_dir, size)?;
+    let conf = cluster.conf();
+    let rbd = |args: &[&str]| -> anyhow::Result<f64> {
+        let started = Instant::now();
+        let out = std::process::Command::new("rbd")
+            .args(args)
+            .env("CEPH_CONF", &conf)
+            .output()?;
+        if !out.status.success() {
+            anyhow::bail!(
+                "rbd {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(started.elapsed().as_secs_f64())
+    };
+    let back = file.with_extension("rbd-export");
+    let _ = std::fs::remove_file(&back);
+    let file_arg = file.to_string_lossy().to_string();
+    let back_arg = back.to_string_lossy().to_string();
+    let r = (|| {
+        let import_s = rbd(&["import", "--no-progress", &file_arg, "rbd/imported"])?;
+        let export_s = rbd(&["export", "--no-progress", "rbd/imported", &back_arg])?;
+        anyhow::Ok((size as f64 / 1e6 / import_s, size as f64 / 1e6 / export_s))
+    })();
+    let _ = std::fs::remove_file(&back);
+    progress("stopping Ceph (down.sh)");
+    cluster.stop()?;
+    let (import_mbps, export_mbps) = r?;
+    progress(&format!(
+        "Ceph: rbd import {import_mbps:.0} MB/s, rbd export {export_mbps:.0} MB/s"
+    ));
+    Ok((import_mbps, export_mbps))
 }
 
 fn fio_args(engine: &Engine, bs: &str, rw: &str, seconds: u64, size_mib: u64) -> Vec<String> {
@@ -92,6 +193,23 @@ fn randwrite_iops(engine: &Engine, seconds: u64, size_mib: u64) -> anyhow::Resul
     Ok(parse_figures(&v, &p)?.0.iops)
 }
 
+/// Mean completion latency of 4k random reads at queue depth 1 (us).
+fn randread_qd1_us(engine: &Engine, seconds: u64, size_mib: u64) -> anyhow::Result<f64> {
+    let mut args = fio_args(engine, "4k", "randread", seconds, size_mib);
+    for a in args.iter_mut() {
+        if a.starts_with("--iodepth=") {
+            *a = "--iodepth=1".into();
+        }
+    }
+    let v = fio_json(&args, &[])?;
+    let p = Point {
+        bs: "4k".into(),
+        rw: "randread".into(),
+        iodepth: 1,
+    };
+    Ok(parse_figures(&v, &p)?.0.clat_mean_us)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
@@ -125,7 +243,18 @@ fn run_in(args: &BenchImagesArgs, scratch: &Path) -> anyhow::Result<Vec<BenchRes
     let (_nbd, uri) = spindle_nbd_child(&target, "default", "bench", &[], "nbd-images")?;
     let engine = Engine::nbd(&uri);
     progress("prefill");
-    fio_json(&fio_args(&engine, "1m", "write", 0, args.size_mib), &[])?;
+    let seq = |rw: &str| Point {
+        bs: "1m".into(),
+        rw: rw.into(),
+        iodepth: 16,
+    };
+    let prefill = fio_json(&fio_args(&engine, "1m", "write", 0, args.size_mib), &[])?;
+    let seq_write_mbps = parse_figures(&prefill, &seq("write"))?.0.mb_per_s;
+    let read = fio_json(&fio_args(&engine, "1m", "read", 0, args.size_mib), &[])?;
+    let seq_read_mbps = parse_figures(&read, &seq("read"))?.0.mb_per_s;
+    progress(&format!(
+        "1M QD16 over NBD: sequential writes {seq_write_mbps:.0} MB/s, reads {seq_read_mbps:.0} MB/s"
+    ));
     let iops0 = randwrite_iops(&engine, args.seconds, args.size_mib)?;
     progress(&format!("no snapshot: 4k randwrite QD16 {iops0:.0} IOPS"));
 
@@ -193,7 +322,77 @@ fn run_in(args: &BenchImagesArgs, scratch: &Path) -> anyhow::Result<Vec<BenchRes
     let iops10 = randwrite_iops(&engine, args.seconds, args.size_mib)?;
     progress(&format!("10 snapshots: 4k randwrite QD16 {iops10:.0} IOPS"));
 
+    // A clone of s0, nothing written: every read goes through to the parent snapshot.
+    rt.block_on(async {
+        spindle_image::snap::protect(&client, "default", "bench", "s0", true).await?;
+        spindle_image::clone::clone(&client, "default", "bench", "s0", "default", "clone", None)
+            .await?;
+        anyhow::Ok(())
+    })?;
+    let clone_engine = Engine::nbd(&uri.replace("/bench", "/clone"));
+    let parent_lat = randread_qd1_us(&engine, args.seconds, args.size_mib)?;
+    let clone_lat = randread_qd1_us(&clone_engine, args.seconds, args.size_mib)?;
+    progress(&format!(
+        "4k random read QD1: clone {clone_lat:.0} us, its parent {parent_lat:.0} us"
+    ));
+
+    // Export and import of the full image (every object exists after the prefill).
+    let file = scratch.join("export.raw");
+    let (export_mbps, import_mbps) = rt.block_on(async {
+        let img = spindle_image::Image::open(client.clone(), "default", "bench").await?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&file)?;
+        let started = Instant::now();
+        let stats = spindle_image::transfer::export(&img, &mut f, true, |_, _| {}).await?;
+        f.set_len(stats.size_bytes)?;
+        f.sync_all()?;
+        let export_s = started.elapsed().as_secs_f64();
+        let copy = spindle_image::Image::create(
+            client.clone(),
+            "default",
+            "imported",
+            size_bytes,
+            OBJECT_BYTES,
+        )
+        .await?;
+        let mut input = std::io::BufReader::new(std::fs::File::open(&file)?);
+        let started = Instant::now();
+        spindle_image::transfer::import(&copy, &mut input, size_bytes, |_, _| {}).await?;
+        let import_s = started.elapsed().as_secs_f64();
+        anyhow::Ok((
+            size_bytes as f64 / 1e6 / export_s,
+            size_bytes as f64 / 1e6 / import_s,
+        ))
+    })?;
+    progress(&format!(
+        "export {export_mbps:.0} MB/s, import {import_mbps:.0} MB/s ({} MiB)",
+        args.size_mib
+    ));
+
     Ok(vec![
+        BenchResult::higher_is_better(
+            "export of a full image to a file (MB/s; reference: fio 1M sequential reads QD16 of it over NBD)",
+            "MB/s",
+            export_mbps,
+            "fio 1M reads over NBD",
+            seq_read_mbps,
+        ),
+        BenchResult::higher_is_better(
+            "import of that file as a new image (MB/s; reference: fio 1M sequential writes QD16 over NBD)",
+            "MB/s",
+            import_mbps,
+            "fio 1M writes over NBD",
+            seq_write_mbps,
+        ),
+        BenchResult::lower_is_better(
+            "4k random read QD1 over NBD of a clone with nothing written (us, mean; reference: its parent)",
+            "us",
+            clone_lat,
+            "parent",
+            parent_lat,
+        ),
         BenchResult::higher_is_better(
             "4k randwrite QD16 over NBD with 10 snapshots, each object already copied (IOPS; reference: no snapshot)",
             "IOPS",

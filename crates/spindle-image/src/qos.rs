@@ -504,12 +504,10 @@ mod tests {
         let mut s = QosSpec::default();
         assert!(s.set("iops", Some(5)).is_err(), "needs the qos. prefix");
         assert!(s.set("qos.nope", Some(5)).is_err());
-        assert!(
-            s.set("qos.iops_burst", Some(5)).is_err(),
-            "a burst needs its limit"
-        );
-        s.set("qos.iops", Some(100)).unwrap();
         s.set("qos.iops_burst", Some(5)).unwrap();
+        assert!(s.check().is_err(), "a burst needs its limit");
+        s.set("qos.iops", Some(100)).unwrap();
+        s.check().unwrap();
         assert_eq!(
             s.pairs(),
             vec![("qos.iops".into(), 100), ("qos.iops_burst".into(), 5)]
