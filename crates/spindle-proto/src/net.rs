@@ -224,19 +224,33 @@ async fn read_body<R: AsyncRead + Unpin>(
         .into());
     }
     if let Some(mac) = mac {
-        let mut st = mac.begin(h.kind, h.request_id, h.epoch, h.payload_len);
-        if len < 4 {
-            st.update(&fields);
+        let claim = bulk_claim.to_le_bytes();
+        let want = if len < 4 {
+            mac.frame(
+                h.kind,
+                h.request_id,
+                h.epoch,
+                h.payload_len,
+                &fields,
+                &[],
+                &[],
+            )
         } else {
-            st.update(&(bulk_claim).to_le_bytes());
-            st.update(&bulk);
-            st.update(&fields);
-        }
+            mac.frame(
+                h.kind,
+                h.request_id,
+                h.epoch,
+                h.payload_len,
+                &claim,
+                &bulk,
+                &fields,
+            )
+        };
         let mut got = [0u8; MAC_BYTES];
         r.read_exact(&mut got)
             .await
             .map_err(|e| NetError::Closed(format!("stream ended inside a frame's MAC: {e}")))?;
-        if !crate::auth::equal_secret(&got, &st.finish()) {
+        if !crate::auth::equal_secret(&got, &want) {
             return Err(NetError::Auth(format!(
                 "frame MAC mismatch (kind {}, request {}): altered, forged or replayed",
                 h.kind, h.request_id
@@ -420,12 +434,16 @@ async fn write_frames<W: AsyncWrite + Unpin>(
                     a.copy_from_slice(&h[at..at + 8]);
                     u64::from_le_bytes(a)
                 };
-                let mut st = mac.begin(u16_at(6), u64_at(12), u64_at(20), u32_at(28));
                 let head = &f.body.head;
-                st.update(&head[..4]);
-                st.update(&f.body.bulk);
-                st.update(&head[4..]);
-                st.finish()
+                mac.frame(
+                    u16_at(6),
+                    u64_at(12),
+                    u64_at(20),
+                    u32_at(28),
+                    &head[..4],
+                    &f.body.bulk,
+                    &head[4..],
+                )
             })
             .collect(),
     };
