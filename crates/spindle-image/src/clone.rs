@@ -44,6 +44,14 @@ pub(crate) struct CloneLink<B: ObjectBackend> {
     present: Mutex<HashSet<u64>>,
     /// One lock per object being copied up.
     copying: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
+    /// Objects a read found missing in the clone (read from the parent straight away),
+    /// kept only when nobody else can create them: this handle is the image's only
+    /// writer, or it is a snapshot view (an object created in the head after the
+    /// snapshot is a copy-up, which reads the same, or a change, which is preserved in a
+    /// snapshot copy the view reads first). A copy-up drops its object from here.
+    absent: Mutex<Option<HashSet<u64>>>,
+    /// Copy-ups so far: a read's "missing" counts only if none happened while it ran.
+    copy_ups: std::sync::atomic::AtomicU64,
 }
 
 impl<B: ObjectBackend> CloneLink<B> {
@@ -52,6 +60,50 @@ impl<B: ObjectBackend> CloneLink<B> {
             parent,
             present: Mutex::new(HashSet::new()),
             copying: Mutex::new(HashMap::new()),
+            absent: Mutex::new(None),
+            copy_ups: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Lets reads remember missing objects (see `absent`).
+    pub fn cache_absent(&self) {
+        let mut a = spindle_types::sync::lock(&self.absent);
+        if a.is_none() {
+            *a = Some(HashSet::new());
+        }
+    }
+
+    /// Ok if object `index` is known to be missing in the clone; else the copy-up count
+    /// to hand to [`CloneLink::note_absent`] if the read finds it missing.
+    pub fn absent_since(&self, index: u64) -> Result<(), u64> {
+        let generation = self.copy_ups.load(std::sync::atomic::Ordering::Acquire);
+        match &*spindle_types::sync::lock(&self.absent) {
+            Some(set) if set.contains(&index) => Ok(()),
+            _ => Err(generation),
+        }
+    }
+
+    /// Remembers that object `index` was missing, unless a copy-up ran since the read
+    /// began (`generation`), or this writer ever changed the object (a copy-up that found
+    /// only zeros writes nothing; the change after it creates the object).
+    pub fn note_absent(&self, index: u64, generation: u64) {
+        if self.is_present(index) {
+            return;
+        }
+        let mut a = spindle_types::sync::lock(&self.absent);
+        if let Some(set) = a.as_mut() {
+            if self.copy_ups.load(std::sync::atomic::Ordering::Acquire) == generation {
+                set.insert(index);
+            }
+        }
+    }
+
+    fn forget_absent(&self, index: u64) {
+        let mut a = spindle_types::sync::lock(&self.absent);
+        self.copy_ups
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        if let Some(set) = a.as_mut() {
+            set.remove(&index);
         }
     }
 
@@ -83,6 +135,8 @@ impl<B: ObjectBackend> CloneLink<B> {
             if self.is_present(index) {
                 Ok(())
             } else {
+                // From here on the object may exist: no read may remember it missing.
+                self.forget_absent(index);
                 let len = object_size_bytes.min(overlap_bytes - start);
                 self.copy_object(backend, pool, image, index, start, len)
                     .await
@@ -96,6 +150,9 @@ impl<B: ObjectBackend> CloneLink<B> {
         }
         result?;
         spindle_types::sync::lock(&self.present).insert(index);
+        // Again after the copy: a read that found the object missing while it was being
+        // written must not remember it (the count moved on).
+        self.forget_absent(index);
         Ok(())
     }
 

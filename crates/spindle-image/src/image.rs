@@ -737,7 +737,11 @@ impl<B: ObjectBackend> Image<B> {
                             p.pool, p.image, p.snap, p.snap_id
                         )));
                     }
-                    Some(Arc::new(crate::clone::CloneLink::new(Arc::new(parent))))
+                    let link = crate::clone::CloneLink::new(Arc::new(parent));
+                    if snap.is_some() {
+                        link.cache_absent();
+                    }
+                    Some(Arc::new(link))
                 }
                 _ => None,
             };
@@ -855,6 +859,15 @@ impl<B: ObjectBackend> Image<B> {
     /// The clone's link to its parent, if it is a clone (and not flattened).
     fn link(&self) -> Option<Arc<crate::clone::CloneLink<B>>> {
         self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Declares this handle the image's only writer (it holds the image's lock): a clone
+    /// may then remember which objects it does not have and read those from the parent
+    /// straight away (a snapshot view always may: see `CloneLink`).
+    pub fn set_sole_writer(&self) {
+        if let Some(l) = self.link() {
+            l.cache_absent();
+        }
     }
 
     /// The parent snapshot of a clone (None for other images, and once flattened).
@@ -1074,12 +1087,20 @@ impl<B: ObjectBackend> Image<B> {
                     .map(|v| (v, self.name.clone(), c.object_index));
                 // A clone reads what it has not written from its parent, up to the overlap.
                 let image_offset = c.object_index * h.object_size_bytes + c.offset;
+                let index = c.object_index;
                 let parent = self.link().and_then(|l| {
                     let overlap = self.overlap_bytes();
                     (image_offset < overlap)
-                        .then(|| (l.parent.clone(), (overlap - image_offset).min(piece_len)))
+                        .then(|| (l.clone(), (overlap - image_offset).min(piece_len)))
                 });
+                // Known to read through (`CloneLink::absent_since`): straight to the parent.
+                let absent = parent.as_ref().map(|(l, _)| l.absent_since(index));
                 async move {
+                    if let (Some((link, len)), Some(Ok(()))) = (&parent, &absent) {
+                        let mut data = link.parent.read_boxed(image_offset, *len).await?;
+                        data.resize(piece_len as usize, 0);
+                        return Ok(data);
+                    }
                     let r = match at_snap {
                         None => backend.read_object(&pool, &object, off, piece_len).await,
                         Some((view, image, index)) => {
@@ -1095,8 +1116,11 @@ impl<B: ObjectBackend> Image<B> {
                         }
                         Err(ClientError::NotFound(_)) => match parent {
                             None => Ok(vec![0; piece_len as usize]),
-                            Some((parent, len)) => {
-                                let mut data = parent.read_boxed(image_offset, len).await?;
+                            Some((link, len)) => {
+                                if let Some(Err(generation)) = absent {
+                                    link.note_absent(index, generation);
+                                }
+                                let mut data = link.parent.read_boxed(image_offset, len).await?;
                                 data.resize(piece_len as usize, 0);
                                 Ok(data)
                             }
@@ -2109,6 +2133,7 @@ mod tests {
                 let at = Image::open_snap(b.clone(), POOL, "golden", "base").await.unwrap();
                 // Objects of 8 KiB: two of the parent's per clone object.
                 let img = Image::create_clone(b.clone(), POOL, "vm", &at, 8192).await.unwrap();
+                img.set_sole_writer();
                 assert_eq!(img.read(0, size).await.unwrap(), parent_model);
                 let mut model = parent_model.clone();
                 let mut snaps: Vec<(String, Vec<u8>)> = Vec::new();

@@ -573,6 +573,10 @@ impl Exports for ImageExports {
             )),
             None => None,
         };
+        if lock.is_some() {
+            // The lock holder is the only writer: a clone may remember what it lacks.
+            image.set_sole_writer();
+        }
         let layer = Arc::new(
             BlockLayer::new(Arc::new(image), self.config.clone())
                 .map_err(|e| DeviceError::Io(e.to_string()))?,
