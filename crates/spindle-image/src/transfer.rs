@@ -59,46 +59,51 @@ pub async fn export<B: ObjectBackend, W: Write + Seek>(
     let io = |e: std::io::Error| ImageError::Task(format!("writing the export: {e}"));
     // Large images: only the objects that exist are read (the rest are holes).
     let with_data = image.objects_with_data().await?;
-    let mut index = 0u64;
     progress(0, size);
-    while index < count {
-        let end = (index + PARALLEL_OPS_MAX as u64).min(count);
-        let reads = (index..end).map(|i| {
+    // Reads stay `PARALLEL_OPS_MAX` objects ahead of the writing, in order (a batch at a
+    // time left the cluster idle while the file was written: 198 MB/s against `rbd
+    // export`'s 306 in the same sitting).
+    use futures::stream::StreamExt;
+    let with_data = &with_data;
+    let mut parts = futures::stream::iter(0..count)
+        .map(|i| {
             let offset = i * os;
             let len = os.min(size - offset);
             let skip = with_data.as_ref().is_some_and(|w| !w.contains(&i));
             async move {
                 if skip {
-                    Ok((len, None))
+                    Ok((i, len, None))
                 } else {
-                    image.read(offset, len).await.map(|d| (len, Some(d)))
+                    image.read(offset, len).await.map(|d| (i, len, Some(d)))
                 }
             }
-        });
-        let parts = futures::future::join_all(reads).await;
-        for (i, part) in (index..end).zip(parts) {
-            let (len, data) = part?;
-            let base = i * os;
-            let Some(data) = data else {
-                // A hole: nothing to write to a file; zeros to a stream.
+        })
+        .buffered(PARALLEL_OPS_MAX);
+    while let Some(part) = parts.next().await {
+        let (i, len, data) = part?;
+        let base = i * os;
+        match data {
+            // A hole: nothing to write to a file; zeros to a stream.
+            None => {
                 if !seekable {
                     out.write_all(&vec![0u8; len as usize]).map_err(io)?;
                 }
-                continue;
-            };
-            if seekable {
+            }
+            Some(data) if seekable => {
                 for (at, len) in nonzero_runs(&data) {
                     out.seek(SeekFrom::Start(base + at as u64)).map_err(io)?;
                     out.write_all(&data[at..at + len]).map_err(io)?;
                     stats.data_bytes += len as u64;
                 }
-            } else {
+            }
+            Some(data) => {
                 stats.data_bytes += nonzero_runs(&data).iter().map(|r| r.1 as u64).sum::<u64>();
                 out.write_all(&data).map_err(io)?;
             }
         }
-        index = end;
-        progress((index * os).min(size), size);
+        if (i + 1) % PARALLEL_OPS_MAX as u64 == 0 || i + 1 == count {
+            progress(((i + 1) * os).min(size), size);
+        }
     }
     out.flush().map_err(io)?;
     Ok(stats)
