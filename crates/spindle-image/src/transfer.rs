@@ -128,28 +128,39 @@ pub async fn import<B: ObjectBackend, R: Read>(
     };
     let mut offset = 0u64;
     progress(0, size_bytes);
+    // Up to `PARALLEL_OPS_MAX` writes stay in flight while the input is read (a batch at
+    // a time left the cluster idle while the next batch was read).
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let mut in_flight = FuturesUnordered::new();
     while offset < size_bytes {
-        // A batch of objects read from the input, written in parallel.
-        let mut batch: Vec<(u64, Vec<u8>)> = Vec::new();
-        while batch.len() < PARALLEL_OPS_MAX && offset < size_bytes {
-            let len = os.min(size_bytes - offset) as usize;
-            let mut buf = vec![0u8; len];
-            input.read_exact(&mut buf).map_err(io)?;
-            batch.push((offset, buf));
-            offset += len as u64;
-        }
-        let mut writes = Vec::new();
-        for (base, buf) in &batch {
-            for (at, len) in nonzero_runs(buf) {
-                stats.data_bytes += len as u64;
-                writes.push(image.write(base + at as u64, &buf[at..at + len]));
+        let len = os.min(size_bytes - offset) as usize;
+        let mut buf = vec![0u8; len];
+        input.read_exact(&mut buf).map_err(io)?;
+        let runs = nonzero_runs(&buf);
+        for (at, run) in runs {
+            stats.data_bytes += run as u64;
+            // A whole object of data moves; a part of one is copied out.
+            let data = if at == 0 && run == buf.len() {
+                std::mem::take(&mut buf)
+            } else {
+                buf[at..at + run].to_vec()
+            };
+            in_flight.push(image.write_owned(offset + at as u64, data));
+            while in_flight.len() >= PARALLEL_OPS_MAX {
+                if let Some(r) = in_flight.next().await {
+                    r?;
+                }
             }
         }
-        for r in futures::future::join_all(writes).await {
-            r?;
+        offset += len as u64;
+        if (offset / os).is_multiple_of(PARALLEL_OPS_MAX as u64) && offset < size_bytes {
+            progress(offset, size_bytes);
         }
-        progress(offset, size_bytes);
     }
+    while let Some(r) = in_flight.next().await {
+        r?;
+    }
+    progress(size_bytes, size_bytes);
     Ok(stats)
 }
 
