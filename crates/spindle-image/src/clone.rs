@@ -201,13 +201,6 @@ impl<B: ObjectBackend> CloneLink<B> {
     }
 }
 
-fn command_error(e: ClientError) -> ImageError {
-    match e {
-        ClientError::Command(m) => ImageError::Snapshot(m),
-        e => ImageError::Backend(e),
-    }
-}
-
 /// Clones snapshot `parent`@`snap` (in `parent_pool`) as image `child` in `child_pool`:
 /// registers the clone with the snapshot (which must be protected), then writes its
 /// header. `object_size_bytes`: the clone's (None: the parent's).
@@ -230,7 +223,7 @@ pub async fn clone(
     client
         .snap_child(true, parent_pool, parent, snap, child_pool, child)
         .await
-        .map_err(command_error)?;
+        .map_err(crate::snap::snap_error)?;
     let os = object_size_bytes.unwrap_or_else(|| at.object_size_bytes());
     match Image::create_clone(client.clone(), child_pool, child, &at, os).await {
         Ok(_) => Ok(()),
@@ -279,7 +272,7 @@ pub async fn unregister(
             image,
         )
         .await
-        .map_err(command_error)?;
+        .map_err(crate::snap::snap_error)?;
     Ok(())
 }
 
@@ -338,7 +331,7 @@ pub async fn prune_children(
             client
                 .snap_child(false, pool, image, snap, &child_pool, &child)
                 .await
-                .map_err(command_error)?;
+                .map_err(crate::snap::snap_error)?;
             pruned += 1;
         }
     }

@@ -357,7 +357,8 @@ pub async fn protect(
     Ok(())
 }
 
-fn snap_error(e: ClientError) -> ImageError {
+/// A monitor's refusal of an image command as an image error (other failures as they are).
+pub(crate) fn snap_error(e: ClientError) -> ImageError {
     match e {
         ClientError::Command(m) => ImageError::Snapshot(m),
         e => ImageError::Backend(e),

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{run_ok, spindle, Cluster, NbdProc};
+use common::{fails, ok, run_ok, spindle, Cluster, NbdProc};
 use sha2::{Digest, Sha256};
 use spindle_image::Image;
 use std::process::Command;
@@ -33,25 +33,6 @@ fn block_of(seq: u64) -> Vec<u8> {
         chunk.copy_from_slice(&(seq.wrapping_mul(0x9e37_79b9) ^ i as u64 ^ 1).to_le_bytes());
     }
     out
-}
-
-fn ok(c: &Cluster, args: &[&str]) -> String {
-    run_ok(spindle().args(args).arg("--dir").arg(&c.dir))
-}
-
-fn fails(c: &Cluster, args: &[&str], needle: &str) {
-    let out = spindle()
-        .args(args)
-        .arg("--dir")
-        .arg(&c.dir)
-        .output()
-        .expect("spawn spindle");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert!(
-        err.contains(needle),
-        "{args:?}: expected {needle:?} in: {err}"
-    );
 }
 
 /// sha256 of `spindle image export SPEC -` (the real CLI, through a pipe).

@@ -7,28 +7,9 @@
 
 mod common;
 
-use common::{run_ok, spindle, Cluster, NbdProc};
+use common::{fails, ok, Cluster, NbdProc};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn ok(c: &Cluster, args: &[&str]) -> String {
-    run_ok(spindle().args(args).arg("--dir").arg(&c.dir))
-}
-
-fn fails(c: &Cluster, args: &[&str], needle: &str) {
-    let out = spindle()
-        .args(args)
-        .arg("--dir")
-        .arg(&c.dir)
-        .output()
-        .expect("spawn spindle");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert!(
-        err.contains(needle),
-        "{args:?}: expected {needle:?} in: {err}"
-    );
-}
 
 /// 4 KiB random writes at queue depth 16 for `secs` seconds after `ramp` seconds.
 fn fio(uri: &str, ramp: u64, secs: u64) -> Child {

@@ -7,33 +7,13 @@
 
 mod common;
 
-use common::{run_ok, spindle, Cluster};
+use common::{fails, ok, spindle, Cluster};
 use spindle_image::Image;
 use std::os::unix::fs::MetadataExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 const POOL: &str = "default";
-
-fn ok(c: &Cluster, args: &[&str]) -> String {
-    run_ok(spindle().args(args).arg("--dir").arg(&c.dir))
-}
-
-fn fails(c: &Cluster, args: &[&str], needle: &str) {
-    let out = spindle()
-        .args(args)
-        .arg("--dir")
-        .arg(&c.dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn spindle");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert!(
-        err.contains(needle),
-        "{args:?}: expected {needle:?} in: {err}"
-    );
-}
 
 fn sha256(path: &std::path::Path) -> String {
     let out = Command::new("sha256sum")

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{run_ok, spindle, Cluster, NbdProc};
+use common::{fails, ok, run_ok, spindle, Cluster, NbdProc};
 use spindle_image::snap::parse_snap_object;
 use spindle_image::Image;
 use std::process::Command;
@@ -35,29 +35,6 @@ fn block_of(seq: u64) -> Vec<u8> {
         chunk.copy_from_slice(&(seq.wrapping_mul(0x9e37_79b9) ^ i as u64).to_le_bytes());
     }
     out
-}
-
-fn cmd(c: &Cluster, args: &[&str]) -> std::process::Output {
-    spindle()
-        .args(args)
-        .arg("--dir")
-        .arg(&c.dir)
-        .output()
-        .expect("spawn spindle")
-}
-
-fn ok(c: &Cluster, args: &[&str]) -> String {
-    run_ok(spindle().args(args).arg("--dir").arg(&c.dir))
-}
-
-fn fails(c: &Cluster, args: &[&str], needle: &str) {
-    let out = cmd(c, args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} should fail");
-    assert!(
-        err.contains(needle),
-        "{args:?}: expected {needle:?} in: {err}"
-    );
 }
 
 /// The image's bytes after writes `0..k` of `log` (offset, seq) over zeros.

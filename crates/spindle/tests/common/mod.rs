@@ -27,6 +27,29 @@ pub struct Cluster {
     pub osds: u32,
 }
 
+/// Runs `spindle ARGS --dir CLUSTER` and returns its standard output (panics on failure).
+pub fn ok(c: &Cluster, args: &[&str]) -> String {
+    run_ok(spindle().args(args).arg("--dir").arg(&c.dir))
+}
+
+/// Runs `spindle ARGS --dir CLUSTER` (no standard input) and asserts that it fails with
+/// `needle` in its standard error.
+pub fn fails(c: &Cluster, args: &[&str], needle: &str) {
+    let out = spindle()
+        .args(args)
+        .arg("--dir")
+        .arg(&c.dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("spawn spindle");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(
+        err.contains(needle),
+        "{args:?}: expected {needle:?} in: {err}"
+    );
+}
+
 pub fn unique_dir(tag: &str) -> PathBuf {
     let base = std::env::var_os("SPINDLE_TEST_TMP")
         .map(PathBuf::from)
