@@ -336,13 +336,13 @@ impl Client {
 
     /// This client's id (random per instance, never 0): what its requests carry, what an
     /// image lock it takes is held by, and what fencing refuses.
-    /// The id of the newest snapshot of image `image` in pool `pool` in this client's map
-    /// (0: none, or no such pool).
-    pub fn newest_snap(&self, pool: &str, image: &str) -> u64 {
+    /// The snapshot guard of image `image` in pool `pool` in this client's map
+    /// (`ImageSnaps::guard`; 0: no live snapshot, or no such pool).
+    pub fn snap_guard(&self, pool: &str, image: &str) -> u64 {
         let ms = self.state();
         ms.map
             .pool_by_name(pool)
-            .map_or(0, |p| ms.map.newest_snap(p.id, image))
+            .map_or(0, |p| ms.map.snap_guard(p.id, image))
     }
 
     /// The snapshots of image `image` of `pool` in this client's map (None: none ever

@@ -98,6 +98,25 @@ impl Client {
         self.command_as::<serde_json::Value>(args).await.map(|_| ())
     }
 
+    /// Records that every copy the first `removals` snapshot removals of `image` left is
+    /// deleted (what the snapshot trimmer reports).
+    pub async fn snap_trimmed(
+        &self,
+        pool: &str,
+        image: &str,
+        removals: u64,
+    ) -> Result<(), ClientError> {
+        let args = vec![
+            "snap".to_string(),
+            "trimmed".to_string(),
+            pool.to_string(),
+            image.to_string(),
+            removals.to_string(),
+        ];
+        let _: SnapDone = self.command_as(args).await?;
+        Ok(())
+    }
+
     /// `snap VERB` on `image`'s snapshot `snap` (the monitor's `snaps` module decides);
     /// `size_bytes` is the image's size for `create`. Once the map holding the change is
     /// installed here, it is pushed to every primary of the pool ([`Client::map_barrier`]):

@@ -179,11 +179,11 @@ impl<B: ObjectBackend> CloneLink<B> {
             return Ok(());
         }
         data.truncate(used);
-        // Written under the image's newest snapshot's guard without preserving first: the
+        // Written under the image's snapshot guard without preserving first: the
         // clone reads the same bytes before and after.
         let mut attempts = 0u32;
         loop {
-            let guard = backend.newest_snap(pool, image);
+            let guard = backend.snap_guard(pool, image);
             let write = backend.write_full_object(pool, &object, data.clone());
             match backend.with_guard(guard, write).await {
                 Err(ClientError::SnapChanged(m)) => {

@@ -239,9 +239,10 @@ pub trait ObjectBackend: Send + Sync + 'static {
         &self,
         pool: &str,
     ) -> impl Future<Output = Result<Vec<String>, ClientError>> + Send;
-    /// The id of the newest snapshot of `image` in this backend's view (the cluster map);
-    /// 0: none. Backends without snapshots keep the default.
-    fn newest_snap(&self, _pool: &str, _image: &str) -> u64 {
+    /// The snapshot guard of `image` in this backend's view of the cluster map
+    /// (`spindle_map::ImageSnaps::guard`; 0: no live snapshot). Backends without snapshots
+    /// keep the default.
+    fn snap_guard(&self, _pool: &str, _image: &str) -> u64 {
         0
     }
     /// The snapshots of `image` in this backend's view (None: none ever taken).
@@ -330,8 +331,8 @@ impl ObjectBackend for Client {
             .map(|l| l.into_iter().map(|o| o.name).collect())
     }
 
-    fn newest_snap(&self, pool: &str, image: &str) -> u64 {
-        Client::newest_snap(self, pool, image)
+    fn snap_guard(&self, pool: &str, image: &str) -> u64 {
+        Client::snap_guard(self, pool, image)
     }
 
     fn image_snaps(&self, pool: &str, image: &str) -> Option<spindle_map::ImageSnaps> {
@@ -1382,7 +1383,7 @@ impl<B: ObjectBackend> Image<B> {
                 .as_mut()
                 .filter(|p| new_size_bytes < p.overlap_bytes)
             {
-                if self.link().is_some() && self.backend.newest_snap(&self.pool, &self.name) != 0 {
+                if self.link().is_some() && self.backend.snap_guard(&self.pool, &self.name) != 0 {
                     return Err(ImageError::Snapshot(format!(
                         "{} is a clone with snapshots: it cannot shrink below what it reads \
                          from its parent ({} bytes); flatten it or remove its snapshots first",
@@ -1727,6 +1728,17 @@ mod memory {
             id
         }
 
+        /// Removes snapshot `name` of `image` (what the monitor's `snap rm` does to the
+        /// map; its copies stay until `snap::trim`). Returns whether it existed.
+        pub fn remove_snapshot(&self, pool: &str, image: &str, name: &str) -> bool {
+            let mut s = lock(&self.state);
+            let Some(snaps) = s.snaps.get_mut(&key(pool, image)) else {
+                return false;
+            };
+            let id = snaps.by_name(name).map(|(id, _)| id);
+            id.is_some_and(|id| snaps.snaps.remove(&id).is_some())
+        }
+
         /// Operation counts so far.
         pub fn counts(&self) -> MemoryOpCounts {
             lock(&self.state).counts.clone()
@@ -1785,11 +1797,11 @@ mod memory {
     }
 
     impl ObjectBackend for MemoryBackend {
-        fn newest_snap(&self, pool: &str, image: &str) -> u64 {
+        fn snap_guard(&self, pool: &str, image: &str) -> u64 {
             lock(&self.state)
                 .snaps
                 .get(&key(pool, image))
-                .map_or(0, |s| s.newest())
+                .map_or(0, |s| s.guard())
         }
 
         fn image_snaps(&self, pool: &str, image: &str) -> Option<spindle_map::ImageSnaps> {
@@ -2100,6 +2112,77 @@ mod tests {
                     assert_eq!(img.read(0, model.len() as u64).await.unwrap(), model);
                     check_nothing_past_end(&b, &img);
                 }
+            });
+        }
+    }
+
+    /// Asserts `got == want`, naming the first differing byte (not printing both).
+    fn same(got: &[u8], want: &[u8], what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        if let Some(at) = got.iter().zip(want).position(|(a, b)| a != b) {
+            panic!("{what}: byte {at} is {}, want {}", got[at], want[at]);
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(96))]
+        /// Snapshots against `Vec` models: random writes, zeroing and discards of the head,
+        /// snapshots taken and removed (any of them, the newest too), copies trimmed at
+        /// random points; every live snapshot reads as it was taken, after every step.
+        #[test]
+        fn snapshots_model_based(ops in proptest::collection::vec(
+            (0u8..8, 0u64..40_000, 0u64..12_000, 1u8..=255), 1..40)) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let size = 40u64 << 10;
+                let b = Arc::new(MemoryBackend::new());
+                let img = Image::create(b.clone(), POOL, "vm", size, 4096).await.unwrap();
+                let mut model = vec![0u8; size as usize];
+                let mut snaps: Vec<(String, Vec<u8>)> = Vec::new();
+                let mut taken = 0usize;
+                for (kind, off, len, byte) in ops {
+                    let off = off % size;
+                    let len = len.min(size - off);
+                    let (o, l) = (off as usize, len as usize);
+                    match kind {
+                        0..=2 => {
+                            img.write(off, &vec![byte; l]).await.unwrap();
+                            model[o..o + l].fill(byte);
+                        }
+                        3 => {
+                            img.discard(off, len).await.unwrap();
+                            model[o..o + l].fill(0);
+                        }
+                        4 | 5 => {
+                            let name = format!("s{taken}");
+                            taken += 1;
+                            b.add_snapshot(POOL, "vm", &name, size);
+                            snaps.push((name, model.clone()));
+                        }
+                        6 if !snaps.is_empty() => {
+                            // Any snapshot; the newest one as often as the others.
+                            let (name, _) = snaps.remove(byte as usize % snaps.len());
+                            assert!(b.remove_snapshot(POOL, "vm", &name));
+                        }
+                        _ => {
+                            crate::snap::trim(&*b, POOL, "vm", |_, _| {}).await.unwrap();
+                        }
+                    }
+                    same(&img.read(0, size).await.unwrap(), &model, "head");
+                    for (name, want) in &snaps {
+                        let view = Image::open_snap(b.clone(), POOL, "vm", name).await.unwrap();
+                        same(&view.read(0, size).await.unwrap(), want, name);
+                    }
+                }
+                // With every snapshot gone, trimming leaves no copy behind.
+                for (name, _) in snaps.drain(..) {
+                    assert!(b.remove_snapshot(POOL, "vm", &name));
+                }
+                crate::snap::trim(&*b, POOL, "vm", |_, _| {}).await.unwrap();
+                assert!(b.object_names(POOL).iter().all(|n| !n.contains('@')));
             });
         }
     }

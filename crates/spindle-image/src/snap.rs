@@ -99,7 +99,7 @@ impl Cow {
         index: u64,
         object_size_bytes: u64,
     ) -> Result<u64, ClientError> {
-        let snap = backend.newest_snap(pool, image);
+        let snap = backend.snap_guard(pool, image);
         if snap == 0 || self.is_preserved(snap, index) {
             return Ok(snap);
         }
@@ -197,13 +197,18 @@ pub fn source_at(copies: &[u64], snap: u64) -> Option<u64> {
     copies.iter().copied().find(|&c| c >= snap)
 }
 
-/// Which snapshot copies can go once the live snapshots are `live` (sorted): a copy `c`
-/// of an object serves the live snapshots in `(previous copy, c]`; none: it can go.
+/// Which snapshot copies can go once the live snapshots are `live` (sorted), read from a
+/// map whose last handed-out id was `seq`: a copy `c` of an object serves the live
+/// snapshots in `(previous copy, c]`; none: it can go. A copy above `seq` is for a
+/// snapshot newer than that map (the listing can be newer than the map): it stays.
 /// `copies` sorted.
-pub fn unneeded_copies(copies: &[u64], live: &[u64]) -> Vec<u64> {
+pub fn unneeded_copies(copies: &[u64], live: &[u64], seq: u64) -> Vec<u64> {
     let mut out = Vec::new();
     let mut previous = 0u64;
     for &c in copies {
+        if c > seq {
+            break;
+        }
         let serves = live.iter().any(|&s| s > previous && s <= c);
         if !serves {
             out.push(c);
@@ -213,14 +218,46 @@ pub fn unneeded_copies(copies: &[u64], live: &[u64]) -> Vec<u64> {
     out
 }
 
-/// A snapshot opened for reading: which copies each object has (listed once at open).
+/// A snapshot opened for reading: which copies each object has (listed at open, listed
+/// again when many snapshots were taken since).
 pub struct SnapView {
     pub id: u64,
     pub name: String,
     /// The image's size when the snapshot was taken.
     pub size_bytes: u64,
-    /// Per object index: the snapshot copies that existed at open (sorted ids).
+    listing: Mutex<Arc<Listing>>,
+}
+
+/// The snapshot copies of one image at one time.
+struct Listing {
+    /// The image's `ImageSnaps::seq` just before the listing: every copy made after it
+    /// has an id at least this (copies are made under the guard, which is the `seq` of
+    /// its time).
+    seq: u64,
+    /// Per object index: the snapshot copies listed (sorted ids).
     copies: HashMap<u64, Vec<u64>>,
+}
+
+/// Ids handed out since a view's listing beyond which a read that found no listed copy
+/// lists the copies again instead of probing one name per id.
+const VIEW_PROBES_MAX: u64 = 8;
+
+async fn list_copies<B: ObjectBackend>(
+    backend: &B,
+    pool: &str,
+    image: &str,
+) -> Result<Listing, ClientError> {
+    let seq = backend.image_snaps(pool, image).map_or(0, |s| s.seq);
+    let mut copies: HashMap<u64, Vec<u64>> = HashMap::new();
+    for object in backend.list_objects(pool).await? {
+        if let Some((index, c)) = parse_snap_object(image, &object) {
+            copies.entry(index).or_default().push(c);
+        }
+    }
+    for ids in copies.values_mut() {
+        ids.sort_unstable();
+    }
+    Ok(Listing { seq, copies })
 }
 
 impl SnapView {
@@ -235,20 +272,12 @@ impl SnapView {
         let (id, info) = snaps
             .by_name(snap)
             .ok_or_else(|| ImageError::Snapshot(format!("no snapshot {image}@{snap}")))?;
-        let mut copies: HashMap<u64, Vec<u64>> = HashMap::new();
-        for object in backend.list_objects(pool).await? {
-            if let Some((index, c)) = parse_snap_object(image, &object) {
-                copies.entry(index).or_default().push(c);
-            }
-        }
-        for ids in copies.values_mut() {
-            ids.sort_unstable();
-        }
+        let listing = list_copies(backend, pool, image).await?;
         Ok(SnapView {
             id,
             name: info.name.clone(),
             size_bytes: info.size_bytes,
-            copies,
+            listing: Mutex::new(Arc::new(listing)),
         })
     }
 
@@ -263,7 +292,13 @@ impl SnapView {
         offset: u64,
         len: u64,
     ) -> Result<Vec<u8>, ClientError> {
-        let listed = self.copies.get(&index).map_or(&[][..], |v| v.as_slice());
+        let mut listing = spindle_types::sync::lock(&self.listing).clone();
+        let seq_now = backend.image_snaps(pool, image).map_or(0, |s| s.seq);
+        if seq_now.saturating_sub(listing.seq) >= VIEW_PROBES_MAX {
+            listing = Arc::new(list_copies(backend, pool, image).await?);
+            *spindle_types::sync::lock(&self.listing) = listing.clone();
+        }
+        let listed = listing.copies.get(&index).map_or(&[][..], |v| v.as_slice());
         if let Some(c) = source_at(listed, self.id) {
             return backend
                 .read_object(pool, &snap_object_name(image, index, c), offset, len)
@@ -278,13 +313,12 @@ impl SnapView {
             )
             .await;
         // A copy made since the listing means the head changed after the snapshot (the
-        // writer copies first): read the copy instead. Copies are made only for the
-        // newest snapshot at the time, so the live snapshots from this one on cover them.
-        let live: Vec<u64> = backend
-            .image_snaps(pool, image)
-            .map(|s| s.snaps.keys().copied().filter(|&n| n >= self.id).collect())
-            .unwrap_or_default();
-        for n in live {
+        // writer copies first): read the copy instead. Such a copy's id is the guard of
+        // its time, at least the listing's `seq` (and at least this snapshot's id); the
+        // smallest one holds this snapshot's data. Probed after the head was read, so a
+        // change the head read saw has its copy in place.
+        let seq_now = backend.image_snaps(pool, image).map_or(0, |s| s.seq);
+        for n in listing.seq.max(self.id)..=seq_now {
             let copy = snap_object_name(image, index, n);
             match backend.read_object(pool, &copy, offset, len).await {
                 Ok(data) => return Ok(data),
@@ -365,36 +399,56 @@ pub(crate) fn snap_error(e: ClientError) -> ImageError {
     }
 }
 
-/// Removes snapshot `snap`, then frees the copies no live snapshot reads any more
-/// ([`trim`]). `progress(done, total)` as copies go.
+/// Removes snapshot `snap`. The copies only it read are freed in the background by the
+/// leader monitor's trimmer (or at once by [`trim`]); returns the image's removal count
+/// with this one, what [`trimmed`] compares against.
 pub async fn remove(
     client: &Arc<spindle_client::Client>,
     pool: &str,
     image: &str,
     snap: &str,
-    progress: impl FnMut(u64, u64) + Send,
 ) -> Result<u64, ImageError> {
     client
         .snap_command("rm", pool, image, snap, 0)
         .await
         .map_err(snap_error)?;
-    trim(client, pool, image, progress).await
+    // The command returned once this client's map has the removal.
+    Ok(client.image_snaps(pool, image).map_or(0, |s| s.removals))
+}
+
+/// Whether the copies left by the first `removals` snapshot removals of `image` are freed,
+/// in this client's map.
+pub fn trimmed(client: &spindle_client::Client, pool: &str, image: &str, removals: u64) -> bool {
+    client
+        .image_snaps(pool, image)
+        .is_none_or(|s| s.trimmed >= removals)
 }
 
 /// Deletes the snapshot copies of `image` that no live snapshot reads (left by removed
-/// snapshots, or by a removal interrupted before it freed them). Returns how many went.
-pub async fn trim(
-    client: &Arc<spindle_client::Client>,
+/// snapshots), judged by the backend's map. Returns how many went.
+pub async fn trim<B: ObjectBackend>(
+    client: &B,
     pool: &str,
     image: &str,
+    progress: impl FnMut(u64, u64) + Send,
+) -> Result<u64, ImageError> {
+    let snaps = client.image_snaps(pool, image).unwrap_or_default();
+    trim_for(client, pool, image, &snaps, progress).await
+}
+
+/// [`trim`] judged by `snaps`, the image's snapshots in some map (an older map than the
+/// listing is safe: removals only add copies to delete, and copies newer than its `seq`
+/// stay).
+pub async fn trim_for<B: ObjectBackend>(
+    client: &B,
+    pool: &str,
+    image: &str,
+    snaps: &spindle_map::ImageSnaps,
     mut progress: impl FnMut(u64, u64) + Send,
 ) -> Result<u64, ImageError> {
-    let live: Vec<u64> = client
-        .image_snaps(pool, image)
-        .map(|s| s.snaps.keys().copied().collect())
-        .unwrap_or_default();
+    let live: Vec<u64> = snaps.snaps.keys().copied().collect();
     let mut copies: HashMap<u64, Vec<u64>> = HashMap::new();
-    for object in ObjectBackend::list_objects(&**client, pool).await? {
+    for object in client.list_objects(pool).await? {
         if let Some((index, c)) = parse_snap_object(image, &object) {
             copies.entry(index).or_default().push(c);
         }
@@ -402,7 +456,7 @@ pub async fn trim(
     let mut doomed = Vec::new();
     for (index, ids) in copies.iter_mut() {
         ids.sort_unstable();
-        for c in unneeded_copies(ids, &live) {
+        for c in unneeded_copies(ids, &live, snaps.seq) {
             doomed.push(snap_object_name(image, *index, c));
         }
     }
@@ -411,7 +465,7 @@ pub async fn trim(
     let mut done = 0u64;
     for batch in doomed.chunks(crate::image::PARALLEL_OPS_MAX) {
         let futures = batch.iter().map(|name| async move {
-            match client.delete(pool, name).await {
+            match client.delete_object(pool, name).await {
                 Ok(()) | Err(ClientError::NotFound(_)) => Ok(()),
                 Err(e) => Err(ImageError::Backend(e)),
             }
@@ -500,11 +554,15 @@ mod tests {
     fn copies_go_when_no_live_snapshot_reads_them() {
         // Copies for 2, 5, 9; live snapshots 1 and 7: copy 2 serves 1, copy 9 serves 7,
         // copy 5 serves nothing.
-        assert_eq!(unneeded_copies(&[2, 5, 9], &[1, 7]), vec![5]);
-        assert_eq!(unneeded_copies(&[2, 5, 9], &[]), vec![2, 5, 9]);
-        assert_eq!(unneeded_copies(&[2, 5, 9], &[2, 5, 9]), Vec::<u64>::new());
+        assert_eq!(unneeded_copies(&[2, 5, 9], &[1, 7], 9), vec![5]);
+        assert_eq!(unneeded_copies(&[2, 5, 9], &[], 9), vec![2, 5, 9]);
+        assert_eq!(unneeded_copies(&[2, 5, 9], &[2, 5, 9], 9), Vec::<u64>::new());
         // A snapshot newer than every copy reads the head: all copies below it may go if
         // nothing older is live.
-        assert_eq!(unneeded_copies(&[2, 5], &[8]), vec![2, 5]);
+        assert_eq!(unneeded_copies(&[2, 5], &[8], 8), vec![2, 5]);
+        // Copies for snapshots newer than the map judged by stay (snapshot 9 may be live
+        // in a newer map and read copy 9).
+        assert_eq!(unneeded_copies(&[2, 5, 9], &[1], 7), vec![5]);
+        assert_eq!(unneeded_copies(&[2, 5, 9], &[], 4), vec![2]);
     }
 }

@@ -172,9 +172,12 @@ pub struct ImageUsage {
     /// Bytes of the head's data objects (as stored: one copy, before replication or
     /// erasure coding).
     pub used_bytes: u64,
-    /// Per snapshot (oldest first): the bytes of the copies made for it (what removing
-    /// it alone may free).
+    /// Per snapshot (oldest first): the bytes of the copies it is the newest reader of
+    /// (what removing it alone may free).
     pub snapshots: Vec<SnapUsage>,
+    /// Bytes of copies no live snapshot reads: removed snapshots' space, being freed in
+    /// the background.
+    pub trimming_bytes: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -199,18 +202,40 @@ pub async fn usage(
             continue;
         }
         let mut used = 0u64;
-        let mut per_copy: std::collections::BTreeMap<u64, u64> = Default::default();
+        // Per object index: (copy id, bytes), sorted by id.
+        let mut copies: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = Default::default();
         for o in &listing {
             if spindle_map::image_data_object(&o.name).is_some_and(|(img, _)| img == info.name) {
                 used += o.size_bytes;
-            } else if let Some((_, snap)) = crate::snap::parse_snap_object(&info.name, &o.name) {
-                *per_copy.entry(snap).or_default() += o.size_bytes;
+            } else if let Some((index, c)) = crate::snap::parse_snap_object(&info.name, &o.name)
+            {
+                copies.entry(index).or_default().push((c, o.size_bytes));
+            }
+        }
+        let snaps = client.image_snaps(pool, &info.name).unwrap_or_default();
+        let live: Vec<u64> = snaps.snaps.keys().copied().collect();
+        // A copy belongs to the newest live snapshot it serves; none: it is being trimmed
+        // (or, above the map's seq, made for a snapshot this map does not know yet).
+        let mut per_snap: std::collections::BTreeMap<u64, u64> = Default::default();
+        let mut trimming_bytes = 0u64;
+        for list in copies.values_mut() {
+            list.sort_unstable();
+            let ids: Vec<u64> = list.iter().map(|(c, _)| *c).collect();
+            let unneeded = crate::snap::unneeded_copies(&ids, &live, snaps.seq);
+            let mut previous = 0u64;
+            for &(c, bytes) in list.iter() {
+                if unneeded.contains(&c) {
+                    trimming_bytes += bytes;
+                } else if let Some(s) = live.iter().rev().find(|&&s| s > previous && s <= c) {
+                    *per_snap.entry(*s).or_default() += bytes;
+                }
+                previous = c;
             }
         }
         let snapshots = crate::snap::list(client, pool, &info.name)
             .into_iter()
             .map(|s| SnapUsage {
-                used_bytes: per_copy.get(&s.id).copied().unwrap_or(0),
+                used_bytes: per_snap.get(&s.id).copied().unwrap_or(0),
                 name: s.name,
                 id: s.id,
                 provisioned_bytes: s.size_bytes,
@@ -221,6 +246,7 @@ pub async fn usage(
             provisioned_bytes: info.size_bytes,
             used_bytes: used,
             snapshots,
+            trimming_bytes,
         });
     }
     if let Some(n) = only {

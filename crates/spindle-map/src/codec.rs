@@ -12,6 +12,8 @@
 //! Format 4 appends the image snapshots: `u32 n | n x (u32 pool, str image, u64 seq,
 //! u32 count | count x (u64 id, str name, u64 size_bytes, u64 created, u8 protected))`.
 //! Format 5 appends to each snapshot its clones: `u32 n | n x (u32 pool, str image)`.
+//! Format 6 appends to each snapshotted image its trimming counters: `u64 removals |
+//! u64 trimmed`.
 //! The frame or store record around it carries the CRC.
 
 use crate::{ClusterMap, ImageLock, OsdInfo, Pool, PoolKind, PG_COUNT_MAX};
@@ -21,7 +23,7 @@ use spindle_types::limits::{
     IMAGE_SNAPS_MAX, SNAP_CHILDREN_MAX, SNAP_NAME_BYTES_MAX,
 };
 
-const MAP_FORMAT: u32 = 5;
+const MAP_FORMAT: u32 = 6;
 const OSD_NEARFULL: u8 = 1;
 const OSD_FULL: u8 = 2;
 const OSD_AUTO_OUT: u8 = 4;
@@ -121,6 +123,7 @@ impl ClusterMap {
                     w.u32(*pool).str(child);
                 }
             }
+            w.u64(s.removals).u64(s.trimmed);
         }
         w.finish()
     }
@@ -305,7 +308,22 @@ impl ClusterMap {
                         )));
                     }
                 }
-                let entry = crate::ImageSnaps { seq, snaps };
+                let (removals, trimmed) = if format >= 6 {
+                    (r.u64("snap removals")?, r.u64("snaps trimmed")?)
+                } else {
+                    (0, 0)
+                };
+                if trimmed > removals {
+                    return Err(MapDecodeError::Invalid(format!(
+                        "snapshots of {image}: {trimmed} removals trimmed of {removals}"
+                    )));
+                }
+                let entry = crate::ImageSnaps {
+                    seq,
+                    snaps,
+                    removals,
+                    trimmed,
+                };
                 if image_snaps.insert((pool, image), entry).is_some() {
                     return Err(MapDecodeError::Invalid(
                         "duplicate snapshotted image".into(),

@@ -199,13 +199,40 @@ pub struct ImageSnaps {
     pub seq: u64,
     /// Live snapshots by id (ascending = oldest first).
     pub snaps: BTreeMap<u64, SnapInfo>,
+    /// Snapshot removals so far. A removal leaves the copies only it read; the leader
+    /// monitor's trimmer deletes them in the background and then records the count it
+    /// trimmed up to in `trimmed` (`snap trimmed`).
+    pub removals: u64,
+    /// The `removals` count the last finished trim started from (never above it).
+    pub trimmed: u64,
 }
 
 impl ImageSnaps {
-    /// The id of the newest live snapshot (0: none). A write to a data object must carry
-    /// it as its guard (`ObjRequest::snap_guard`).
+    /// Whether removed snapshots left copies not trimmed yet.
+    pub fn trim_pending(&self) -> bool {
+        self.removals > self.trimmed
+    }
+
+    /// The id of the newest live snapshot (0: none).
     pub fn newest(&self) -> u64 {
         self.snaps.keys().next_back().copied().unwrap_or(0)
+    }
+
+    /// The snapshot guard a write to a data object must carry (`ObjRequest::snap_guard`):
+    /// the last id handed out while any snapshot is live, else 0. The writer preserves
+    /// an object under this id before changing it.
+    ///
+    /// Not the newest *live* id: after the newest snapshot is removed, the copy it left
+    /// (`i@n`) still holds the data of older live snapshots, while the writer would look
+    /// for `i@m` (m, the newest live), miss it and copy the changed head there, where
+    /// snapshot m would read it. Ids only grow, so copies made after any point carry an
+    /// id at least the `seq` of that point (what a snapshot reader relies on).
+    pub fn guard(&self) -> u64 {
+        if self.snaps.is_empty() {
+            0
+        } else {
+            self.seq
+        }
     }
 
     /// The live snapshot named `name`.
@@ -240,6 +267,17 @@ impl ClusterMap {
         self.image_snaps
             .get(&(pool, image.to_string()))
             .map_or(0, |s| s.newest())
+    }
+
+    /// The snapshot guard of image `image` in pool `pool` ([`ImageSnaps::guard`]; 0: no
+    /// live snapshot).
+    pub fn snap_guard(&self, pool: u32, image: &str) -> u64 {
+        if self.image_snaps.is_empty() {
+            return 0;
+        }
+        self.image_snaps
+            .get(&(pool, image.to_string()))
+            .map_or(0, |s| s.guard())
     }
 }
 

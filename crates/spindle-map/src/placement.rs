@@ -300,13 +300,26 @@ mod tests {
             );
         }
         m.image_snaps.insert((pool_id, "vm1".into()), snaps.clone());
+        let mut trimming = snaps.clone();
+        (trimming.removals, trimming.trimmed) = (5, 3);
+        m.image_snaps.insert((pool_id, "vm3".into()), trimming);
         let bytes = m.encode();
         let back = ClusterMap::decode(&bytes).unwrap();
         assert_eq!(back.image_snaps, m.image_snaps);
+        assert!(back.image_snaps[&(pool_id, "vm3".into())].trim_pending());
+        assert!(!back.image_snaps[&(pool_id, "vm1".into())].trim_pending());
+        // More trimmed than removed cannot be.
+        let mut bad = m.clone();
+        bad.image_snaps
+            .get_mut(&(pool_id, "vm3".into()))
+            .unwrap()
+            .trimmed = 6;
+        assert!(ClusterMap::decode(&bad.encode()).is_err());
+        m.image_snaps.remove(&(pool_id, "vm3".into()));
         assert_eq!(back.newest_snap(pool_id, "vm1"), 7);
         assert_eq!(back.newest_snap(pool_id, "vm2"), 0);
         assert_eq!(snaps.by_name("monday").map(|(id, _)| id), Some(2));
-        // Format 4: no clones.
+        // Format 4: no clones (and format 5's trimming counters are 0).
         let mut v4 = m.clone();
         for s in v4
             .image_snaps
@@ -345,6 +358,8 @@ mod tests {
                         .u8(r.u8("protected").unwrap());
                     assert_eq!(r.u32("clones").unwrap(), 0);
                 }
+                assert_eq!(r.u64("removals").unwrap(), 0);
+                assert_eq!(r.u64("trimmed").unwrap(), 0);
             }
             old.extend_from_slice(&w.finish());
             old[..4].copy_from_slice(&4u32.to_le_bytes());

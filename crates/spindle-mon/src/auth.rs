@@ -103,6 +103,20 @@ impl AuthDb {
     }
 }
 
+impl AuthDb {
+    /// The ticket reply for a monitor (`mon.`, authenticated with the monitors' key):
+    /// every capability, for the monitors' own background work on the daemons (the
+    /// snapshot trimmer).
+    pub fn ticket_for_monitor(&self, mon_key: &Key, now_unix_ms: u64) -> Msg {
+        let t = Ticket::issue("mon.", &Caps::admin().to_text(), now_unix_ms);
+        Msg::AuthTicket {
+            ticket: t.seal(&Key(self.service_key)),
+            session: t.seal_session(mon_key),
+            service: Vec::new(),
+        }
+    }
+}
+
 /// A change of the key database (what `auth add|caps|rm` decide at the monitor that
 /// received the command; the leader applies it to the latest version).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -247,7 +261,8 @@ pub fn refusal(peer: &Peer, msg: &Msg) -> Option<String> {
                     AdminCommand::LockAcquire { pool, .. }
                     | AdminCommand::LockRenew { pool, .. }
                     | AdminCommand::LockRelease { pool, .. }
-                    | AdminCommand::Snap { pool, .. } => (!caps
+                    | AdminCommand::Snap { pool, .. }
+                    | AdminCommand::SnapTrimmed { pool, .. } => (!caps
                         .osd_allows_images(&pool, spindle_proto::auth::Access::Write))
                     .then(|| format!("{who} may not write images in pool {pool}")),
                     // A clone reads its parent's snapshot and is written in its own pool.

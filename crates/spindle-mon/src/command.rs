@@ -125,6 +125,13 @@ pub enum AdminCommand {
         /// The image's size, for `create` (0 otherwise).
         size_bytes: u64,
     },
+    /// The trimmer deleted every copy that removals up to the `removals`-th left of
+    /// `pool`/`image` (`ImageSnaps::trimmed`); a removal since keeps the trim pending.
+    SnapTrimmed {
+        pool: String,
+        image: String,
+        removals: u64,
+    },
     /// Register (`add`) or drop (`rm`) clone `child_pool`/`child` of snapshot
     /// `pool`/`image`@`snap` (`snaps` module): add needs the snapshot protected; rm of a
     /// clone that is not registered (or whose snapshot is gone) changes nothing.
@@ -328,6 +335,13 @@ impl AdminCommand {
                     child: child.to_string(),
                 }
             }
+            ["snap", "trimmed", pool, image, removals] => AdminCommand::SnapTrimmed {
+                pool: pool.to_string(),
+                image: image.to_string(),
+                removals: removals
+                    .parse::<u64>()
+                    .map_err(|_| format!("removal count must be a number, got '{removals}'"))?,
+            },
             ["snap", verb, pool, image, snap, size] => {
                 let verb = match *verb {
                     "create" => SnapVerb::Create,
@@ -483,6 +497,17 @@ impl AdminCommand {
                 image.clone(),
                 format!("{client:x}"),
             ],
+            AdminCommand::SnapTrimmed {
+                pool,
+                image,
+                removals,
+            } => vec![
+                "snap".into(),
+                "trimmed".into(),
+                pool.clone(),
+                image.clone(),
+                removals.to_string(),
+            ],
             AdminCommand::Snap {
                 verb,
                 pool,
@@ -632,6 +657,11 @@ mod tests {
                 snap: "base".into(),
                 child_pool: "rbd".into(),
                 child: "vm8".into(),
+            },
+            AdminCommand::SnapTrimmed {
+                pool: "rbd".into(),
+                image: "vm1".into(),
+                removals: 3,
             },
             AdminCommand::Snap {
                 verb: SnapVerb::Create,

@@ -156,6 +156,11 @@ impl MonCore {
                 child_pool,
                 child,
             } => self.snap_child(*add, pool, image, snap, child_pool, child),
+            AdminCommand::SnapTrimmed {
+                pool,
+                image,
+                removals,
+            } => self.snap_trimmed(pool, image, *removals),
             other => self.execute(other),
         }
     }
@@ -382,7 +387,9 @@ impl MonCore {
             | AdminCommand::LockRelease { .. } => {
                 Err("image lock commands change lease state: run them with execute_at".to_string())
             }
-            AdminCommand::Snap { .. } | AdminCommand::SnapChild { .. } => {
+            AdminCommand::Snap { .. }
+            | AdminCommand::SnapChild { .. }
+            | AdminCommand::SnapTrimmed { .. } => {
                 Err("snapshot commands need the wall clock: run them with execute_at".to_string())
             }
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => Err(

@@ -571,6 +571,24 @@ impl Monitor {
         self.sm.current().map_or(0, |a| a.epoch)
     }
 
+    /// The latest map this monitor applied (None before the first).
+    pub fn current_map(&self) -> Option<Result<ClusterMap, String>> {
+        self.sm
+            .current()
+            .map(|a| ClusterMap::decode(&a.bytes).map_err(|e| e.to_string()))
+    }
+
+    /// How this monitor's own clients authenticate (as `mon.`; None: the cluster runs
+    /// without authentication).
+    pub fn identity(&self) -> Option<spindle_proto::auth::Identity> {
+        self.mon_key
+            .as_ref()
+            .map(|k| spindle_proto::auth::Identity {
+                entity: "mon.".to_string(),
+                key: k.clone(),
+            })
+    }
+
     pub fn is_leader(&self) -> bool {
         let m = self.metrics.borrow();
         m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id)
@@ -629,6 +647,12 @@ impl Monitor {
         match inc.msg {
             Msg::AuthTicketGet => {
                 let msg = match (&inc.peer, self.sm.auth()) {
+                    (Some(p), Some(db)) if p.kind == spindle_proto::auth::EntityKind::Mon => {
+                        match &self.mon_key {
+                            Some(k) => db.ticket_for_monitor(k, spindle_proto::auth::unix_ms()),
+                            None => Msg::error(ErrorCode::AuthFailed, "no monitors' key here"),
+                        }
+                    }
                     (Some(p), Some(db)) => db
                         .ticket_for(&p.entity, spindle_proto::auth::unix_ms())
                         .unwrap_or_else(|e| Msg::error(ErrorCode::AuthFailed, e)),

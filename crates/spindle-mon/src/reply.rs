@@ -346,7 +346,9 @@ impl AdminReply {
             AdminCommand::LockAcquire { .. } => AdminReply::ImageLocked(from_str(json)?),
             AdminCommand::LockRenew { .. } => AdminReply::LockRenewed(from_str(json)?),
             AdminCommand::LockRelease { .. } => AdminReply::LockReleased(from_str(json)?),
-            AdminCommand::Snap { .. } | AdminCommand::SnapChild { .. } => {
+            AdminCommand::Snap { .. }
+            | AdminCommand::SnapChild { .. }
+            | AdminCommand::SnapTrimmed { .. } => {
                 AdminReply::SnapDone(from_str(json)?)
             }
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => {

@@ -94,6 +94,7 @@ impl MonCore {
                     ));
                 }
                 next_snaps.snaps.remove(&id);
+                next_snaps.removals += 1;
                 id
             }
             SnapVerb::Protect | SnapVerb::Unprotect => {
@@ -141,6 +142,44 @@ impl MonCore {
 }
 
 impl MonCore {
+    /// `snap trimmed POOL IMAGE REMOVALS`: the trimmer freed what the first `removals`
+    /// removals left (it read the live snapshots from a map with that count). A removal
+    /// since keeps the trim pending; an image gone since changes nothing.
+    pub(crate) fn snap_trimmed(
+        &self,
+        pool: &str,
+        image: &str,
+        removals: u64,
+    ) -> Result<(AdminReply, Option<spindle_map::ClusterMap>), String> {
+        let pool_id = self
+            .map
+            .pool_by_name(pool)
+            .ok_or_else(|| format!("no pool named '{pool}'"))?
+            .id;
+        let key = (pool_id, image.to_string());
+        let Some(current) = self.map.image_snaps.get(&key) else {
+            let reply = AdminReply::SnapDone(SnapDone {
+                epoch: self.map.epoch,
+                id: 0,
+            });
+            return Ok((reply, None));
+        };
+        if removals > current.removals {
+            return Err(format!(
+                "{image} has had {} snapshot removals, not {removals}",
+                current.removals
+            ));
+        }
+        let (_, next) = propose(&self.map, |m| {
+            if let Some(s) = m.image_snaps.get_mut(&key) {
+                s.trimmed = s.trimmed.max(removals);
+            }
+            Ok(())
+        })?;
+        let epoch = next.as_ref().map_or(self.map.epoch, |n| n.epoch);
+        Ok((AdminReply::SnapDone(SnapDone { epoch, id: 0 }), next))
+    }
+
     fn pool_name(&self, id: u32) -> String {
         self.map
             .pools
@@ -289,6 +328,43 @@ mod tests {
     }
 
     #[test]
+    fn a_trim_records_only_the_removals_it_judged_by() {
+        let mut c = core();
+        for n in ["a", "b", "c"] {
+            run(&mut c, SnapVerb::Create, n).unwrap();
+        }
+        let pool = c.map().pool_by_name("default").unwrap().id;
+        let snaps = |c: &MonCore| c.map().image_snaps[&(pool, "vm".to_string())].clone();
+        assert!(!snaps(&c).trim_pending());
+        run(&mut c, SnapVerb::Rm, "a").unwrap();
+        assert_eq!((snaps(&c).removals, snaps(&c).trimmed), (1, 0));
+        // A trimmer judged by the map with one removal; a second removal came meanwhile.
+        run(&mut c, SnapVerb::Rm, "b").unwrap();
+        let mut trimmed = |c: &mut MonCore, n: u64| {
+            let (_, next) = c.snap_trimmed("default", "vm", n)?;
+            if let Some(m) = next {
+                c.install(m, 0);
+            }
+            Ok::<_, String>(())
+        };
+        trimmed(&mut c, 1).unwrap();
+        assert_eq!((snaps(&c).removals, snaps(&c).trimmed), (2, 1));
+        assert!(snaps(&c).trim_pending());
+        // A late report of an older trim does not move it back; one from the future is
+        // refused.
+        trimmed(&mut c, 2).unwrap();
+        trimmed(&mut c, 1).unwrap();
+        assert_eq!(snaps(&c).trimmed, 2);
+        assert!(!snaps(&c).trim_pending());
+        assert!(trimmed(&mut c, 3).unwrap_err().contains("removals"));
+        // An image gone since: nothing to record.
+        run(&mut c, SnapVerb::Rm, "c").unwrap();
+        run(&mut c, SnapVerb::Forget, "").unwrap();
+        trimmed(&mut c, 3).unwrap();
+        assert!(c.map().image_snaps.is_empty());
+    }
+
+    #[test]
     fn ids_grow_names_are_unique_and_protected_snapshots_stay() {
         let mut c = core();
         let a = run(&mut c, SnapVerb::Create, "a").unwrap();
@@ -307,6 +383,8 @@ mod tests {
             .contains("protected"));
         run(&mut c, SnapVerb::Rm, "b").unwrap();
         assert_eq!(c.map().newest_snap(pool, "vm"), 1);
+        // The guard stays at the last id handed out while any snapshot is live.
+        assert_eq!(c.map().snap_guard(pool, "vm"), 2);
         // Ids are never reused: the next one is 3.
         assert_eq!(run(&mut c, SnapVerb::Create, "c").unwrap().id, 3);
         assert!(run(&mut c, SnapVerb::Forget, "")
@@ -315,6 +393,7 @@ mod tests {
         run(&mut c, SnapVerb::Unprotect, "a").unwrap();
         run(&mut c, SnapVerb::Rm, "a").unwrap();
         run(&mut c, SnapVerb::Rm, "c").unwrap();
+        assert_eq!(c.map().snap_guard(pool, "vm"), 0);
         assert!(run(&mut c, SnapVerb::Rm, "c")
             .unwrap_err()
             .contains("no snapshot"));

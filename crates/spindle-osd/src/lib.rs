@@ -1345,13 +1345,13 @@ impl Osd {
                 snap_guard,
             } => {
                 // A write to an image's data object must come from a writer that preserved
-                // the object for the image's newest snapshot (client-side copy-on-write,
+                // the object for the image's snapshot guard (client-side copy-on-write,
                 // `docs/images.md`): checked against this daemon's map, which a sender with
                 // an older map cannot get past (`StaleMap` above).
                 if matches!(op, ObjOp::Mutate(_)) && !ms.map.image_snaps.is_empty() {
                     if let Some((image, _)) = spindle_map::image_data_object(&name) {
-                        let newest = ms.map.newest_snap(pool, image);
-                        if newest != snap_guard {
+                        let guard = ms.map.snap_guard(pool, image);
+                        if guard != snap_guard {
                             OsdCounters::bump(&self.inner.counters.snap_guard_refused);
                             reply.send(
                                 rid,
@@ -1359,7 +1359,7 @@ impl Osd {
                                 &Msg::error(
                                     ErrorCode::SnapChanged,
                                     format!(
-                                        "{name}: image {image}'s newest snapshot is {newest} at epoch {epoch}, the write was guarded for {snap_guard}"
+                                        "{name}: image {image}'s snapshot guard is {guard} at epoch {epoch}, the write was guarded for {snap_guard}"
                                     ),
                                 ),
                             );

@@ -121,6 +121,7 @@ pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {
         let bound = spindle_mon::BoundMonitor::bind(config).await?;
         write_atomic(&addr_file, &bound.addr.to_string())?;
         write_atomic(&args.dir.join("pid"), &std::process::id().to_string())?;
+        tokio::spawn(crate::trimmer::run(bound.monitor(), bound.addr.clone()));
         bound.run(termination()).await?;
         anyhow::Ok(())
     })

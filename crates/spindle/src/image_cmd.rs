@@ -300,10 +300,14 @@ pub enum SnapCommand {
         #[command(flatten)]
         obj: ObjArgs,
     },
-    /// Remove a snapshot and free the copies only it kept.
+    /// Remove a snapshot. The copies only it kept are freed in the background by the
+    /// monitors (`spindle image du` counts them as trimming until then).
     Rm {
         /// IMAGE@SNAP
         spec: String,
+        /// Free the copies now, before returning.
+        #[arg(long)]
+        wait: bool,
         #[command(flatten)]
         obj: ObjArgs,
     },
@@ -435,18 +439,19 @@ async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> 
                 }
             }
         }
-        SnapCommand::Rm { spec, obj } => {
+        SnapCommand::Rm { spec, wait, obj } => {
             let (image, name) = snap_spec(&spec)?;
-            let freed = snap::remove(
-                &client,
-                &obj.pool,
-                image,
-                name,
-                progress(format!("freeing copies of {spec}")),
-            )
-            .await
-            .with_context(|| format!("removing snapshot {spec}"))?;
-            println!("removed snapshot {spec} ({freed} object copies freed)");
+            snap::remove(&client, &obj.pool, image, name)
+                .await
+                .with_context(|| format!("removing snapshot {spec}"))?;
+            if wait {
+                let freed = trim_now(&client, &obj.pool, image).await?;
+                println!("removed snapshot {spec} ({freed} object copies freed)");
+            } else {
+                println!(
+                    "removed snapshot {spec} (the copies only it kept are freed in the background)"
+                );
+            }
         }
         SnapCommand::Rollback { spec, obj } => {
             let (image, name) = snap_spec(&spec)?;
@@ -489,17 +494,37 @@ async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> 
             println!("unprotected {spec}");
         }
         SnapCommand::Trim { image, obj } => {
-            let freed = snap::trim(
-                &client,
-                &obj.pool,
-                &image,
-                progress(format!("trimming {image}")),
-            )
-            .await?;
+            let freed = trim_now(&client, &obj.pool, &image).await?;
             println!("freed {freed} object copies of {image}");
         }
     }
     Ok(())
+}
+
+/// Frees the copies of `image` no live snapshot reads, in the foreground, and records it
+/// in the map (so the monitors' trimmer has nothing left to do for those removals).
+async fn trim_now(
+    client: &Arc<spindle_client::Client>,
+    pool: &str,
+    image: &str,
+) -> anyhow::Result<u64> {
+    let snaps = client.image_snaps(pool, image).unwrap_or_default();
+    let freed = spindle_image::snap::trim_for(
+        &**client,
+        pool,
+        image,
+        &snaps,
+        progress(format!("freeing snapshot copies of {image}")),
+    )
+    .await
+    .with_context(|| format!("freeing snapshot copies of {image}"))?;
+    if snaps.trim_pending() {
+        client
+            .snap_trimmed(pool, image, snaps.removals)
+            .await
+            .with_context(|| format!("recording the trim of {image}"))?;
+    }
+    Ok(freed)
 }
 
 fn check_volume_size(size_bytes: u64) -> anyhow::Result<()> {
@@ -990,6 +1015,13 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                             format_size(u.provisioned_bytes),
                             format_size(u.used_bytes)
                         );
+                        if u.trimming_bytes > 0 {
+                            println!(
+                                "{} (removed snapshots, being freed)\t-\t{}",
+                                u.name,
+                                format_size(u.trimming_bytes)
+                            );
+                        }
                     }
                 }
             }
@@ -1038,7 +1070,7 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 removed.with_context(|| format!("removing image {name}"))?;
                 // Copies left by removed snapshots, then the image's snapshot entry.
                 if client.image_snaps(&obj.pool, &name).is_some() {
-                    spindle_image::snap::trim(&client, &obj.pool, &name, |_, _| {}).await?;
+                    spindle_image::snap::trim(&*client, &obj.pool, &name, |_, _| {}).await?;
                     client
                         .snap_command("forget", &obj.pool, &name, "", 0)
                         .await

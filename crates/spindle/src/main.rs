@@ -9,6 +9,7 @@ mod ec_cmd;
 mod image_cmd;
 mod nbd_cmd;
 mod sim_cmd;
+mod trimmer;
 
 use clap::{Parser, Subcommand};
 

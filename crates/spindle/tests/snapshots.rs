@@ -2,12 +2,13 @@
 //! writer runs is crash-consistent (it equals the image after some prefix of the writer's
 //! writes, every write acknowledged before the command started included, none issued after
 //! it returned), read through `spindle nbd IMAGE@SNAP` with `qemu-img compare` and refused
-//! for writes; rollback restores it; removal frees the copies; erasure-coded pools, a
+//! for writes; rollback restores it; removal frees the copies (in the background, by the
+//! monitors); erasure-coded pools, a
 //! daemon SIGKILLed with snapshots present, and bad input.
 
 mod common;
 
-use common::{fails, ok, run_ok, spindle, Cluster, NbdProc};
+use common::{fails, ok, run_ok, spindle, wait_trimmed, Cluster, NbdProc};
 use spindle_image::snap::parse_snap_object;
 use spindle_image::Image;
 use std::process::Command;
@@ -222,8 +223,24 @@ async fn a_snapshot_under_writes_is_crash_consistent_and_rollback_restores_it() 
     assert_eq!(ls[0]["name"], "s1");
     assert_eq!(ls[0]["size_bytes"], size as u64);
     fails(&c, &["image", "rm", "vol"], "has 1 snapshots");
+    let copies_before = client
+        .list(POOL)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|o| parse_snap_object("vol", &o.name).is_some())
+        .count();
+    assert!(copies_before > 0);
     let out = ok(&c, &["image", "snap", "rm", "vol@s1"]);
-    assert!(out.contains("removed snapshot vol@s1"), "{out}");
+    assert!(
+        out.contains("removed snapshot vol@s1") && out.contains("background"),
+        "{out}"
+    );
+    // The monitors free the copies in the background, and record it in the map.
+    wait_trimmed(&client, POOL, "vol", 1).await;
+    let du: serde_json::Value =
+        serde_json::from_str(&ok(&c, &["image", "du", "vol", "--json"])).unwrap();
+    assert_eq!(du[0]["trimming_bytes"], 0, "{du}");
     let left = client
         .list(POOL)
         .await
@@ -373,9 +390,10 @@ async fn snapshots_on_erasure_coded_pools_survive_a_daemon_loss_and_bad_input_is
             "{name} unchanged"
         );
     }
-    // Removing g1 keeps what g0 needs.
+    // Removing g1 keeps what g0 needs, once the trimmer is done too.
     ok(&c, &with_pool(&["image", "snap", "unprotect", "disk@g0"]));
     ok(&c, &with_pool(&["image", "snap", "rm", "disk@g1"]));
+    wait_trimmed(&client, EC_POOL, "disk", 1).await;
     let at = Image::open_snap(client.clone(), EC_POOL, "disk", "g0")
         .await
         .unwrap();

@@ -32,6 +32,24 @@ pub fn ok(c: &Cluster, args: &[&str]) -> String {
     run_ok(spindle().args(args).arg("--dir").arg(&c.dir))
 }
 
+/// Waits (up to 60 s) until `client`'s map has at least `removals` snapshot removals of
+/// `image` and the monitors' snapshot trimmer has freed what they left; panics otherwise.
+pub async fn wait_trimmed(client: &Client, pool: &str, image: &str, removals: u64) {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(s) = client.image_snaps(pool, image) {
+            if s.removals >= removals && !s.trim_pending() {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the snapshot copies of {pool}/{image} were not freed within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs `spindle ARGS --dir CLUSTER` (no standard input) and asserts that it fails with
 /// `needle` in its standard error.
 pub fn fails(c: &Cluster, args: &[&str], needle: &str) {
