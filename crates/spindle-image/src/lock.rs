@@ -42,6 +42,16 @@ impl Default for LockOptions {
     }
 }
 
+/// What a holder description ends with when the holder acknowledges writes from a client
+/// write log (`spindle nbd --write-log`): writes it acknowledged may be only in its log,
+/// so a snapshot taken meanwhile would miss them (`snap create` refuses).
+pub const WRITE_LOG_HOLDER_MARK: &str = "--write-log";
+
+/// Whether lock holder `holder` acknowledges writes from a client write log.
+pub fn holder_has_write_log(holder: &str) -> bool {
+    holder.ends_with(WRITE_LOG_HOLDER_MARK)
+}
+
 /// Who this process is, as a lock holder: `host H pid P start S PROGRAM`. `start` is the
 /// process start time in clock ticks since boot (`/proc/PID/stat` field 22), so a reused
 /// pid is not mistaken for the holder.

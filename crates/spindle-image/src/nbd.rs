@@ -378,14 +378,30 @@ impl ImageExports {
             c.cluster_id = self.client.map().cluster_id;
             c
         });
+        let holder = self.holder();
+        if let Some((_, h)) = &mut self.locking {
+            *h = holder;
+        }
         self
     }
 
     /// Takes each image's lock with `options` (e.g. `take_over` for `--break-lock`); None
     /// opens images without a lock.
     pub fn with_locking(mut self, options: Option<LockOptions>) -> Self {
-        self.locking = options.map(|o| (o, holder_description("spindle nbd")));
+        self.locking = options.map(|o| (o, self.holder()));
         self
+    }
+
+    /// This server as a lock holder (marked when it acknowledges from a write log).
+    fn holder(&self) -> String {
+        if self.write_log.is_some() {
+            holder_description(&format!(
+                "spindle nbd {}",
+                crate::lock::WRITE_LOG_HOLDER_MARK
+            ))
+        } else {
+            holder_description("spindle nbd")
+        }
     }
 
     /// Releases the lock of every opened image (a graceful stop, after `flush_all`).

@@ -368,6 +368,21 @@ pub async fn create(
     snap: &str,
 ) -> Result<u64, ImageError> {
     let img = crate::Image::open(client.clone(), pool, image).await?;
+    // A writer that acknowledges from a client write log may hold acknowledged writes
+    // only in its log: the snapshot would miss them.
+    let holder = {
+        let map = client.map();
+        map.pool_by_name(pool)
+            .and_then(|p| map.image_locks.get(&(p.id, image.to_string())))
+            .map(|l| l.holder.clone())
+    };
+    if let Some(h) = holder.filter(|h| crate::lock::holder_has_write_log(h)) {
+        return Err(ImageError::Snapshot(format!(
+            "{image} is served with a client write log ({h}): a snapshot would miss the \
+             acknowledged writes still in the log; serve it without --write-log (or stop \
+             serving it) to take snapshots"
+        )));
+    }
     let done = client
         .snap_command("create", pool, image, snap, img.size_bytes())
         .await
@@ -556,7 +571,10 @@ mod tests {
         // copy 5 serves nothing.
         assert_eq!(unneeded_copies(&[2, 5, 9], &[1, 7], 9), vec![5]);
         assert_eq!(unneeded_copies(&[2, 5, 9], &[], 9), vec![2, 5, 9]);
-        assert_eq!(unneeded_copies(&[2, 5, 9], &[2, 5, 9], 9), Vec::<u64>::new());
+        assert_eq!(
+            unneeded_copies(&[2, 5, 9], &[2, 5, 9], 9),
+            Vec::<u64>::new()
+        );
         // A snapshot newer than every copy reads the head: all copies below it may go if
         // nothing older is live.
         assert_eq!(unneeded_copies(&[2, 5], &[8], 8), vec![2, 5]);

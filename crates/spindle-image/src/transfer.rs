@@ -207,8 +207,7 @@ pub async fn usage(
         for o in &listing {
             if spindle_map::image_data_object(&o.name).is_some_and(|(img, _)| img == info.name) {
                 used += o.size_bytes;
-            } else if let Some((index, c)) = crate::snap::parse_snap_object(&info.name, &o.name)
-            {
+            } else if let Some((index, c)) = crate::snap::parse_snap_object(&info.name, &o.name) {
                 copies.entry(index).or_default().push((c, o.size_bytes));
             }
         }

@@ -348,9 +348,7 @@ impl AdminReply {
             AdminCommand::LockRelease { .. } => AdminReply::LockReleased(from_str(json)?),
             AdminCommand::Snap { .. }
             | AdminCommand::SnapChild { .. }
-            | AdminCommand::SnapTrimmed { .. } => {
-                AdminReply::SnapDone(from_str(json)?)
-            }
+            | AdminCommand::SnapTrimmed { .. } => AdminReply::SnapDone(from_str(json)?),
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => {
                 AdminReply::MonList(from_str(json)?)
             }

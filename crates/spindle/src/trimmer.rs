@@ -83,16 +83,15 @@ pub async fn run(mon: Arc<Monitor>, addr: String) {
             };
             let image = &key.1;
             let started = Instant::now();
-            let result = match spindle_image::snap::trim_for(&*c, &pool, image, &snaps, |_, _| {})
-                .await
-            {
-                Ok(freed) => c
-                    .snap_trimmed(&pool, image, snaps.removals)
-                    .await
-                    .map(|()| freed)
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
+            let result =
+                match spindle_image::snap::trim_for(&*c, &pool, image, &snaps, |_, _| {}).await {
+                    Ok(freed) => c
+                        .snap_trimmed(&pool, image, snaps.removals)
+                        .await
+                        .map(|()| freed)
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
             match result {
                 Ok(freed) => {
                     backoff.remove(&key);
@@ -107,7 +106,10 @@ pub async fn run(mon: Arc<Monitor>, addr: String) {
                     tracing::warn!(
                         "snapshot trimmer: {pool}/{image}: {e} (failure {failures}; next try in {wait_ms} ms)"
                     );
-                    backoff.insert(key, (failures, Instant::now() + Duration::from_millis(wait_ms)));
+                    backoff.insert(
+                        key,
+                        (failures, Instant::now() + Duration::from_millis(wait_ms)),
+                    );
                 }
             }
         }

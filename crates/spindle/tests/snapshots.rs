@@ -256,6 +256,118 @@ async fn a_snapshot_under_writes_is_crash_consistent_and_rollback_restores_it() 
     assert!(fresh.image_snaps(POOL, "vol").is_none());
 }
 
+/// The image read through NBD at `uri` (with `qemu-img convert`).
+fn read_through_nbd(c: &Cluster, uri: &str, name: &str) -> Vec<u8> {
+    let path = c.dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "raw", uri])
+            .arg(&path),
+    );
+    let data = std::fs::read(&path).expect("read the converted image");
+    let _ = std::fs::remove_file(&path);
+    data
+}
+
+/// Leading blocks that are not all zeros.
+fn written_prefix(data: &[u8]) -> usize {
+    data.chunks(BLOCK)
+        .position(|b| b.iter().all(|&x| x == 0))
+        .unwrap_or(data.len() / BLOCK)
+}
+
+/// The same crash consistency with fio as the writer (through `spindle nbd`): fio writes
+/// the image once, sequentially, 4 KiB at queue depth 1 (each write acknowledged before
+/// the next is issued), while the CLI takes a snapshot. The snapshot must be a prefix of
+/// fio's writes: its first `k` blocks are what fio wrote there and the rest are zeros (no
+/// hole, no later write). Bounds on `k` from reading the head just before the command
+/// (its first unwritten block `p0`: blocks before `p0 - 1` were acknowledged) and just
+/// after it returned (`p1`: nothing past the block in flight then). `qemu-img compare`
+/// checks the snapshot against a reference built from that prefix; rollback restores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_under_fio_load_holds_a_prefix_of_its_writes() {
+    let c = Cluster::start("snapfio", 3, 16);
+    let size = 8usize << 20;
+    let blocks = size / BLOCK;
+    ok(
+        &c,
+        &[
+            "image",
+            "create",
+            "vol",
+            "--size",
+            "8M",
+            "--object-size",
+            "256K",
+        ],
+    );
+    let nbd = NbdProc::start(&c);
+    let uri = nbd.uri("vol");
+    let fio = Command::new("fio")
+        .args([
+            "--name=seq",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=write",
+            "--bs=4k",
+            "--iodepth=1",
+            "--size=8m",
+            "--rate_iops=400",
+            "--refill_buffers",
+            "--randseed=20261128",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn fio");
+    tokio::time::sleep(std::time::Duration::from_millis(2_000)).await;
+    let p0 = written_prefix(&read_through_nbd(&c, &uri, "before.raw"));
+    let started = Instant::now();
+    ok(&c, &["image", "snap", "create", "vol@s1"]);
+    let took = started.elapsed();
+    let p1 = written_prefix(&read_through_nbd(&c, &uri, "after.raw"));
+    let out = fio.wait_with_output().expect("wait for fio");
+    assert!(
+        out.status.success(),
+        "fio: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let head = read_through_nbd(&c, &uri, "head.raw");
+    assert_eq!(written_prefix(&head), blocks, "fio wrote every block");
+    let snap = read_through_nbd(&c, &nbd.uri("vol@s1"), "snap.raw");
+    let k = written_prefix(&snap);
+    eprintln!("fio snapshot: p0 {p0}, k {k}, p1 {p1} of {blocks} blocks; create took {took:?}");
+    assert!(p0 >= 2, "fio was writing before the snapshot ({p0} blocks)");
+    assert!(
+        snap[k * BLOCK..].iter().all(|&b| b == 0),
+        "the snapshot is a prefix: nothing after its first unwritten block {k}"
+    );
+    assert!(
+        snap[..k * BLOCK] == head[..k * BLOCK],
+        "the snapshot's blocks are what fio wrote there"
+    );
+    assert!(
+        p0 - 1 <= k && k <= p1 + 1,
+        "every write acknowledged before the command (>= {}) and none issued after it \
+         returned (<= {}): k = {k}",
+        p0 - 1,
+        p1 + 1
+    );
+    let mut reference = vec![0u8; size];
+    reference[..k * BLOCK].copy_from_slice(&head[..k * BLOCK]);
+    let reference_path = c.dir.join("fio-s1.raw");
+    write_file(&reference_path, &reference);
+    let (same, why) = qemu_img_compare(&reference_path, &nbd.uri("vol@s1"));
+    assert!(same, "qemu-img compare of vol@s1: {why}");
+    drop(nbd);
+    ok(&c, &["image", "snap", "rollback", "vol@s1"]);
+    let nbd = NbdProc::start(&c);
+    let (same, why) = qemu_img_compare(&reference_path, &nbd.uri("vol"));
+    assert!(same, "qemu-img compare after rollback: {why}");
+}
+
 /// Snapshots of an image on an erasure-coded pool, several snapshots reading their own
 /// state, a daemon SIGKILLed and marked out with snapshots present (recovery rebuilds the
 /// copies like any object), and bad input.
