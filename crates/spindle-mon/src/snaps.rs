@@ -340,7 +340,7 @@ mod tests {
         assert_eq!((snaps(&c).removals, snaps(&c).trimmed), (1, 0));
         // A trimmer judged by the map with one removal; a second removal came meanwhile.
         run(&mut c, SnapVerb::Rm, "b").unwrap();
-        let mut trimmed = |c: &mut MonCore, n: u64| {
+        let trimmed = |c: &mut MonCore, n: u64| {
             let (_, next) = c.snap_trimmed("default", "vm", n)?;
             if let Some(m) = next {
                 c.install(m, 0);
