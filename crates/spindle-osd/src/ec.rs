@@ -1840,6 +1840,7 @@ impl Osd {
             members: vec![None; layout.total()],
             strays: Vec::new(),
             established: established.clone(),
+            witnesses: Vec::new(),
         };
         for (pos, d, s) in &states {
             let a = if unanswered.contains(pos) && s.is_none() {
@@ -1863,8 +1864,8 @@ impl Osd {
                 },
             ));
         }
-        // Members that were sent the newest version's write and were never written at
-        // all vouch for its absence (`vouch_by_membership`).
+        // Members that were sent the newest version's write vouch for its absence and
+        // witness that a version they lack was never acknowledged (`vouch_by_membership`).
         {
             let history = crate::lock(&self.inner.members);
             spindle_pg::ec::vouch_by_membership(&mut view, |pos, d| {
@@ -1898,7 +1899,8 @@ impl Osd {
                 ));
             }
             SlotDecision::RollBack { version } => {
-                // Never acknowledged (it could not have reached min_size shards).
+                // Never acknowledged (it could not have reached min_size shards, or a
+                // member it was sent to lacks it).
                 tracing::warn!(
                     "osd.{me}: pg {pgid}: rolling back unacknowledged {stored:?} v{version:?}"
                 );

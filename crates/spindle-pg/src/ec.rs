@@ -104,6 +104,12 @@ pub struct SlotView {
     /// Members whose copy existed before this interval (an empty new copy cannot tell
     /// whether a version was ever written).
     pub established: Vec<u32>,
+    /// Members that were sent the newest version's write: the member of their position
+    /// without a break since an epoch no later than the version's (`vouch_by_membership`).
+    /// An erasure-coded write is acknowledged only once every member it was sent to has
+    /// it durable, so one of these that answered without it proves the version was never
+    /// acknowledged.
+    pub witnesses: Vec<u32>,
 }
 
 /// What to do with one slot object.
@@ -171,6 +177,17 @@ pub fn decide_slot(view: &SlotView) -> SlotDecision {
             targets,
         };
     }
+    // A witness that answered without the version: it was sent the write and the write
+    // is acknowledged only once every member it went to has it, so it never was. (Only
+    // after the roll-forward check: rolling forward is right either way.)
+    let witnessed_absent = view.members.iter().enumerate().any(|(p, m)| {
+        matches!(m, Some((d, a)) if *a != ShardAnswer::Unknown
+            && view.witnesses.contains(d)
+            && !member_has(p))
+    });
+    if witnessed_absent {
+        return SlotDecision::RollBack { version };
+    }
     let unknown = unknown_positions(view);
     if (holding.len() + unknown) as u64 >= u64::from(view.min_size) {
         return SlotDecision::Wait {
@@ -204,17 +221,28 @@ pub fn newest_version(view: &SlotView) -> Option<Ver> {
 /// answered `StaleMap`) left those shards "not established", the rule counted them as
 /// positions that may hold the version, and the slot waited for more shards forever
 /// (`tests/netns.rs` (b), in its healthy baseline). Pure.
+///
+/// The same members are the version's witnesses (`SlotView::witnesses`): one that
+/// answered without the version proves it unacknowledged. (Tried in session 21 and taken
+/// out: a second write to the object could then go out before a failed version was
+/// settled and overwrite the witness's copy; since session 22 a failed version is settled
+/// before the object's next operation, `PgState::unsettled`.)
 pub fn vouch_by_membership(view: &mut SlotView, member_since: impl Fn(usize, u32) -> Option<u64>) {
     let Some(newest) = newest_version(view) else {
         return;
     };
     for (pos, member) in view.members.iter().enumerate() {
         let Some((d, answer)) = member else { continue };
-        if *answer == ShardAnswer::Unknown || view.established.contains(d) {
+        if *answer == ShardAnswer::Unknown {
             continue;
         }
         if member_since(pos, *d).is_some_and(|since| since <= newest.epoch) {
-            view.established.push(*d);
+            if !view.established.contains(d) {
+                view.established.push(*d);
+            }
+            if !view.witnesses.contains(d) {
+                view.witnesses.push(*d);
+            }
         }
     }
 }
@@ -272,7 +300,44 @@ mod tests {
                 .collect(),
             strays: Vec::new(),
             established: vec![10, 11, 12],
+            witnesses: Vec::new(),
         }
+    }
+
+    /// `tests/netns.rs` (c): 2+1, min_size 2, a write reached position 0 only before the
+    /// host of position 2 was cut off. Position 1's member was sent it (a witness) and
+    /// lacks it: never acknowledged, rolled back, instead of waiting for the cut host
+    /// (every operation on the object answered `Again` until it returned).
+    #[test]
+    fn a_witness_without_the_version_proves_it_unacknowledged() {
+        use ShardAnswer::*;
+        let mut w = view([Some(Present(v(5))), Some(Present(v(4))), Some(Unknown)]);
+        w.min_size = 2;
+        assert_eq!(
+            decide_slot(&w),
+            SlotDecision::Wait {
+                version: v(5),
+                holding: 1
+            }
+        );
+        w.witnesses = vec![11];
+        assert_eq!(decide_slot(&w), SlotDecision::RollBack { version: v(5) });
+        // Absent counts the same; a witness that did not answer proves nothing.
+        w.members[1] = Some((11, Absent));
+        assert_eq!(decide_slot(&w), SlotDecision::RollBack { version: v(5) });
+        w.members[1] = Some((11, Unknown));
+        assert!(matches!(decide_slot(&w), SlotDecision::Wait { .. }));
+        // Enough holders: rolled forward whatever a witness says.
+        let mut f = view([Some(Present(v(5))), Some(Absent), Some(Present(v(5)))]);
+        f.witnesses = vec![10, 11, 12];
+        assert!(matches!(decide_slot(&f), SlotDecision::Rebuild { .. }));
+        // vouch_by_membership: members since the version's epoch (2) are witnesses, a
+        // newer member or one that did not answer is not.
+        let mut m = view([Some(Present(v(5))), Some(Absent), Some(Absent)]);
+        m.established.clear();
+        vouch_by_membership(&mut m, |pos, _| Some(if pos == 2 { 3 } else { 1 }));
+        assert_eq!(m.witnesses, vec![10, 11]);
+        assert_eq!(m.established, vec![10, 11]);
     }
 
     #[test]
@@ -339,6 +404,7 @@ mod tests {
             members: vec![Some((11, Absent)), None, Some((12, Absent))],
             strays: vec![(1, Absent)],
             established: vec![12],
+            witnesses: Vec::new(),
         };
         assert_eq!(decide_slot(&w), SlotDecision::Deleted);
         // The slot at a version the stray and the other member hold: rebuilt on the new

@@ -521,6 +521,7 @@ fn ec_case(seed: u64, decide: fn(&SlotView) -> SlotDecision) -> Result<(), Strin
             members: Vec::new(),
             strays: Vec::new(),
             established: Vec::new(),
+            witnesses: Vec::new(),
         };
         for p in 0..total {
             let truth = if holds.contains(&p) {
@@ -534,6 +535,11 @@ fn ec_case(seed: u64, decide: fn(&SlotView) -> SlotDecision) -> Result<(), Strin
                 0..=2 => {
                     view.members.push(Some((member, truth)));
                     view.established.push(member);
+                    // Some members were sent the write (witnesses). An acknowledged
+                    // write is on every member it was sent to.
+                    if rng.chance(33) && (!acked || holds.contains(&p)) {
+                        view.witnesses.push(member);
+                    }
                 }
                 // It does not answer.
                 3 => {

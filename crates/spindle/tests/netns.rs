@@ -44,16 +44,19 @@
 //! rolled forward or back before the object's next operation. 10 runs each of (b) and
 //! (c) passed after the fix.
 //!
-//! Still open (found 2026-11-28, session 22, in CI): (c) is `#[ignore]`d again. An
-//! erasure-coded write (2+1) reached 1 shard before the partition; the recovery rule
-//! waits while the holding shards plus the positions nobody can speak for (the
-//! partitioned host's) reach `min_size` (`spindle_pg::ec::decide_slot`: the version might
-//! have been acknowledged), so every operation of that object answers `Again` ("only 1
-//! shards reachable, 2 needed") until the host returns, and fio's reads of it fail with
-//! EIO after the client's 30 s timeout. A member that was sent the write and lacks it
-//! would prove it unacknowledged (so it could be rolled back), but that rule was found
-//! unsound in session 21 and is not used. 1 run of (c) in 11 after the fix; (b) passed
-//! 11 of 11 and stays in CI.
+//! Found 2026-11-28 (session 22, in CI), fixed in session 23: an erasure-coded write
+//! (2+1) reached 1 shard before the partition; the recovery rule waited while the holding
+//! shards plus the positions nobody can speak for (the partitioned host's) reached
+//! `min_size` (the version might have been acknowledged), so every operation of that
+//! object answered `Again` ("only 1 shards reachable, 2 needed") until the host returned,
+//! and fio's reads of it failed with EIO after the client's 30 s timeout (1 run of (c) in
+//! 11). Now a member that was sent the write (at its position without a break since the
+//! version's epoch) and lacks it witnesses that it was never acknowledged (an
+//! erasure-coded write is acknowledged only once every member it went to has it), so it
+//! is rolled back (`SlotView::witnesses`). Unsound in session 21, when a second write of
+//! the object could go out before a failed version was settled; sound since session 22's
+//! `PgState::unsettled`, and checked by the data simulator (whose model gained the same
+//! two rules), which catches witnesses taken without member history within 40 seeds.
 //!
 //! What these tests found earlier (2026-11-27, on 40b97e0), fixed since:
 //! - writes stalled 10-15 s across a host's cut: a write in flight to the cut host's
@@ -1166,7 +1169,6 @@ fn b_host_link_cut_past_the_out_interval_and_restored() {
 /// read must fail or return the new data, never the replaced data; the old primaries
 /// count the reads they refused for want of a read lease. fio goes on meanwhile.
 #[test]
-#[ignore = "flaky (1 run in 11 after session 22's fix): an erasure-coded slot written on 1 of 3 shards before the partition waits for the partitioned host, and reads of that object time out (module notes); run with --include-ignored"]
 fn c_host_partitioned_from_the_monitors_serves_no_stale_read() {
     const OBJECTS: u64 = 32;
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

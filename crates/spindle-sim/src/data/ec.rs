@@ -236,6 +236,11 @@ struct EcPrimary {
     busy: BTreeSet<String>,
     ops: BTreeMap<u64, EcOp>,
     next_op: u64,
+    /// Slots whose write failed in this interval: recovered at the next peering whatever
+    /// the listings say (the daemon's `PgState::unsettled`: a copy may apply the write
+    /// after it answered the listing, and the next write of the object must not go out
+    /// before the failed version is settled).
+    unsettled: BTreeSet<String>,
 }
 
 #[derive(Default)]
@@ -575,6 +580,7 @@ impl DataWorld {
                     busy: BTreeSet::new(),
                     ops: BTreeMap::new(),
                     next_op: 1,
+                    unsettled: BTreeSet::new(),
                 };
                 self.ecs_mut()
                     .daemons
@@ -771,7 +777,7 @@ impl DataWorld {
                 all.entry(n.clone()).or_default().insert((*pos, *v));
             }
         }
-        let todo: VecDeque<String> = all
+        let mut todo: VecDeque<String> = all
             .into_iter()
             .filter(|(_, have)| {
                 have.len() < members
@@ -779,6 +785,11 @@ impl DataWorld {
             })
             .map(|(n, _)| n)
             .collect();
+        for slot in std::mem::take(&mut p.unsettled) {
+            if !todo.contains(&slot) {
+                todo.push_back(slot);
+            }
+        }
         let e = p.epoch;
         if p.last.epoch < e {
             p.last = Ver { epoch: e, seq: 0 };
@@ -872,6 +883,7 @@ impl DataWorld {
             members: vec![None; total],
             strays: Vec::new(),
             established: p.established.clone(),
+            witnesses: Vec::new(),
         };
         let mut at: Vec<Option<(Vec<u8>, Ver)>> = vec![None; total];
         for (pos, slot) in at.iter_mut().enumerate() {
@@ -915,6 +927,23 @@ impl DataWorld {
                             view.established.push(*d);
                         }
                     }
+                }
+            }
+            // Witnesses (as the daemon's `vouch_by_membership`): the member of its
+            // position in every map from the version's epoch to this interval's was sent
+            // that write, and lacking it proves it unacknowledged.
+            let now = self.ec_primary(id, pg).map_or(0, |p| p.epoch);
+            for (pos, d) in shards.iter().enumerate() {
+                let Some(d) = d else { continue };
+                let always = (v.epoch..=now).all(|e| {
+                    self.map_at(e)
+                        .1
+                        .pg(pool, pg)
+                        .is_some_and(|m| m.shards.get(pos).copied().flatten() == Some(*d))
+                });
+                let any = self.cfg.mutant == Mutant::EcWitnessWithoutHistory;
+                if any || (always && now >= v.epoch) {
+                    view.witnesses.push(*d);
                 }
             }
         }
@@ -964,8 +993,12 @@ impl DataWorld {
                 .map(|pos| (pos, None))
                 .collect(),
             // Never acknowledged: deleted on every member.
-            SlotDecision::RollBack { .. } => (0..total)
-                .filter(|&pos| shards[pos].is_some())
+            // Only the copies at the rolled-back version (as the daemon): a member with an
+            // older version of this slot keeps it, it may be the object's current one.
+            SlotDecision::RollBack { version } => (0..total)
+                .filter(|&pos| {
+                    shards[pos].is_some() && at[pos].as_ref().is_some_and(|(_, v)| *v == version)
+                })
                 .map(|pos| (pos, None))
                 .collect(),
             SlotDecision::Rebuild {
@@ -1268,6 +1301,13 @@ impl DataWorld {
             // A failed shard write: the group re-peers (the write is rolled forward or
             // back there); the client retries.
             self.log(|| format!("osd.{id}: ec pg {pg}: shard {pos} write failed: {e}; re-peering"));
+            if self.cfg.mutant != Mutant::EcNoUnsettled {
+                if let Some(p) = self.ec_primary(id, pg) {
+                    if let Some((slot, _)) = p.ops.get(&opid).and_then(|o| o.step.clone()) {
+                        p.unsettled.insert(slot);
+                    }
+                }
+            }
             self.ec_peer(id, pg);
             return;
         }

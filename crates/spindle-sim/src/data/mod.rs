@@ -71,6 +71,14 @@ pub enum Mutant {
     /// Erasure-coded recovery counts a shard whose pull failed (or a hole) as not holding
     /// the slot (the old rule of issue #17 (b)).
     EcFailedPullAsAbsent,
+    /// Erasure-coded recovery takes every member that answered as a witness of the newest
+    /// version's write, not only those at their position without a break since its epoch
+    /// (session 21's unsound witness rule).
+    EcWitnessWithoutHistory,
+    /// A failed erasure-coded write's slot is not recovered unless the listings show it
+    /// (before the daemon's `PgState::unsettled`, session 22). Not caught in 200 seeds
+    /// of 2+1 or 3+2 (the race it opens is rare here); kept for runs by hand.
+    EcNoUnsettled,
 }
 
 /// What one run does.
