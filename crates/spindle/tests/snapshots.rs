@@ -368,6 +368,65 @@ async fn a_snapshot_under_fio_load_holds_a_prefix_of_its_writes() {
     assert!(same, "qemu-img compare after rollback: {why}");
 }
 
+/// The monitors' background trimmer under churn: 30 rounds of snapshot, writes, removal
+/// while the leader frees copies; it frees every copy, and the monitor's descriptors stay
+/// flat (its trimmer keeps one client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trimmer_frees_every_copy_under_churn_with_flat_descriptors() {
+    const ROUNDS: u64 = 30;
+    let c = Cluster::start("snaptrim", 3, 16);
+    ok(
+        &c,
+        &[
+            "image",
+            "create",
+            "vol",
+            "--size",
+            "4M",
+            "--object-size",
+            "256K",
+        ],
+    );
+    let client = Arc::new(c.client().await);
+    let img = Image::open(client.clone(), POOL, "vol").await.unwrap();
+    let mon = Cluster::pid(&c.dir.join("mon")).expect("monitor pid");
+    let fds = |pid: i32| std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
+    let mut warm = 0;
+    for round in 0..ROUNDS {
+        let name = format!("s{round}");
+        spindle_image::snap::create(&client, POOL, "vol", &name)
+            .await
+            .unwrap();
+        for i in 0..4u64 {
+            img.write(i * (256 << 10) + round * 512, &block_of(round * 4 + i))
+                .await
+                .unwrap();
+        }
+        spindle_image::snap::remove(&client, POOL, "vol", &name)
+            .await
+            .unwrap();
+        if round == 4 {
+            wait_trimmed(&client, POOL, "vol", round + 1).await;
+            warm = fds(mon);
+        }
+    }
+    wait_trimmed(&client, POOL, "vol", ROUNDS).await;
+    let left = client
+        .list(POOL)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|o| parse_snap_object("vol", &o.name).is_some())
+        .count();
+    assert_eq!(left, 0, "every copy freed once no snapshot is left");
+    let end = fds(mon);
+    eprintln!("monitor descriptors: {warm} after 5 rounds, {end} after {ROUNDS}");
+    assert!(
+        warm > 0 && end <= warm + 2,
+        "the monitor's descriptors grew from {warm} to {end}"
+    );
+}
+
 /// Snapshots of an image on an erasure-coded pool, several snapshots reading their own
 /// state, a daemon SIGKILLed and marked out with snapshots present (recovery rebuilds the
 /// copies like any object), and bad input.
