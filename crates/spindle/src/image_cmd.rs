@@ -455,25 +455,23 @@ async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> 
         }
         SnapCommand::Rollback { spec, obj } => {
             let (image, name) = snap_spec(&spec)?;
-            let lock = spindle_image::lock::ImageLock::acquire(
-                client.clone(),
-                &obj.pool,
-                image,
-                &spindle_image::lock::holder_description("spindle image snap rollback"),
-                &spindle_image::lock::LockOptions::default(),
-            )
-            .await
-            .with_context(|| format!("cannot roll {image} back"))?;
-            let r = snap::rollback(
+            let work = snap::rollback(
                 &client,
                 &obj.pool,
                 image,
                 name,
                 progress(format!("rolling back to {spec}")),
+            );
+            with_image_lock(
+                &client,
+                &obj.pool,
+                image,
+                "spindle image snap rollback",
+                work,
             )
-            .await;
-            lock.release().await;
-            r.with_context(|| format!("rolling back to {spec}"))?;
+            .await
+            .with_context(|| format!("cannot roll {image} back"))?
+            .with_context(|| format!("rolling back to {spec}"))?;
             println!("rolled {image} back to {spec}");
         }
         SnapCommand::Protect { spec, obj } => {
@@ -499,6 +497,28 @@ async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> 
         }
     }
     Ok(())
+}
+
+/// Runs `work` holding `image`'s exclusive lock as `program` (refused while a live holder
+/// has it: someone serves the image), then releases the lock, whatever `work` returned.
+async fn with_image_lock<T>(
+    client: &Arc<spindle_client::Client>,
+    pool: &str,
+    image: &str,
+    program: &str,
+    work: impl std::future::Future<Output = T>,
+) -> anyhow::Result<T> {
+    let lock = spindle_image::lock::ImageLock::acquire(
+        client.clone(),
+        pool,
+        image,
+        &spindle_image::lock::holder_description(program),
+        &spindle_image::lock::LockOptions::default(),
+    )
+    .await?;
+    let out = work.await;
+    lock.release().await;
+    Ok(out)
 }
 
 /// Frees the copies of `image` no live snapshot reads, in the foreground, and records it
@@ -689,25 +709,17 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 println!("cloned {parent_pool}/{image}@{snap} as {child_pool}/{child_name}");
             }
             ImageCommand::Flatten { name, obj } => {
-                let lock = spindle_image::lock::ImageLock::acquire(
-                    client.clone(),
-                    &obj.pool,
-                    &name,
-                    &spindle_image::lock::holder_description("spindle image flatten"),
-                    &spindle_image::lock::LockOptions::default(),
-                )
-                .await
-                .with_context(|| format!("cannot flatten {name}"))?;
                 let started = std::time::Instant::now();
-                let r = spindle_image::clone::flatten(
+                let work = spindle_image::clone::flatten(
                     &client,
                     &obj.pool,
                     &name,
                     progress(format!("flattening {name}")),
-                )
-                .await;
-                lock.release().await;
-                r.with_context(|| format!("flattening {name}"))?;
+                );
+                with_image_lock(&client, &obj.pool, &name, "spindle image flatten", work)
+                    .await
+                    .with_context(|| format!("cannot flatten {name}"))?
+                    .with_context(|| format!("flattening {name}"))?;
                 println!(
                     "flattened {name} in {:.1} s",
                     started.elapsed().as_secs_f64()
@@ -923,26 +935,19 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 } else {
                     std::fs::File::open(&file).with_context(|| format!("opening {file}"))?
                 };
-                let lock = spindle_image::lock::ImageLock::acquire(
-                    client.clone(),
-                    &obj.pool,
-                    &name,
-                    &spindle_image::lock::holder_description("spindle image import-diff"),
-                    &spindle_image::lock::LockOptions::default(),
-                )
-                .await
-                .with_context(|| format!("cannot apply a diff to {name}"))?;
                 let started = std::time::Instant::now();
-                let r = spindle_image::diff::import_diff(
+                let mut reader = std::io::BufReader::new(&mut input);
+                let work = spindle_image::diff::import_diff(
                     &client,
                     &obj.pool,
                     &name,
-                    &mut std::io::BufReader::new(&mut input),
+                    &mut reader,
                     progress(format!("applying the diff to {name}")),
-                )
-                .await;
-                lock.release().await;
-                let s = r.with_context(|| format!("applying {file} to {name}"))?;
+                );
+                let s = with_image_lock(&client, &obj.pool, &name, "spindle image import-diff", work)
+                    .await
+                    .with_context(|| format!("cannot apply a diff to {name}"))?
+                    .with_context(|| format!("applying {file} to {name}"))?;
                 println!(
                     "applied {file} to {name}: {} of data, {} of zeros{} in {:.1} s",
                     format_size(s.data_bytes),
@@ -1042,17 +1047,8 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 };
                 // Removing an image someone serves would pull its data from under it:
                 // take the lock first (refused while a live holder has it).
-                let lock = spindle_image::lock::ImageLock::acquire(
-                    client.clone(),
-                    &obj.pool,
-                    &name,
-                    &spindle_image::lock::holder_description("spindle image rm"),
-                    &spindle_image::lock::LockOptions::default(),
-                )
-                .await
-                .with_context(|| format!("cannot remove image {name}"))?;
                 let mut shown = false;
-                let removed = Image::remove(client.clone(), &obj.pool, &name, |done, total| {
+                let work = Image::remove(client.clone(), &obj.pool, &name, |done, total| {
                     // A counter line on stderr for images with more than a handful of
                     // objects.
                     if total > 64 {
@@ -1061,9 +1057,10 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                         let _ = err.flush();
                         shown = true;
                     }
-                })
-                .await;
-                lock.release().await;
+                });
+                let removed = with_image_lock(&client, &obj.pool, &name, "spindle image rm", work)
+                    .await
+                    .with_context(|| format!("cannot remove image {name}"))?;
                 if shown {
                     eprintln!();
                 }

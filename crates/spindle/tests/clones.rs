@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{fails, ok, run_ok, spindle, Cluster, NbdProc};
+use common::{fails, ok, qemu_img_compare, run_ok, spindle, Cluster, NbdProc};
 use sha2::{Digest, Sha256};
 use spindle_image::Image;
 use std::process::Command;
@@ -72,23 +72,6 @@ async fn scribble(
         img.write(offset as u64, &b).await.expect("write");
         model[offset..offset + BLOCK].copy_from_slice(&b);
     }
-}
-
-fn qemu_img_compare(reference: &std::path::Path, uri: &str) -> (bool, String) {
-    let out = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(reference)
-        .arg(uri)
-        .output()
-        .expect("spawn qemu-img");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

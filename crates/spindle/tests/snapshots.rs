@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{fails, ok, run_ok, spindle, wait_trimmed, Cluster, NbdProc};
+use common::{fails, ok, qemu_img_compare, run_ok, spindle, wait_trimmed, Cluster, NbdProc};
 use spindle_image::snap::parse_snap_object;
 use spindle_image::Image;
 use std::process::Command;
@@ -49,23 +49,6 @@ fn state_after(size: usize, log: &[(u64, u64)], k: usize) -> Vec<u8> {
 
 fn write_file(path: &std::path::Path, data: &[u8]) {
     std::fs::write(path, data).expect("write reference");
-}
-
-fn qemu_img_compare(reference: &std::path::Path, uri: &str) -> (bool, String) {
-    let out = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(reference)
-        .arg(uri)
-        .output()
-        .expect("spawn qemu-img");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 /// A writer at queue depth 1 writes 4 KiB blocks at random offsets (so each write is

@@ -32,6 +32,25 @@ pub fn ok(c: &Cluster, args: &[&str]) -> String {
     run_ok(spindle().args(args).arg("--dir").arg(&c.dir))
 }
 
+/// `qemu-img compare` of raw file `reference` with `uri` (a file or an NBD URI):
+/// (identical, what qemu-img said).
+pub fn qemu_img_compare(reference: &Path, uri: &str) -> (bool, String) {
+    let out = std::process::Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(reference)
+        .arg(uri)
+        .output()
+        .expect("spawn qemu-img");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
 /// Waits (up to 60 s) until `client`'s map has at least `removals` snapshot removals of
 /// `image` and the monitors' snapshot trimmer has freed what they left; panics otherwise.
 pub async fn wait_trimmed(client: &Client, pool: &str, image: &str, removals: u64) {
