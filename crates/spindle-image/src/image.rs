@@ -2116,6 +2116,33 @@ mod tests {
         }
     }
 
+    /// A snapshot view whose snapshot was removed (and its copies trimmed) refuses to
+    /// read: the copy it would read is gone, and the head is not the snapshot.
+    #[tokio::test]
+    async fn a_removed_snapshot_is_never_read_as_the_head() {
+        let b = Arc::new(MemoryBackend::new());
+        let img = Image::create(b.clone(), POOL, "vm", 64 << 10, 4096)
+            .await
+            .unwrap();
+        img.write(0, &[1; 4096]).await.unwrap();
+        b.add_snapshot(POOL, "vm", "s", 64 << 10);
+        let listed_before = Image::open_snap(b.clone(), POOL, "vm", "s").await.unwrap();
+        img.write(0, &[2; 4096]).await.unwrap();
+        let listed_after = Image::open_snap(b.clone(), POOL, "vm", "s").await.unwrap();
+        for view in [&listed_before, &listed_after] {
+            assert_eq!(view.read(0, 4096).await.unwrap(), vec![1; 4096]);
+        }
+        assert!(b.remove_snapshot(POOL, "vm", "s"));
+        crate::snap::trim(&*b, POOL, "vm", |_, _| {}).await.unwrap();
+        for view in [&listed_before, &listed_after] {
+            let e = view.read(0, 4096).await.unwrap_err();
+            assert!(
+                matches!(e, ImageError::Backend(ClientError::SnapChanged(_))),
+                "{e}"
+            );
+        }
+    }
+
     /// Asserts `got == want`, naming the first differing byte (not printing both).
     fn same(got: &[u8], want: &[u8], what: &str) {
         assert_eq!(got.len(), want.len(), "{what}: length");

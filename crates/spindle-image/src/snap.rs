@@ -292,6 +292,22 @@ impl SnapView {
         offset: u64,
         len: u64,
     ) -> Result<Vec<u8>, ClientError> {
+        // A removed snapshot's copies may be trimmed at any time: reading on would give
+        // the head's bytes (or zeros) as the snapshot's. Refused instead.
+        let gone = || {
+            ClientError::SnapChanged(format!(
+                "snapshot {image}@{} (id {}) was removed",
+                self.name, self.id
+            ))
+        };
+        let live = || {
+            backend
+                .image_snaps(pool, image)
+                .is_some_and(|s| s.snaps.contains_key(&self.id))
+        };
+        if !live() {
+            return Err(gone());
+        }
         let mut listing = spindle_types::sync::lock(&self.listing).clone();
         let seq_now = backend.image_snaps(pool, image).map_or(0, |s| s.seq);
         if seq_now.saturating_sub(listing.seq) >= VIEW_PROBES_MAX {
@@ -300,9 +316,15 @@ impl SnapView {
         }
         let listed = listing.copies.get(&index).map_or(&[][..], |v| v.as_slice());
         if let Some(c) = source_at(listed, self.id) {
-            return backend
+            // A listed copy that is gone was trimmed: no live snapshot read it, so this
+            // one was removed meanwhile (never "absent": that reads as zeros).
+            return match backend
                 .read_object(pool, &snap_object_name(image, index, c), offset, len)
-                .await;
+                .await
+            {
+                Err(ClientError::NotFound(_)) => Err(gone()),
+                r => r,
+            };
         }
         let head = backend
             .read_object(
@@ -313,18 +335,34 @@ impl SnapView {
             )
             .await;
         // A copy made since the listing means the head changed after the snapshot (the
-        // writer copies first): read the copy instead. Such a copy's id is the guard of
-        // its time, at least the listing's `seq` (and at least this snapshot's id); the
-        // smallest one holds this snapshot's data. Probed after the head was read, so a
-        // change the head read saw has its copy in place.
-        let seq_now = backend.image_snaps(pool, image).map_or(0, |s| s.seq);
-        for n in listing.seq.max(self.id)..=seq_now {
+        // writer copies first): read the copy instead; the smallest one holds this
+        // snapshot's data. Its id is the guard of its time: at least the listing's `seq`,
+        // or - from a writer whose map (and primary's) still lacked a snapshot being
+        // created while this view listed - an older id, which a live snapshot from this
+        // one on covers. Probed after the head was read, so a change the head read saw
+        // has its copy in place.
+        let mut candidates: Vec<u64> = Vec::new();
+        let seq_now = match backend.image_snaps(pool, image) {
+            Some(s) => {
+                candidates.extend(s.snaps.keys().copied().filter(|&n| n >= self.id));
+                s.seq
+            }
+            None => 0,
+        };
+        candidates.extend(listing.seq.max(self.id)..=seq_now);
+        candidates.sort_unstable();
+        candidates.dedup();
+        for n in candidates {
             let copy = snap_object_name(image, index, n);
             match backend.read_object(pool, &copy, offset, len).await {
                 Ok(data) => return Ok(data),
                 Err(ClientError::NotFound(_)) => {}
                 Err(e) => return Err(e),
             }
+        }
+        // Removed meanwhile: a copy this read needed may have been trimmed already.
+        if !live() {
+            return Err(gone());
         }
         head
     }
@@ -416,7 +454,7 @@ pub(crate) fn snap_error(e: ClientError) -> ImageError {
 
 /// Removes snapshot `snap`. The copies only it read are freed in the background by the
 /// leader monitor's trimmer (or at once by [`trim`]); returns the image's removal count
-/// with this one, what [`trimmed`] compares against.
+/// with this one (`ImageSnaps::trimmed` reaches it once they are freed).
 pub async fn remove(
     client: &Arc<spindle_client::Client>,
     pool: &str,
@@ -429,14 +467,6 @@ pub async fn remove(
         .map_err(snap_error)?;
     // The command returned once this client's map has the removal.
     Ok(client.image_snaps(pool, image).map_or(0, |s| s.removals))
-}
-
-/// Whether the copies left by the first `removals` snapshot removals of `image` are freed,
-/// in this client's map.
-pub fn trimmed(client: &spindle_client::Client, pool: &str, image: &str, removals: u64) -> bool {
-    client
-        .image_snaps(pool, image)
-        .is_none_or(|s| s.trimmed >= removals)
 }
 
 /// Deletes the snapshot copies of `image` that no live snapshot reads (left by removed
