@@ -41,11 +41,7 @@ impl MonCore {
         snap: &str,
         size_bytes: u64,
     ) -> Result<(AdminReply, Option<spindle_map::ClusterMap>), String> {
-        let pool_id = self
-            .map
-            .pool_by_name(pool)
-            .ok_or_else(|| format!("no pool named '{pool}'"))?
-            .id;
+        let pool_id = self.pool_id(pool)?;
         if image.is_empty() || image.len() > IMAGE_NAME_BYTES_MAX || image.contains('@') {
             return Err(format!("bad image name {image:?}"));
         }
@@ -151,11 +147,7 @@ impl MonCore {
         image: &str,
         removals: u64,
     ) -> Result<(AdminReply, Option<spindle_map::ClusterMap>), String> {
-        let pool_id = self
-            .map
-            .pool_by_name(pool)
-            .ok_or_else(|| format!("no pool named '{pool}'"))?
-            .id;
+        let pool_id = self.pool_id(pool)?;
         let key = (pool_id, image.to_string());
         let Some(current) = self.map.image_snaps.get(&key) else {
             let reply = AdminReply::SnapDone(SnapDone {
@@ -180,6 +172,13 @@ impl MonCore {
         Ok((AdminReply::SnapDone(SnapDone { epoch, id: 0 }), next))
     }
 
+    fn pool_id(&self, pool: &str) -> Result<u32, String> {
+        self.map
+            .pool_by_name(pool)
+            .map(|p| p.id)
+            .ok_or_else(|| format!("no pool named '{pool}'"))
+    }
+
     fn pool_name(&self, id: u32) -> String {
         self.map
             .pools
@@ -200,16 +199,8 @@ impl MonCore {
         child_pool: &str,
         child: &str,
     ) -> Result<(AdminReply, Option<spindle_map::ClusterMap>), String> {
-        let pool_id = self
-            .map
-            .pool_by_name(pool)
-            .ok_or_else(|| format!("no pool named '{pool}'"))?
-            .id;
-        let child_pool_id = self
-            .map
-            .pool_by_name(child_pool)
-            .ok_or_else(|| format!("no pool named '{child_pool}'"))?
-            .id;
+        let pool_id = self.pool_id(pool)?;
+        let child_pool_id = self.pool_id(child_pool)?;
         for name in [image, child] {
             if !spindle_types::limits::is_simple_name(name, IMAGE_NAME_BYTES_MAX) {
                 return Err(format!("bad image name {name:?}"));

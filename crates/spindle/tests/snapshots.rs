@@ -38,6 +38,17 @@ fn block_of(seq: u64) -> Vec<u8> {
     out
 }
 
+/// How many snapshot copies image `image` of `POOL` has.
+async fn snap_copies(client: &spindle_client::Client, image: &str) -> usize {
+    client
+        .list(POOL)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|o| parse_snap_object(image, &o.name).is_some())
+        .count()
+}
+
 /// The image's bytes after writes `0..k` of `log` (offset, seq) over zeros.
 fn state_after(size: usize, log: &[(u64, u64)], k: usize) -> Vec<u8> {
     let mut out = vec![0u8; size];
@@ -206,13 +217,7 @@ async fn a_snapshot_under_writes_is_crash_consistent_and_rollback_restores_it() 
     assert_eq!(ls[0]["name"], "s1");
     assert_eq!(ls[0]["size_bytes"], size as u64);
     fails(&c, &["image", "rm", "vol"], "has 1 snapshots");
-    let copies_before = client
-        .list(POOL)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|o| parse_snap_object("vol", &o.name).is_some())
-        .count();
+    let copies_before = snap_copies(&client, "vol").await;
     assert!(copies_before > 0);
     let out = ok(&c, &["image", "snap", "rm", "vol@s1"]);
     assert!(
@@ -224,13 +229,7 @@ async fn a_snapshot_under_writes_is_crash_consistent_and_rollback_restores_it() 
     let du: serde_json::Value =
         serde_json::from_str(&ok(&c, &["image", "du", "vol", "--json"])).unwrap();
     assert_eq!(du[0]["trimming_bytes"], 0, "{du}");
-    let left = client
-        .list(POOL)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|o| parse_snap_object("vol", &o.name).is_some())
-        .count();
+    let left = snap_copies(&client, "vol").await;
     assert_eq!(left, 0, "removing the only snapshot frees every copy");
     ok(&c, &["image", "rm", "vol"]);
     fails(&c, &["image", "snap", "ls", "vol"], "no such image");
@@ -394,13 +393,7 @@ async fn the_trimmer_frees_every_copy_under_churn_with_flat_descriptors() {
         }
     }
     wait_trimmed(&client, POOL, "vol", ROUNDS).await;
-    let left = client
-        .list(POOL)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|o| parse_snap_object("vol", &o.name).is_some())
-        .count();
+    let left = snap_copies(&client, "vol").await;
     assert_eq!(left, 0, "every copy freed once no snapshot is left");
     let end = fds(mon);
     eprintln!("monitor descriptors: {warm} after 5 rounds, {end} after {ROUNDS}");
