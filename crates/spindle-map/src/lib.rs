@@ -259,16 +259,6 @@ pub struct SnapInfo {
 }
 
 impl ClusterMap {
-    /// The newest live snapshot id of image `image` in pool `pool` (0: none).
-    pub fn newest_snap(&self, pool: u32, image: &str) -> u64 {
-        if self.image_snaps.is_empty() {
-            return 0;
-        }
-        self.image_snaps
-            .get(&(pool, image.to_string()))
-            .map_or(0, |s| s.newest())
-    }
-
     /// The snapshot guard of image `image` in pool `pool` ([`ImageSnaps::guard`]; 0: no
     /// live snapshot).
     pub fn snap_guard(&self, pool: u32, image: &str) -> u64 {

@@ -316,8 +316,9 @@ mod tests {
             .trimmed = 6;
         assert!(ClusterMap::decode(&bad.encode()).is_err());
         m.image_snaps.remove(&(pool_id, "vm3".into()));
-        assert_eq!(back.newest_snap(pool_id, "vm1"), 7);
-        assert_eq!(back.newest_snap(pool_id, "vm2"), 0);
+        assert_eq!(back.image_snaps[&(pool_id, "vm1".into())].newest(), 7);
+        assert_eq!(back.snap_guard(pool_id, "vm1"), 7);
+        assert_eq!(back.snap_guard(pool_id, "vm2"), 0);
         assert_eq!(snaps.by_name("monday").map(|(id, _)| id), Some(2));
         // Format 4: no clones (and format 5's trimming counters are 0).
         let mut v4 = m.clone();

@@ -367,13 +367,13 @@ mod tests {
             .contains("exists"));
         assert!(run(&mut c, SnapVerb::Create, "bad@name").is_err());
         let pool = c.map().pool_by_name("default").unwrap().id;
-        assert_eq!(c.map().newest_snap(pool, "vm"), 2);
+        assert_eq!(c.map().image_snaps[&(pool, "vm".into())].newest(), 2);
         run(&mut c, SnapVerb::Protect, "a").unwrap();
         assert!(run(&mut c, SnapVerb::Rm, "a")
             .unwrap_err()
             .contains("protected"));
         run(&mut c, SnapVerb::Rm, "b").unwrap();
-        assert_eq!(c.map().newest_snap(pool, "vm"), 1);
+        assert_eq!(c.map().image_snaps[&(pool, "vm".into())].newest(), 1);
         // The guard stays at the last id handed out while any snapshot is live.
         assert_eq!(c.map().snap_guard(pool, "vm"), 2);
         // Ids are never reused: the next one is 3.
