@@ -204,6 +204,7 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
             recovery_ops_max: Some(args.recovery_ops_max),
             recovery_bytes_per_sec: Some(0),
             scrub_interval_ms: Some(0),
+            encrypt: None,
         },
         target: Target {
             dir: scratch.to_path_buf(),

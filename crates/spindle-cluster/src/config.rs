@@ -49,6 +49,10 @@ pub struct ClusterConfig {
     /// without authentication.
     #[serde(default)]
     pub keyring: Option<PathBuf>,
+    /// Encrypt the payloads of every authenticated connection (ChaCha20-Poly1305), not
+    /// only MAC them. Needs `keyring`.
+    #[serde(default)]
+    pub encrypt: bool,
     pub mon: Vec<MonEntry>,
     pub osd: Vec<OsdEntry>,
 }
@@ -119,6 +123,9 @@ impl ClusterConfig {
         }
         if self.osd.is_empty() {
             bail!("no storage daemon ([[osd]] entries)");
+        }
+        if self.encrypt && self.keyring.is_none() {
+            bail!("encrypt = true needs a keyring (sessions are keyed by authentication)");
         }
         let mut addrs = BTreeSet::new();
         let mut mon_ids = BTreeSet::new();
@@ -266,7 +273,7 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
         std::fs::create_dir_all(&m.dir).with_context(|| format!("creating {}", m.dir.display()))?;
         spindle_mon::init_member(&m.dir, m.id, &members, &first, keyring.as_ref())?;
         let _ = std::fs::remove_file(m.dir.join("pid"));
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "mon".into(),
             "run".into(),
             "--dir".into(),
@@ -276,6 +283,9 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
             "--out-after-ms".into(),
             config.out_after_ms.to_string(),
         ];
+        if config.encrypt {
+            args.push("--encrypt".into());
+        }
         let pid = spawn_daemon(&args, &m.dir.join("log"))?;
         wait_pid_file(&m.dir, pid, &format!("mon.{}", m.id))?;
         if !quiet {
@@ -297,7 +307,7 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
             continue;
         }
         let _ = std::fs::remove_file(o.dir.join("pid"));
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "osd".into(),
             "run".into(),
             "--id".into(),
@@ -309,6 +319,9 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
             "--listen".into(),
             o.addr.clone(),
         ];
+        if config.encrypt {
+            args.push("--encrypt".into());
+        }
         let pid = spawn_daemon(&args, &o.dir.join("log"))?;
         if !quiet {
             println!("osd.{:<6} {} (pid {pid})", o.id, o.addr);

@@ -190,6 +190,11 @@ pub struct SettingsArgs {
     /// Scrub every placement group this often; 0 = only `spindle scrub`. Default 1 day.
     #[arg(long)]
     pub scrub_interval_ms: Option<u64>,
+    /// Encrypt the payloads of every authenticated connection (ChaCha20-Poly1305), not
+    /// only MAC them: `--encrypt` or `--encrypt true`, `--encrypt false` to stop. Default
+    /// off. Has no effect on a cluster made with `--no-auth`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub encrypt: Option<bool>,
 }
 
 pub const SETTING_KEYS: [&str; 4] = [
@@ -229,6 +234,15 @@ pub fn setting_args(dir: &Path, keys: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// `--encrypt` if the embedded cluster's stored settings say so (monitors and daemons).
+pub fn encrypt_args(dir: &Path) -> Vec<String> {
+    let v = read_cluster_json(dir).unwrap_or(Value::Null);
+    match v["settings"]["encrypt"].as_bool() {
+        Some(true) => vec!["--encrypt".into()],
+        _ => Vec::new(),
+    }
+}
+
 /// Merges given flags into `cluster.json`.
 pub fn store_settings(dir: &Path, settings: &SettingsArgs) -> anyhow::Result<()> {
     let mut v = read_cluster_json(dir)?;
@@ -236,6 +250,9 @@ pub fn store_settings(dir: &Path, settings: &SettingsArgs) -> anyhow::Result<()>
         if let Some(val) = val {
             v["settings"][*k] = serde_json::json!(val);
         }
+    }
+    if let Some(e) = settings.encrypt {
+        v["settings"]["encrypt"] = serde_json::json!(e);
     }
     write_atomic(&dir.join("cluster.json"), &v.to_string())
 }
@@ -350,6 +367,7 @@ pub fn start_mon(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
         args.extend(["--id".into(), id.to_string()]);
     }
     args.extend(setting_args(dir, &SETTING_KEYS[..1]));
+    args.extend(encrypt_args(dir));
     let pid = spawn_daemon(&args, &d.join("log"))?;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -387,6 +405,7 @@ pub fn start_osd(dir: &Path, id: u32, mon: &str) -> anyhow::Result<u32> {
         mon.to_string(),
     ];
     args.extend(setting_args(dir, &SETTING_KEYS[1..]));
+    args.extend(encrypt_args(dir));
     spawn_daemon(&args, &d.join("log"))
 }
 
@@ -483,6 +502,12 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
             args.osds
         }
     };
+    if args.settings.encrypt == Some(true) && !dir.join(KEYRING).exists() {
+        bail!(
+            "--encrypt needs authentication, and the cluster in {} runs without it (made with --no-auth)",
+            dir.display()
+        );
+    }
     store_settings(&dir, &args.settings)?;
     let ids = mon_ids(&dir);
     if ids.is_empty() {

@@ -184,9 +184,13 @@ impl AuthChange {
 pub struct MonVerifier {
     pub mon_key: Key,
     pub sm: crate::raft::StateMachine,
+    pub encrypt: bool,
 }
 
 impl Verifier for MonVerifier {
+    fn encrypt(&self) -> bool {
+        self.encrypt
+    }
     fn ready(&self, entity: &str) -> Result<(), String> {
         match self.sm.auth() {
             _ if entity == "mon." => Ok(()),

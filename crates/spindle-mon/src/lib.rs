@@ -88,6 +88,9 @@ pub struct MonConfig {
     pub net: Net,
     /// Timings of the monitors' Raft group.
     pub raft: raft::RaftTiming,
+    /// Encrypt the payloads of every authenticated session this monitor serves
+    /// (ChaCha20-Poly1305; `spindle_proto::auth`). Without authentication it has no effect.
+    pub encrypt: bool,
 }
 
 impl MonConfig {
@@ -99,6 +102,7 @@ impl MonConfig {
             out_after_ms: 30_000,
             net: Net::Tcp,
             raft: raft::RaftTiming::default(),
+            encrypt: false,
         }
     }
 }
@@ -557,6 +561,8 @@ pub struct Monitor {
     mon_key: Option<spindle_proto::auth::Key>,
     /// How this monitor authenticates to the others.
     peer_auth: spindle_proto::auth::ConnectAuth,
+    /// Sessions it serves encrypt their payloads.
+    encrypt: bool,
     /// The connection requests are passed on over, to the leader.
     leader_conn: tokio::sync::Mutex<Option<Arc<RpcConn>>>,
 }
@@ -1229,6 +1235,7 @@ impl BoundMonitor {
             net: config.net.clone(),
             mon_key: mon_key.clone(),
             peer_auth,
+            encrypt: config.encrypt,
             leader_conn: tokio::sync::Mutex::new(None),
         });
         Ok(BoundMonitor {
@@ -1254,6 +1261,7 @@ impl BoundMonitor {
                 Arc::new(auth::MonVerifier {
                     mon_key: k.clone(),
                     sm: mon.sm.clone(),
+                    encrypt: mon.encrypt,
                 }) as Arc<dyn spindle_proto::auth::Verifier>
             });
         let accept = accept_loop_via(

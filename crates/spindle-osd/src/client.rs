@@ -20,6 +20,9 @@ pub(crate) struct ClientOp {
     /// Block checksums of the frame's bulk bytes (a whole-object write's data), verified
     /// when the frame arrived: the store keeps them instead of checksumming again.
     pub block_crcs: Vec<u32>,
+    /// BLAKE3 of the frame's bulk bytes if its MAC was checked: replication frames that
+    /// carry the same bytes are MACed with it instead of hashing them again.
+    pub bulk_hash: Option<[u8; 32]>,
     /// When the request was decoded, if stage clocks are on (`spindle_trace`).
     pub received: Option<std::time::Instant>,
 }
@@ -56,6 +59,7 @@ impl Osd {
             name,
             op,
             block_crcs,
+            bulk_hash,
             received,
         } = req;
         let (pool, pg) = (pgid.pool, pgid.pg);
@@ -144,6 +148,7 @@ impl Osd {
                     name,
                     op,
                     block_crcs: Vec::new(),
+                    bulk_hash: None,
                     received,
                 };
                 osd.ec_client_op(epoch, &mapping, &layout, req, reply).await
@@ -175,6 +180,7 @@ impl Osd {
                     name,
                     op,
                     block_crcs,
+                    bulk_hash,
                     received,
                 };
                 osd.client_op(&ms, req, reply);
@@ -200,8 +206,15 @@ impl Osd {
                 };
                 match conns {
                     Some(conns) => {
-                        let started =
-                            self.start_write(epoch, pgid, &name, m, block_crcs, &replicas, &conns);
+                        let started = self.start_write(
+                            epoch,
+                            pgid,
+                            &name,
+                            m,
+                            (block_crcs, bulk_hash),
+                            &replicas,
+                            &conns,
+                        );
                         tokio::spawn(async move {
                             let msg = osd.finish_write(started).await;
                             reply.send(rid, epoch, &msg);
@@ -219,8 +232,15 @@ impl Osd {
                                     }
                                 }
                             }
-                            let started = osd
-                                .start_write(epoch, pgid, &name, m, block_crcs, &replicas, &conns);
+                            let started = osd.start_write(
+                                epoch,
+                                pgid,
+                                &name,
+                                m,
+                                (block_crcs, bulk_hash),
+                                &replicas,
+                                &conns,
+                            );
                             let msg = osd.finish_write(started).await;
                             reply.send(rid, epoch, &msg);
                         });
@@ -286,7 +306,7 @@ impl Osd {
         pgid: PgId,
         name: &str,
         m: WireMutation,
-        block_crcs: Vec<u32>,
+        (block_crcs, bulk_hash): (Vec<u32>, Option<[u8; 32]>),
         replicas: &[u32],
         conns: &[Arc<RpcConn>],
     ) -> Result<StartedWrite, Msg> {
@@ -352,6 +372,12 @@ impl Osd {
                 Prepared::with_shared_bulk(&rep, data.clone(), bulk_crc)
             }
             None => Prepared::new(&rep),
+        };
+        // The replicas get the client's bytes unchanged: their MACs cover the hash the
+        // client's frame was checked with.
+        let prepared = match bulk_hash {
+            Some(h) => prepared.with_bulk_hash(h),
+            None => prepared,
         };
         let Msg::RepWrite { mutation: m, .. } = rep else {
             unreachable!("built as a RepWrite above")

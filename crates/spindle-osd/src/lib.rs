@@ -94,6 +94,9 @@ pub struct OsdConfig {
     pub scrub_interval_ms: u64,
     /// TCP, or an in-process network in tests.
     pub net: Net,
+    /// Encrypt the payloads of every authenticated session this daemon serves
+    /// (ChaCha20-Poly1305; `spindle_proto::auth`). Without authentication it has no effect.
+    pub encrypt: bool,
 }
 
 impl OsdConfig {
@@ -110,6 +113,7 @@ impl OsdConfig {
             stray_check_ms: 2000,
             scrub_interval_ms: 24 * 3600 * 1000,
             net: Net::Tcp,
+            encrypt: false,
         }
     }
 }
@@ -295,9 +299,13 @@ use spindle_proto::tickets::Credentials;
 /// key (which this daemon got from the monitors) and proves its session key.
 struct OsdVerifier {
     creds: Arc<Credentials>,
+    encrypt: bool,
 }
 
 impl spindle_proto::auth::Verifier for OsdVerifier {
+    fn encrypt(&self) -> bool {
+        self.encrypt
+    }
     fn ready(&self, _entity: &str) -> Result<(), String> {
         match self.creds.service_key() {
             Some(_) => Ok(()),
@@ -426,7 +434,10 @@ impl Osd {
             None
         };
         let verifier = creds.as_ref().map(|c| {
-            Arc::new(OsdVerifier { creds: c.clone() }) as Arc<dyn spindle_proto::auth::Verifier>
+            Arc::new(OsdVerifier {
+                creds: c.clone(),
+                encrypt: config.encrypt,
+            }) as Arc<dyn spindle_proto::auth::Verifier>
         });
         let (listener, addr) = config.net.bind(&config.listen).await?;
         let net = config.net.clone();
@@ -1335,6 +1346,7 @@ impl Osd {
         // Block checksums of the frame's bulk bytes: for a whole-object write the bulk is
         // the object, and the store keeps them instead of checksumming it again.
         let block_crcs = inc.bulk_block_crcs;
+        let bulk_hash = inc.bulk_hash;
         match inc.msg {
             Msg::ObjRequest {
                 pool,
@@ -1393,6 +1405,7 @@ impl Osd {
                     name,
                     op,
                     block_crcs,
+                    bulk_hash,
                     received: inc.received,
                 };
                 self.client_op(&ms, req, reply)

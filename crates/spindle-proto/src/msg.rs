@@ -910,9 +910,11 @@ messages! {
         nonce: Vec<u8> = Bytes("nonce", crate::auth::NONCE_BYTES),
         ticket: Vec<u8> = Bytes("ticket", crate::auth::TICKET_BYTES_MAX),
     };
-    /// The server's nonce.
+    /// The server's nonce, and whether the session's payloads are encrypted (the server's
+    /// policy; bound into both proofs).
     AuthChallenge = 81, "auth_challenge" {
         nonce: Vec<u8> = Bytes("nonce", crate::auth::NONCE_BYTES),
+        encrypt: bool = Flag("encrypt"),
     };
     /// The connecting side's proof of its key over both nonces.
     AuthProof = 82, "auth_proof" {

@@ -60,6 +60,9 @@ pub struct Incoming {
     /// CRC32C of each 4 KiB block of the frame's bulk bytes (see
     /// [`RawFrame::bulk_block_crcs`]); empty for small bulks.
     pub bulk_block_crcs: Vec<u32>,
+    /// The BLAKE3 hash of the frame's bulk bytes, when its MAC was checked (a daemon
+    /// forwarding the same bytes MACs them with it instead of hashing them again).
+    pub bulk_hash: Option<[u8; 32]>,
     /// When the frame was decoded, if stage clocks are on (`spindle_trace`).
     pub received: Option<std::time::Instant>,
     /// Who sent it, on an authenticated served connection (None without authentication).
@@ -86,11 +89,13 @@ async fn read_msg_mac<R: AsyncRead + Unpin>(
         Some(mut f) => {
             let (request_id, epoch) = (f.request_id, f.epoch);
             let bulk_block_crcs = std::mem::take(&mut f.bulk_block_crcs);
+            let bulk_hash = f.bulk_hash;
             Ok(Some(Incoming {
                 request_id,
                 epoch,
                 msg: f.decode()?,
                 bulk_block_crcs,
+                bulk_hash,
                 received: spindle_trace::now(),
                 peer: None,
             }))
@@ -114,6 +119,8 @@ pub struct RawFrame {
     /// the frame checksum (which is combined from them), so a store can keep them as its
     /// block checksums instead of reading the bytes again.
     pub bulk_block_crcs: Vec<u32>,
+    /// BLAKE3 of `bulk` if the frame's MAC was checked over it.
+    pub bulk_hash: Option<[u8; 32]>,
 }
 
 /// Block size of [`RawFrame::bulk_block_crcs`].
@@ -189,6 +196,10 @@ async fn read_body<R: AsyncRead + Unpin>(
     h: &crate::frame::FrameHeader,
     mac: Option<&mut FrameMac>,
 ) -> Result<RawFrame, NetError> {
+    let mac = match mac {
+        Some(m) if m.encrypts() => return read_sealed_body(r, h, m).await,
+        other => other,
+    };
     let len = h.payload_len as usize;
     let mut block_crcs = Vec::new();
     let (bulk_claim, bulk, fields, crc) = if len < 4 {
@@ -223,6 +234,7 @@ async fn read_body<R: AsyncRead + Unpin>(
         }
         .into());
     }
+    let mut bulk_hash = None;
     if let Some(mac) = mac {
         let claim = bulk_claim.to_le_bytes();
         let want = if len < 4 {
@@ -236,13 +248,15 @@ async fn read_body<R: AsyncRead + Unpin>(
                 &[],
             )
         } else {
-            mac.frame(
+            bulk_hash = crate::auth::bulk_hash(&bulk);
+            mac.frame_hashed(
                 h.kind,
                 h.request_id,
                 h.epoch,
                 h.payload_len,
                 &claim,
-                &bulk,
+                bulk.len(),
+                bulk_hash.as_ref(),
                 &fields,
             )
         };
@@ -265,6 +279,74 @@ async fn read_body<R: AsyncRead + Unpin>(
         bulk,
         fields,
         bulk_block_crcs: block_crcs,
+        bulk_hash,
+    })
+}
+
+/// [`read_body`] on an encrypting session: the payload is read whole, its checksum (of the
+/// ciphertext) checked, then it is opened in place and split like a plain body.
+async fn read_sealed_body<R: AsyncRead + Unpin>(
+    r: &mut R,
+    h: &crate::frame::FrameHeader,
+    mac: &mut FrameMac,
+) -> Result<RawFrame, NetError> {
+    let len = h.payload_len as usize;
+    let mut payload = read_vec(r, len, "payload").await?;
+    let crc = spindle_types::crc::crc32c(&payload);
+    if crc != h.payload_crc {
+        return Err(FrameError::PayloadChecksum {
+            stored: h.payload_crc,
+            computed: crc,
+        }
+        .into());
+    }
+    let mut tag = [0u8; MAC_BYTES];
+    r.read_exact(&mut tag)
+        .await
+        .map_err(|e| NetError::Closed(format!("stream ended inside a frame's tag: {e}")))?;
+    mac.open(h.kind, h.request_id, h.epoch, &mut payload, &tag)
+        .map_err(|_| {
+            NetError::Auth(format!(
+                "sealed frame does not open (kind {}, request {}): altered, forged or replayed",
+                h.kind, h.request_id
+            ))
+        })?;
+    let mut block_crcs = Vec::new();
+    if len < 4 {
+        return Ok(RawFrame {
+            kind: h.kind,
+            request_id: h.request_id,
+            epoch: h.epoch,
+            bulk_claim: u32::MAX,
+            bulk: Vec::new(),
+            fields: payload,
+            bulk_block_crcs: block_crcs,
+            bulk_hash: None,
+        });
+    }
+    let claim = u32::from_le_bytes([payload[0], payload[1], payload[2], payload[3]]);
+    let bulk_len = if claim as usize <= len - 4 {
+        claim as usize
+    } else {
+        0
+    };
+    let fields = payload[4 + bulk_len..].to_vec();
+    // The bulk moves to the front of the buffer, which the message then owns.
+    payload.copy_within(4..4 + bulk_len, 0);
+    payload.truncate(bulk_len);
+    let bulk = payload;
+    if bulk.len() >= BULK_BLOCK_CRCS_BYTES_MIN && crate::msg::kind_writes_objects(h.kind) {
+        spindle_types::crc::crc32c_blocks(&bulk, &mut block_crcs);
+    }
+    Ok(RawFrame {
+        kind: h.kind,
+        request_id: h.request_id,
+        epoch: h.epoch,
+        bulk_claim: claim,
+        bulk,
+        fields,
+        bulk_block_crcs: block_crcs,
+        bulk_hash: None,
     })
 }
 
@@ -304,9 +386,32 @@ pub async fn write_msg<W: AsyncWrite + Unpin>(
 pub struct Prepared {
     kind: u16,
     /// `u32 bulk length | fields`: the bulk bytes go out between the two.
-    head: Arc<Vec<u8>>,
+    head: Arc<Head>,
     bulk: Arc<Vec<u8>>,
     crc: u32,
+}
+
+/// The small part of a [`Prepared`] body, and the hash its frame MACs cover for its bulk
+/// (computed by the first authenticated connection that sends it, shared by the others).
+struct Head {
+    bytes: Vec<u8>,
+    bulk_hash: std::sync::OnceLock<[u8; 32]>,
+}
+
+impl Head {
+    fn new(bytes: Vec<u8>) -> Arc<Head> {
+        Arc::new(Head {
+            bytes,
+            bulk_hash: std::sync::OnceLock::new(),
+        })
+    }
+}
+
+impl std::ops::Deref for Head {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.bytes
+    }
 }
 
 impl Prepared {
@@ -326,7 +431,7 @@ impl Prepared {
         head.extend_from_slice(&fields);
         Prepared {
             kind: msg.kind(),
-            head: Arc::new(head),
+            head: Head::new(head),
             bulk: Arc::new(bulk),
             crc,
         }
@@ -359,7 +464,7 @@ impl Prepared {
         head.extend_from_slice(&fields);
         Prepared {
             kind: msg.kind(),
-            head: Arc::new(head),
+            head: Head::new(head),
             bulk,
             crc,
         }
@@ -375,10 +480,35 @@ impl Prepared {
         head.extend_from_slice(&fields);
         Prepared {
             kind: msg.kind(),
-            head: Arc::new(head),
+            head: Head::new(head),
             bulk: Arc::new(bulk),
             crc,
         }
+    }
+
+    /// The same body, with the BLAKE3 hash of its bulk already known (the hash of the
+    /// frame these bytes arrived in: [`Incoming::bulk_hash`]). A wrong hash makes the
+    /// peer refuse the frame's MAC (the connection closes), never accept other bytes.
+    pub fn with_bulk_hash(self, hash: [u8; 32]) -> Prepared {
+        debug_assert_eq!(
+            crate::auth::bulk_hash(&self.bulk),
+            Some(hash),
+            "the hash of other bytes"
+        );
+        let _ = self.head.bulk_hash.set(hash);
+        self
+    }
+
+    /// The hash frame MACs cover for the bulk (None when empty).
+    fn bulk_hash(&self) -> Option<&[u8; 32]> {
+        if self.bulk.is_empty() {
+            return None;
+        }
+        Some(
+            self.head
+                .bulk_hash
+                .get_or_init(|| *blake3::hash(&self.bulk).as_bytes()),
+        )
     }
 
     fn frame(&self, request_id: u64, epoch: u64) -> Outgoing {
@@ -420,6 +550,89 @@ async fn write_frames<W: AsyncWrite + Unpin>(
     stall: Option<Duration>,
     mac: Option<&mut FrameMac>,
 ) -> Result<(), NetError> {
+    if let Some(mac) = mac {
+        if mac.encrypts() {
+            return write_sealed_frames(w, frames, stall, mac).await;
+        }
+        return write_frames_as(w, frames, stall, Some(mac)).await;
+    }
+    write_frames_as(w, frames, stall, None).await
+}
+
+/// [`write_frames`] on an encrypting session: each payload is copied, sealed in place and
+/// sent with a header that carries the ciphertext's checksum.
+async fn write_sealed_frames<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frames: &[Outgoing],
+    stall: Option<Duration>,
+    mac: &mut FrameMac,
+) -> Result<(), NetError> {
+    let mut sealed = Vec::with_capacity(frames.len());
+    for f in frames {
+        spindle_trace::record(Stage::RpcWriterQueue, f.queued);
+        let h = &f.header;
+        let u16_at = |at: usize| u16::from_le_bytes([h[at], h[at + 1]]);
+        let u64_at = |at: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&h[at..at + 8]);
+            u64::from_le_bytes(a)
+        };
+        let (kind, request_id, epoch) = (u16_at(6), u64_at(12), u64_at(20));
+        let head = &f.body.head;
+        let mut payload = Vec::with_capacity(head.len() + f.body.bulk.len());
+        payload.extend_from_slice(&head[..4]);
+        payload.extend_from_slice(&f.body.bulk);
+        payload.extend_from_slice(&head[4..]);
+        let tag = mac
+            .seal(kind, request_id, epoch, &mut payload)
+            .map_err(|_| NetError::Auth("cannot seal a frame".into()))?;
+        let header = frame_header(
+            kind,
+            request_id,
+            epoch,
+            payload.len() as u32,
+            spindle_types::crc::crc32c(&payload),
+        );
+        sealed.push((header, payload, tag));
+    }
+    let mut slices = Vec::with_capacity(sealed.len() * 3);
+    for (header, payload, tag) in &sealed {
+        slices.push(std::io::IoSlice::new(header));
+        slices.push(std::io::IoSlice::new(payload));
+        slices.push(std::io::IoSlice::new(tag));
+    }
+    write_slices(w, &mut slices, stall).await
+}
+
+/// Writes `slices` whole (see [`write_frames`] for `stall`).
+async fn write_slices<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    slices: &mut [std::io::IoSlice<'_>],
+    stall: Option<Duration>,
+) -> Result<(), NetError> {
+    let mut rest: &mut [std::io::IoSlice<'_>] = slices;
+    while !rest.is_empty() {
+        let written = match stall {
+            None => w.write_vectored(rest).await?,
+            Some(stall) => tokio::time::timeout(stall, w.write_vectored(rest))
+                .await
+                .map_err(|_| NetError::Timeout(stall.as_millis() as u64))??,
+        };
+        if written == 0 {
+            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
+        }
+        std::io::IoSlice::advance_slices(&mut rest, written);
+    }
+    Ok(())
+}
+
+/// [`write_frames`] in the clear, with a MAC after each frame if `mac` is given.
+async fn write_frames_as<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frames: &[Outgoing],
+    stall: Option<Duration>,
+    mac: Option<&mut FrameMac>,
+) -> Result<(), NetError> {
     let macs: Vec<[u8; MAC_BYTES]> = match mac {
         None => Vec::new(),
         Some(mac) => frames
@@ -435,13 +648,14 @@ async fn write_frames<W: AsyncWrite + Unpin>(
                     u64::from_le_bytes(a)
                 };
                 let head = &f.body.head;
-                mac.frame(
+                mac.frame_hashed(
                     u16_at(6),
                     u64_at(12),
                     u64_at(20),
                     u32_at(28),
                     &head[..4],
-                    &f.body.bulk,
+                    f.body.bulk.len(),
+                    f.body.bulk_hash(),
                     &head[4..],
                 )
             })
@@ -463,20 +677,7 @@ async fn write_frames<W: AsyncWrite + Unpin>(
             slices.push(std::io::IoSlice::new(m));
         }
     }
-    let mut rest: &mut [std::io::IoSlice<'_>] = &mut slices;
-    while !rest.is_empty() {
-        let written = match stall {
-            None => w.write_vectored(rest).await?,
-            Some(stall) => tokio::time::timeout(stall, w.write_vectored(rest))
-                .await
-                .map_err(|_| NetError::Timeout(stall.as_millis() as u64))??,
-        };
-        if written == 0 {
-            return Err(std::io::Error::from(std::io::ErrorKind::WriteZero).into());
-        }
-        std::io::IoSlice::advance_slices(&mut rest, written);
-    }
-    Ok(())
+    write_slices(w, &mut slices, stall).await
 }
 
 /// Writes queued frames to `w`, whatever is queued (up to [`FRAMES_PER_WRITE_MAX`]) in
@@ -823,8 +1024,8 @@ where
         },
     )
     .await?;
-    let sn = match read_handshake_msg(r).await?.ok_or_else(closed)?.msg {
-        Msg::AuthChallenge { nonce } => nonce,
+    let (sn, encrypt) = match read_handshake_msg(r).await?.ok_or_else(closed)?.msg {
+        Msg::AuthChallenge { nonce, encrypt } => (nonce, encrypt),
         other => return Err(refused(other, "hello")),
     };
     write_msg(
@@ -832,13 +1033,13 @@ where
         2,
         0,
         &Msg::AuthProof {
-            proof: proof(&key, "client", entity, &cn, &sn).to_vec(),
+            proof: proof(&key, "client", entity, &cn, &sn, encrypt).to_vec(),
         },
     )
     .await?;
     match read_handshake_msg(r).await?.ok_or_else(closed)?.msg {
         Msg::AuthDone { proof: p } => {
-            if !equal_secret(&p, &proof(&key, "server", entity, &cn, &sn)) {
+            if !equal_secret(&p, &proof(&key, "server", entity, &cn, &sn, encrypt)) {
                 return Err(NetError::Auth(format!(
                     "{addr} could not prove it knows the key of {entity}: not a server of this cluster"
                 )));
@@ -846,7 +1047,7 @@ where
         }
         other => return Err(refused(other, "proof")),
     }
-    Ok(session_macs(&key, entity, &cn, &sn, true))
+    Ok(session_macs(&key, entity, &cn, &sn, true, encrypt))
 }
 
 /// Largest frame of the handshake (a hello with the largest ticket, with room to spare):
@@ -872,6 +1073,7 @@ async fn read_handshake_msg<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<In
         epoch: f.epoch,
         msg: f.decode()?,
         bulk_block_crcs: Vec::new(),
+        bulk_hash: None,
         received: None,
         peer: None,
     }))
@@ -954,9 +1156,18 @@ where
         Err(e) => return Err(refuse(w, rid, epoch, format!("{entity}: {e}")).await),
     };
     let sn = nonce();
-    write_msg(w, rid, epoch, &Msg::AuthChallenge { nonce: sn.to_vec() })
-        .await
-        .map_err(|e| e.to_string())?;
+    let encrypt = verifier.encrypt();
+    write_msg(
+        w,
+        rid,
+        epoch,
+        &Msg::AuthChallenge {
+            nonce: sn.to_vec(),
+            encrypt,
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     let second = match read_handshake_msg(r).await {
         Ok(Some(inc)) => inc,
         Ok(None) => return Err(format!("{entity}: closed during the handshake")),
@@ -965,7 +1176,7 @@ where
     let rid = second.request_id;
     match second.msg {
         Msg::AuthProof { proof: p }
-            if equal_secret(&p, &proof(&key, "client", &entity, &cn, &sn)) => {}
+            if equal_secret(&p, &proof(&key, "client", &entity, &cn, &sn, encrypt)) => {}
         Msg::AuthProof { .. } => {
             let why = format!("{entity}: wrong proof (a wrong key, or a replayed handshake)");
             return Err(refuse(w, rid, epoch, why).await);
@@ -980,12 +1191,12 @@ where
         rid,
         epoch,
         &Msg::AuthDone {
-            proof: proof(&key, "server", &entity, &cn, &sn).to_vec(),
+            proof: proof(&key, "server", &entity, &cn, &sn, encrypt).to_vec(),
         },
     )
     .await
     .map_err(|e| e.to_string())?;
-    Ok((peer, session_macs(&key, &entity, &cn, &sn, false)))
+    Ok((peer, session_macs(&key, &entity, &cn, &sn, false, encrypt)))
 }
 
 impl Drop for RpcConn {
@@ -1154,19 +1365,74 @@ struct Held {
 pub struct Replier {
     tx: mpsc::UnboundedSender<Outgoing>,
     _held: Option<Arc<Held>>,
+    done: Option<Arc<DoneHook>>,
+}
+
+/// What a request's replies came to, given to its completion hook ([`Replier::on_done`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplyOutcome {
+    /// Bulk bytes of the last reply (a read's data).
+    pub bulk_bytes: u64,
+    /// The last reply was an error.
+    pub error: bool,
+    /// A reply was sent at all (false: dropped unanswered, e.g. the daemon shut down).
+    pub replied: bool,
+}
+
+/// Runs a request's completion hook when its last [`Replier`] clone is dropped.
+struct DoneHook {
+    outcome: Mutex<ReplyOutcome>,
+    f: Mutex<Option<Box<dyn FnOnce(ReplyOutcome) + Send>>>,
+}
+
+impl DoneHook {
+    fn record(&self, msg: &Msg) {
+        let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        *o = ReplyOutcome {
+            bulk_bytes: msg.bulk().len() as u64,
+            error: matches!(msg, Msg::Error { .. }),
+            replied: true,
+        };
+    }
+}
+
+impl Drop for DoneHook {
+    fn drop(&mut self) {
+        let outcome = *self.outcome.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = self.f.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
+            f(outcome);
+        }
+    }
 }
 
 impl Replier {
     /// Queues a reply; false if the connection is gone.
     pub fn send(&self, request_id: u64, epoch: u64, msg: &Msg) -> bool {
+        if let Some(d) = &self.done {
+            d.record(msg);
+        }
         self.tx.send(outgoing(request_id, epoch, msg)).is_ok()
     }
 
     /// Queues a reply, moving its bulk bytes instead of copying them.
     pub fn send_owned(&self, request_id: u64, epoch: u64, msg: Msg) -> bool {
+        if let Some(d) = &self.done {
+            d.record(&msg);
+        }
         self.tx
             .send(Prepared::from_msg(msg).frame(request_id, epoch))
             .is_ok()
+    }
+
+    /// The same replier, calling `f` with what the replies came to once the request is
+    /// done (its last clone dropped): per-operation metrics without touching every path
+    /// that answers. Replaces an earlier hook.
+    pub fn on_done(mut self, f: impl FnOnce(ReplyOutcome) + Send + 'static) -> Replier {
+        self.done = Some(Arc::new(DoneHook {
+            outcome: Mutex::new(ReplyOutcome::default()),
+            f: Mutex::new(Some(Box::new(f))),
+        }));
+        self
     }
 
     /// Resolves once the connection is gone (the peer closed it, or it was dropped for a
@@ -1294,7 +1560,11 @@ pub async fn serve_halves<R, W, F>(
         Duration::from_millis(limits.write_stall_ms),
         send_mac,
     ));
-    let replier = Replier { tx, _held: None };
+    let replier = Replier {
+        tx,
+        _held: None,
+        done: None,
+    };
     let admission = Arc::new(tokio::sync::Semaphore::new(
         REQUESTS_IN_FLIGHT_PER_CONNECTION,
     ));
@@ -1357,6 +1627,7 @@ pub async fn serve_halves<R, W, F>(
                         (frame.kind, frame.request_id, frame.epoch);
                     let mut frame = frame;
                     let bulk_block_crcs = std::mem::take(&mut frame.bulk_block_crcs);
+                    let bulk_hash = frame.bulk_hash;
                     let decoded = frame.decode();
                     spindle_trace::record(Stage::RpcRead, frame_start);
                     match decoded {
@@ -1376,6 +1647,7 @@ pub async fn serve_halves<R, W, F>(
                                 epoch: frame_epoch,
                                 msg,
                                 bulk_block_crcs,
+                                bulk_hash,
                                 received: spindle_trace::now(),
                                 peer: peer_auth.clone(),
                             },
@@ -1385,6 +1657,7 @@ pub async fn serve_halves<R, W, F>(
                                     _admission: admitted,
                                     _payload: charged,
                                 })),
+                                done: None,
                             },
                         ),
                         Err(e) => {

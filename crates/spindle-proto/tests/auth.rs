@@ -14,14 +14,19 @@ use spindle_proto::{ErrorCode, Msg};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// Knows one entity and its key; not ready while `ready` is false.
+/// Knows one entity and its key; not ready while `ready` is false; encrypts sessions
+/// while `encrypt` is true.
 struct OneKey {
     entity: String,
     key: Key,
     ready: AtomicBool,
+    encrypt: AtomicBool,
 }
 
 impl Verifier for OneKey {
+    fn encrypt(&self) -> bool {
+        self.encrypt.load(Ordering::Relaxed)
+    }
     fn ready(&self, _entity: &str) -> Result<(), String> {
         if self.ready.load(Ordering::Relaxed) {
             Ok(())
@@ -101,6 +106,7 @@ fn setup(seed: u64, segment: usize) -> (MemTransport, Arc<OneKey>, Key) {
         entity: "client.a".into(),
         key: key.clone(),
         ready: AtomicBool::new(true),
+        encrypt: AtomicBool::new(false),
     });
     let server = net.host("mon.0");
     let listener = server.bind(SERVER).unwrap();
@@ -129,8 +135,15 @@ fn write(data: Vec<u8>) -> Msg {
 
 #[tokio::test(start_paused = true)]
 async fn the_right_key_connects_and_frames_carry_macs_through_any_segmentation() {
-    for (seed, segment) in [(1, 3), (2, 17), (3, 4096)] {
-        let (client, _v, key) = setup(seed, segment);
+    for (seed, segment, encrypt) in [
+        (1, 3, false),
+        (2, 17, false),
+        (3, 4096, false),
+        (4, 5, true),
+        (5, 4096, true),
+    ] {
+        let (client, v, key) = setup(seed, segment);
+        v.encrypt.store(encrypt, Ordering::Relaxed);
         let conn = RpcConn::connect_auth(&client, SERVER, 5_000, None, &as_key("client.a", &key))
             .await
             .unwrap();
@@ -229,7 +242,10 @@ async fn a_server_that_cannot_prove_the_key_is_refused_by_the_client() {
             &mut w,
             hello.request_id,
             1,
-            &Msg::AuthChallenge { nonce: vec![9; 32] },
+            &Msg::AuthChallenge {
+                nonce: vec![9; 32],
+                encrypt: false,
+            },
         )
         .await
         .unwrap();
@@ -259,4 +275,83 @@ async fn a_server_that_cannot_prove_the_key_is_refused_by_the_client() {
         "{:?}",
         r.err()
     );
+}
+
+/// Over real TCP through a proxy that records every byte: with encryption in flight the
+/// payload never crosses the wire in the clear (and without it, it does: the check can
+/// fail), and the exchange still works.
+#[tokio::test]
+async fn encrypted_sessions_keep_payloads_off_the_wire() {
+    use spindle_proto::net::accept_loop;
+    use std::sync::Mutex;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let marker: Vec<u8> = b"SECRET-PAYLOAD-MARKER-".repeat(200);
+    for encrypt in [false, true] {
+        let key = Key::random();
+        let v = Arc::new(OneKey {
+            entity: "client.a".into(),
+            key: key.clone(),
+            ready: AtomicBool::new(true),
+            encrypt: AtomicBool::new(encrypt),
+        });
+        let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = server.local_addr().unwrap();
+        tokio::spawn(accept_loop(server, "test", Who(v.clone())));
+        // The proxy: one connection, both directions recorded.
+        let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy_addr = proxy.local_addr().unwrap().to_string();
+        let seen = Arc::new(Mutex::new(Vec::<u8>::new()));
+        {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let (inbound, _) = proxy.accept().await.unwrap();
+                let outbound = tokio::net::TcpStream::connect(server_addr).await.unwrap();
+                let (mut ir, mut iw) = inbound.into_split();
+                let (mut or, mut ow) = outbound.into_split();
+                let seen2 = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 65536];
+                    while let Ok(n) = or.read(&mut buf).await {
+                        if n == 0 || iw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        seen2.lock().unwrap().extend_from_slice(&buf[..n]);
+                    }
+                });
+                let mut buf = vec![0u8; 65536];
+                while let Ok(n) = ir.read(&mut buf).await {
+                    if n == 0 || ow.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    seen.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            });
+        }
+        let conn = RpcConn::connect_auth(
+            &spindle_proto::transport::Tcp,
+            &proxy_addr,
+            5_000,
+            None,
+            &as_key("client.a", &key),
+        )
+        .await
+        .unwrap();
+        let r = conn.call(1, &write(marker.clone()), 10_000).await.unwrap();
+        match r.msg {
+            Msg::ObjReply { data, .. } => assert_eq!(data, marker, "echoed intact"),
+            other => panic!("{other:?}"),
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            seen.len() > 2 * marker.len(),
+            "both directions went through the proxy"
+        );
+        let in_clear = seen.windows(22).any(|w| w == &marker[..22]);
+        assert_eq!(
+            in_clear,
+            !encrypt,
+            "encrypt={encrypt}: the payload was {} on the wire",
+            if in_clear { "readable" } else { "not readable" }
+        );
+    }
 }

@@ -68,7 +68,10 @@ fn samples() -> Vec<Msg> {
             nonce: vec![1; 32],
             ticket: vec![2, 3, 4],
         },
-        Msg::AuthChallenge { nonce: vec![5; 32] },
+        Msg::AuthChallenge {
+            nonce: vec![5; 32],
+            encrypt: true,
+        },
         Msg::AuthProof { proof: vec![6; 32] },
         Msg::AuthDone { proof: vec![7; 32] },
         Msg::AuthTicketGet,

@@ -26,6 +26,10 @@ pub struct MonRunArgs {
     /// 0 = never.
     #[arg(long, default_value_t = 30_000)]
     pub out_after_ms: u64,
+    /// Encrypt every authenticated session's payloads (ChaCha20-Poly1305), not only MAC
+    /// them. Clients and daemons follow the server's choice by themselves.
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 #[derive(Args)]
@@ -51,6 +55,10 @@ pub struct OsdRunArgs {
     /// Scrub each placement group this often; 0 = only on demand (`spindle scrub`).
     #[arg(long, default_value_t = 24 * 3600 * 1000)]
     pub scrub_interval_ms: u64,
+    /// Encrypt every authenticated session's payloads (ChaCha20-Poly1305), not only MAC
+    /// them. Clients and other daemons follow the server's choice by themselves.
+    #[arg(long)]
+    pub encrypt: bool,
 }
 
 pub fn init_logging() {
@@ -118,6 +126,7 @@ pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {
         config.listen = listen;
         config.down_after_ms = args.down_after_ms;
         config.out_after_ms = args.out_after_ms;
+        config.encrypt = args.encrypt;
         let bound = spindle_mon::BoundMonitor::bind(config).await?;
         write_atomic(&addr_file, &bound.addr.to_string())?;
         write_atomic(&args.dir.join("pid"), &std::process::id().to_string())?;
@@ -140,6 +149,7 @@ pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
         config.recovery_ops_max = args.recovery_ops_max;
         config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
         config.scrub_interval_ms = args.scrub_interval_ms;
+        config.encrypt = args.encrypt;
         // The store's disk reads from this thread go on its own ring (no hand-off to the
         // engine's ring threads); a multi-threaded runtime keeps the engine.
         if let Err(e) = spindle_io::reactor::install() {

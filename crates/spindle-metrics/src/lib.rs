@@ -1,0 +1,269 @@
+//! Prometheus metrics of every Spindle process (issue #22): the shapes they share (latency
+//! histograms in seconds, constant metrics read from a process's own counters at scrape
+//! time) and the HTTP endpoint that serves them.
+//!
+//! Metrics follow the Prometheus conventions: base units (seconds, bytes), counters end in
+//! `_total` (the encoder adds it), labels for what varies (`op`, `pool`, `state`,
+//! `image`). The text is the OpenMetrics format of `prometheus-client`, which Prometheus
+//! and `promtool check metrics` read.
+//!
+//! A process keeps its own counters where they are cheapest to bump (plain atomics); a
+//! [`Snapshot`] collector turns them into metrics on each scrape, so scraping costs the
+//! data path nothing. Only latencies need new state on the data path: one histogram
+//! observation per operation.
+
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use prometheus_client;
+
+/// Content type of what [`encode`] writes.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Smallest latency bucket: 10 us (a cached read on a daemon).
+pub const LATENCY_BUCKET_MIN_S: f64 = 10e-6;
+/// Latency buckets, each twice the last: 10 us to ~10.5 s (a write waiting out a failover
+/// lands in the last; slower ones only in `+Inf`).
+pub const LATENCY_BUCKETS: u16 = 21;
+
+/// A latency histogram with Spindle's buckets (seconds).
+pub fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(
+        LATENCY_BUCKET_MIN_S,
+        2.0,
+        LATENCY_BUCKETS,
+    ))
+}
+
+/// The registry as OpenMetrics text.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail; a collector's own error would leave a partial
+    // text, which a scraper rejects (`# EOF` missing) rather than misreads.
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        tracing::warn!("encoding metrics failed: {e}");
+    }
+    out
+}
+
+/// Whether a value is a counter (only grows) or a gauge (goes up and down).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// One value read at scrape time: `name` (without `_total`; the encoder adds it to
+/// counters), help text, kind, labels and value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub help: String,
+    pub kind: Kind,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    pub fn counter(name: impl Into<String>, help: impl Into<String>, value: u64) -> Sample {
+        Sample {
+            name: name.into(),
+            help: help.into(),
+            kind: Kind::Counter,
+            labels: Vec::new(),
+            value: value as f64,
+        }
+    }
+
+    pub fn gauge(name: impl Into<String>, help: impl Into<String>, value: f64) -> Sample {
+        Sample {
+            name: name.into(),
+            help: help.into(),
+            kind: Kind::Gauge,
+            labels: Vec::new(),
+            value,
+        }
+    }
+
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Sample {
+        self.labels.push((key.into(), value.into()));
+        self
+    }
+}
+
+/// A collector that reads a process's own state on each scrape: `read` returns samples;
+/// samples of one name are grouped under one descriptor (their first help text and kind).
+pub struct Snapshot<F> {
+    read: F,
+}
+
+impl<F> Snapshot<F>
+where
+    F: Fn() -> Vec<Sample> + Send + Sync + 'static,
+{
+    pub fn new(read: F) -> Snapshot<F> {
+        Snapshot { read }
+    }
+}
+
+impl<F> std::fmt::Debug for Snapshot<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Snapshot")
+    }
+}
+
+impl<F> Collector for Snapshot<F>
+where
+    F: Fn() -> Vec<Sample> + Send + Sync + 'static,
+{
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut samples = (self.read)();
+        // Stable order; one descriptor per name (the format wants a family's samples
+        // together).
+        samples.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut at = 0;
+        while at < samples.len() {
+            let end = at
+                + samples[at..]
+                    .iter()
+                    .take_while(|s| s.name == samples[at].name)
+                    .count();
+            let first = &samples[at];
+            let metric_type = match first.kind {
+                Kind::Counter => ConstCounter::new(0u64).metric_type(),
+                Kind::Gauge => ConstGauge::new(0i64).metric_type(),
+            };
+            let mut family =
+                encoder.encode_descriptor(&first.name, &first.help, None, metric_type)?;
+            for s in &samples[at..end] {
+                let labels: Vec<(&str, &str)> = s
+                    .labels
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                let m = family.encode_family(&labels)?;
+                match s.kind {
+                    // Counters of counts stay integers; fractional ones (seconds) are f64.
+                    Kind::Counter if s.value.fract() == 0.0 && s.value >= 0.0 => {
+                        ConstCounter::new(s.value as u64).encode(m)?
+                    }
+                    Kind::Counter => ConstCounter::new(s.value).encode(m)?,
+                    Kind::Gauge => ConstGauge::new(s.value).encode(m)?,
+                }
+            }
+            at = end;
+        }
+        Ok(())
+    }
+}
+
+/// A running `/metrics` endpoint.
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves `GET /metrics` (the registry, encoded on each request) and the routes of
+/// `extra` on `listen` (`127.0.0.1:0` picks a port), until the returned [`Endpoint`] is
+/// dropped.
+pub async fn serve(
+    listen: &str,
+    registry: Arc<Registry>,
+    extra: Option<axum::Router>,
+) -> std::io::Result<Endpoint> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let addr = listener.local_addr()?;
+    let metrics = axum::routing::get(move || {
+        let registry = registry.clone();
+        async move {
+            (
+                [(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+                encode(&registry),
+            )
+                .into_response()
+        }
+    });
+    let mut app = axum::Router::new().route("/metrics", metrics);
+    if let Some(extra) = extra {
+        app = app.merge(extra);
+    }
+    let task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!("metrics endpoint stopped: {e}");
+        }
+    });
+    Ok(Endpoint { addr, task })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_group_names_and_encode_counters_with_total() {
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Snapshot::new(|| {
+            vec![
+                Sample::gauge("spindle_x_bytes", "bytes", 5.0).label("pool", "b"),
+                Sample::counter("spindle_ops", "ops", 7).label("op", "read"),
+                Sample::gauge("spindle_x_bytes", "bytes", 6.5).label("pool", "a"),
+                Sample::counter("spindle_ops", "ops", 9).label("op", "write"),
+            ]
+        })));
+        let text = encode(&r);
+        assert!(text.contains("# TYPE spindle_ops counter"), "{text}");
+        assert!(text.contains("spindle_ops_total{op=\"read\"} 7"), "{text}");
+        assert!(text.contains("spindle_ops_total{op=\"write\"} 9"), "{text}");
+        assert_eq!(
+            text.matches("# TYPE spindle_x_bytes gauge").count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("spindle_x_bytes{pool=\"a\"} 6.5"), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn the_endpoint_serves_the_registry_and_stops_when_dropped() {
+        let mut r = Registry::default();
+        let h = latency_histogram();
+        h.observe(0.003);
+        r.register("spindle_op_duration_seconds", "latency", h);
+        let e = serve("127.0.0.1:0", Arc::new(r), None).await.unwrap();
+        let get = |addr: SocketAddr| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await?;
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).await?;
+            std::io::Result::Ok(out)
+        };
+        let body = get(e.addr).await.unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(body.contains("openmetrics-text"), "{body}");
+        assert!(
+            body.contains("spindle_op_duration_seconds_bucket{le=\"0.00512\"} 1"),
+            "{body}"
+        );
+        let addr = e.addr;
+        drop(e);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(get(addr).await.is_err(), "the endpoint stopped");
+    }
+}
