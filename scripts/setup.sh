@@ -13,6 +13,7 @@ declare -A PACKAGES=(
   [nbdkit]=/usr/bin/nbdkit                            # NBD ceiling for `spindle bench fio`
   [gcc]=/usr/bin/gcc                                   # the linker, and mimalloc's C sources (global allocator)
   [iproute2]=/usr/sbin/ip                              # tests/netns.rs: hosts as network namespaces
+  [prometheus]=/usr/bin/promtool                       # tests/metrics.rs: `promtool check metrics` on every endpoint
 )
 
 missing=()

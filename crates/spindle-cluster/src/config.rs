@@ -71,6 +71,10 @@ pub struct MonEntry {
     pub host: String,
     pub addr: String,
     pub dir: PathBuf,
+    /// Where it serves Prometheus metrics (`/metrics`). Default: a free port on
+    /// 127.0.0.1 (`spindle status --json` shows it); `off`: nowhere.
+    #[serde(default)]
+    pub metrics_addr: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -80,6 +84,9 @@ pub struct OsdEntry {
     pub host: String,
     pub addr: String,
     pub dir: PathBuf,
+    /// Where it serves Prometheus metrics (as for monitors).
+    #[serde(default)]
+    pub metrics_addr: Option<String>,
 }
 
 impl ClusterConfig {
@@ -286,6 +293,9 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
         if config.encrypt {
             args.push("--encrypt".into());
         }
+        if let Some(a) = &m.metrics_addr {
+            args.extend(["--metrics-listen".into(), a.clone()]);
+        }
         let pid = spawn_daemon(&args, &m.dir.join("log"))?;
         wait_pid_file(&m.dir, pid, &format!("mon.{}", m.id))?;
         if !quiet {
@@ -321,6 +331,9 @@ pub fn host_start(config: &ClusterConfig, host: &str, quiet: bool) -> anyhow::Re
         ];
         if config.encrypt {
             args.push("--encrypt".into());
+        }
+        if let Some(a) = &o.metrics_addr {
+            args.extend(["--metrics-listen".into(), a.clone()]);
         }
         let pid = spawn_daemon(&args, &o.dir.join("log"))?;
         if !quiet {

@@ -318,6 +318,9 @@ pub struct IoStats {
     read_latency_ns: AtomicU64,
     write_latency_ns: AtomicU64,
     in_flight: AtomicU64,
+    /// Latencies by bucket (reads; writes and the rest), for Prometheus histograms.
+    read_latency: spindle_types::histogram::LatencyHistogram,
+    write_latency: spindle_types::histogram::LatencyHistogram,
 }
 
 /// A copy of [`IoStats`] at one time.
@@ -383,13 +386,24 @@ impl Drop for IoTimer<'_> {
     fn drop(&mut self) {
         let s = self.stats;
         let ns = self.started.elapsed().as_nanos() as u64;
-        let (ops, bytes, lat) = match self.kind {
-            IoKind::Read => (&s.read_ops, &s.read_bytes, &s.read_latency_ns),
-            IoKind::Write | IoKind::Other => (&s.write_ops, &s.write_bytes, &s.write_latency_ns),
+        let (ops, bytes, lat, hist) = match self.kind {
+            IoKind::Read => (
+                &s.read_ops,
+                &s.read_bytes,
+                &s.read_latency_ns,
+                &s.read_latency,
+            ),
+            IoKind::Write | IoKind::Other => (
+                &s.write_ops,
+                &s.write_bytes,
+                &s.write_latency_ns,
+                &s.write_latency,
+            ),
         };
         ops.fetch_add(1, Ordering::Relaxed);
         bytes.fetch_add(self.bytes, Ordering::Relaxed);
         lat.fetch_add(ns, Ordering::Relaxed);
+        hist.observe_ns(ns);
         s.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -404,6 +418,16 @@ impl IoStats {
             bytes: if kind == IoKind::Other { 0 } else { bytes },
             started: Instant::now(),
         }
+    }
+
+    /// Latency histograms: (reads, writes and the rest).
+    pub fn latencies(
+        &self,
+    ) -> (
+        spindle_types::histogram::LatencySnapshot,
+        spindle_types::histogram::LatencySnapshot,
+    ) {
+        (self.read_latency.snapshot(), self.write_latency.snapshot())
     }
 
     pub fn totals(&self) -> IoTotals {

@@ -15,10 +15,11 @@
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,12 +29,15 @@ pub use prometheus_client;
 /// Content type of what [`encode`] writes.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// Content type of what [`encode_prometheus_text`] writes.
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Smallest latency bucket: 10 us (a cached read on a daemon).
-pub const LATENCY_BUCKET_MIN_S: f64 = 10e-6;
+pub const LATENCY_BUCKET_MIN_S: f64 = spindle_types::histogram::LATENCY_BUCKET_MIN_NS as f64 / 1e9;
 /// Latency buckets, each twice the last: 10 us to ~10.5 s (a write waiting out a failover
-/// lands in the last; slower ones only in `+Inf`).
-pub const LATENCY_BUCKETS: u16 = 21;
+/// lands in the last; slower ones only in `+Inf`); the same as
+/// [`spindle_types::histogram`]'s.
+pub const LATENCY_BUCKETS: u16 = spindle_types::histogram::LATENCY_BUCKETS as u16;
 
 /// A latency histogram with Spindle's buckets (seconds).
 pub fn latency_histogram() -> Histogram {
@@ -55,11 +59,51 @@ pub fn encode(registry: &Registry) -> String {
     out
 }
 
-/// Whether a value is a counter (only grows) or a gauge (goes up and down).
+/// The registry in the Prometheus text format (0.0.4), for scrapers that do not ask for
+/// OpenMetrics (`promtool check metrics`, `curl`): the same samples, with a counter's
+/// `HELP` and `TYPE` naming it with its `_total` (as its samples are), and no `# UNIT` or
+/// `# EOF` lines.
+pub fn encode_prometheus_text(registry: &Registry) -> String {
+    openmetrics_to_prometheus_text(&encode(registry))
+}
+
+fn openmetrics_to_prometheus_text(text: &str) -> String {
+    let counters: std::collections::HashSet<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) {
+                    out.push_str(&format!("{prefix}{name}_total {tail}"));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Whether a value is a counter (only grows), a gauge (goes up and down) or a
+/// histogram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Counter,
     Gauge,
+    Histogram,
 }
 
 /// One value read at scrape time: `name` (without `_total`; the encoder adds it to
@@ -70,7 +114,11 @@ pub struct Sample {
     pub help: String,
     pub kind: Kind,
     pub labels: Vec<(String, String)>,
+    /// The value; for a histogram, the sum of its observations.
     pub value: f64,
+    /// A histogram's buckets: (upper bound, observations in it, not cumulative), the last
+    /// bound infinite.
+    pub buckets: Vec<(f64, u64)>,
 }
 
 impl Sample {
@@ -81,6 +129,7 @@ impl Sample {
             kind: Kind::Counter,
             labels: Vec::new(),
             value: value as f64,
+            buckets: Vec::new(),
         }
     }
 
@@ -91,6 +140,33 @@ impl Sample {
             kind: Kind::Gauge,
             labels: Vec::new(),
             value,
+            buckets: Vec::new(),
+        }
+    }
+
+    /// A latency histogram (seconds) from a [`spindle_types::histogram`] snapshot.
+    pub fn latency(
+        name: impl Into<String>,
+        help: impl Into<String>,
+        snap: &spindle_types::histogram::LatencySnapshot,
+    ) -> Sample {
+        let buckets = snap
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let bound = spindle_types::histogram::bucket_bound_ns(i)
+                    .map_or(f64::INFINITY, |ns| ns as f64 / 1e9);
+                (bound, n)
+            })
+            .collect();
+        Sample {
+            name: name.into(),
+            help: help.into(),
+            kind: Kind::Histogram,
+            labels: Vec::new(),
+            value: snap.sum_ns as f64 / 1e9,
+            buckets,
         }
     }
 
@@ -141,28 +217,51 @@ where
             let metric_type = match first.kind {
                 Kind::Counter => ConstCounter::new(0u64).metric_type(),
                 Kind::Gauge => ConstGauge::new(0i64).metric_type(),
+                Kind::Histogram => MetricType::Histogram,
             };
             let mut family =
                 encoder.encode_descriptor(&first.name, &first.help, None, metric_type)?;
-            for s in &samples[at..end] {
-                let labels: Vec<(&str, &str)> = s
-                    .labels
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str()))
-                    .collect();
-                let m = family.encode_family(&labels)?;
-                match s.kind {
-                    // Counters of counts stay integers; fractional ones (seconds) are f64.
-                    Kind::Counter if s.value.fract() == 0.0 && s.value >= 0.0 => {
-                        ConstCounter::new(s.value as u64).encode(m)?
-                    }
-                    Kind::Counter => ConstCounter::new(s.value).encode(m)?,
-                    Kind::Gauge => ConstGauge::new(s.value).encode(m)?,
+            if end == at + 1 && first.labels.is_empty() {
+                // One sample without labels: `name value`, not `name{} value`.
+                encode_sample(first, family)?;
+            } else {
+                for s in &samples[at..end] {
+                    let labels: Vec<(&str, &str)> = s
+                        .labels
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), v.as_str()))
+                        .collect();
+                    encode_sample(s, family.encode_family(&labels)?)?;
                 }
             }
             at = end;
         }
         Ok(())
+    }
+}
+
+/// Whole numbers below 2^53 print as integers.
+fn integral(v: f64) -> Option<i64> {
+    (v.fract() == 0.0 && v.abs() < (1u64 << 53) as f64).then_some(v as i64)
+}
+
+fn encode_sample(
+    s: &Sample,
+    mut m: prometheus_client::encoding::MetricEncoder<'_>,
+) -> Result<(), std::fmt::Error> {
+    match s.kind {
+        Kind::Histogram => {
+            let count = s.buckets.iter().map(|(_, n)| n).sum();
+            m.encode_histogram::<NoLabelSet>(s.value, count, &s.buckets, None)
+        }
+        Kind::Counter => match integral(s.value).filter(|v| *v >= 0) {
+            Some(v) => ConstCounter::new(v as u64).encode(m),
+            None => ConstCounter::new(s.value).encode(m),
+        },
+        Kind::Gauge => match integral(s.value) {
+            Some(v) => ConstGauge::new(v).encode(m),
+            None => ConstGauge::new(s.value).encode(m),
+        },
     }
 }
 
@@ -188,14 +287,27 @@ pub async fn serve(
 ) -> std::io::Result<Endpoint> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
-    let metrics = axum::routing::get(move || {
+    // OpenMetrics for scrapers that ask for it (Prometheus does), else the classic text.
+    let metrics = axum::routing::get(move |headers: axum::http::HeaderMap| {
         let registry = registry.clone();
         async move {
-            (
-                [(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
-                encode(&registry),
-            )
-                .into_response()
+            let openmetrics = headers
+                .get(axum::http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.contains("application/openmetrics-text"));
+            if openmetrics {
+                (
+                    [(CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+                    encode(&registry),
+                )
+                    .into_response()
+            } else {
+                (
+                    [(CONTENT_TYPE, PROMETHEUS_TEXT_CONTENT_TYPE)],
+                    encode_prometheus_text(&registry),
+                )
+                    .into_response()
+            }
         }
     });
     let mut app = axum::Router::new().route("/metrics", metrics);
@@ -238,6 +350,49 @@ mod tests {
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 
+    #[test]
+    fn atomic_histograms_encode_like_the_library_s() {
+        let lib = latency_histogram();
+        let ours = spindle_types::histogram::LatencyHistogram::default();
+        for us in [3u64, 10, 11, 250, 4000, 90_000_000] {
+            lib.observe(us as f64 / 1e6);
+            ours.observe_ns(us * 1000);
+        }
+        let mut a = Registry::default();
+        a.register("lat_seconds", "l", lib);
+        let mut b = Registry::default();
+        let snap = ours.snapshot();
+        b.register_collector(Box::new(Snapshot::new(move || {
+            vec![Sample::latency("lat_seconds", "l", &snap)]
+        })));
+        let (ta, tb) = (encode(&a), encode(&b));
+        let buckets = |t: &str| -> Vec<String> {
+            t.lines()
+                .filter(|l| l.contains("_bucket") || l.contains("_count"))
+                .map(String::from)
+                .collect()
+        };
+        assert_eq!(buckets(&ta), buckets(&tb), "{ta}\n{tb}");
+        assert!(tb.contains("lat_seconds_bucket{le=\"+Inf\"} 6"), "{tb}");
+    }
+
+    #[test]
+    fn the_classic_text_names_counters_with_their_total() {
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Snapshot::new(|| {
+            vec![
+                Sample::counter("spindle_ops", "ops", 7),
+                Sample::gauge("spindle_objects", "objects", 3.0),
+            ]
+        })));
+        let text = encode_prometheus_text(&r);
+        assert!(text.contains("# HELP spindle_ops_total ops"), "{text}");
+        assert!(text.contains("# TYPE spindle_ops_total counter"), "{text}");
+        assert!(text.contains("\nspindle_ops_total 7\n"), "{text}");
+        assert!(text.contains("# TYPE spindle_objects gauge"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+    }
+
     #[tokio::test]
     async fn the_endpoint_serves_the_registry_and_stops_when_dropped() {
         let mut r = Registry::default();
@@ -256,7 +411,8 @@ mod tests {
         };
         let body = get(e.addr).await.unwrap();
         assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-        assert!(body.contains("openmetrics-text"), "{body}");
+        assert!(body.contains("text/plain; version=0.0.4"), "{body}");
+        assert!(!body.contains("# EOF"), "{body}");
         assert!(
             body.contains("spindle_op_duration_seconds_bucket{le=\"0.00512\"} 1"),
             "{body}"

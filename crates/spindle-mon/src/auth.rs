@@ -294,6 +294,8 @@ pub fn refusal(peer: &Peer, msg: &Msg) -> Option<String> {
                     | AdminCommand::AuthRm { .. }
                     | AdminCommand::AuthApply { .. } => (!caps.mon_allows(Perm::All))
                         .then(|| format!("{who} has no `mon allow *` (needed for keys)")),
+                    AdminCommand::MonMetrics { .. } => (!caps.mon_allows(Perm::All))
+                        .then(|| format!("{who} has no `mon allow *` (monitors register)")),
                     _ => (!caps.mon_allows(Perm::Rw))
                         .then(|| format!("{who} has no `mon allow rw` (needed to change the map)")),
                 },

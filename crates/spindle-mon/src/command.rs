@@ -145,6 +145,12 @@ pub enum AdminCommand {
     },
     /// The monitors: members, leader, term (any monitor answers from its own view).
     MonLs,
+    /// A monitor tells the leader where it serves Prometheus metrics (every few seconds;
+    /// kept in the leader's memory, listed by `status`).
+    MonMetrics {
+        id: u64,
+        addr: String,
+    },
     /// Add monitor `id` listening on `addr` (already running, started with `--id`): it
     /// catches up as a learner, then becomes a voter.
     MonAdd {
@@ -362,6 +368,12 @@ impl AdminCommand {
                 }
             }
             ["mon", "ls"] => AdminCommand::MonLs,
+            ["mon", "metrics", id, addr] => AdminCommand::MonMetrics {
+                id: id
+                    .parse::<u64>()
+                    .map_err(|_| format!("monitor id must be a number, got '{id}'"))?,
+                addr: addr.to_string(),
+            },
             ["mon", "add", id, addr] => {
                 if addr.is_empty() || addr.len() > 256 || addr.contains(',') {
                     return Err(format!("bad monitor address '{addr}'"));
@@ -540,6 +552,9 @@ impl AdminCommand {
                 child.clone(),
             ],
             AdminCommand::MonLs => vec!["mon".into(), "ls".into()],
+            AdminCommand::MonMetrics { id, addr } => {
+                vec!["mon".into(), "metrics".into(), id.to_string(), addr.clone()]
+            }
             AdminCommand::MonAdd { id, addr } => {
                 vec!["mon".into(), "add".into(), id.to_string(), addr.clone()]
             }
@@ -678,6 +693,10 @@ mod tests {
                 size_bytes: 0,
             },
             AdminCommand::MonLs,
+            AdminCommand::MonMetrics {
+                id: 2,
+                addr: "10.0.0.2:9283".into(),
+            },
             AdminCommand::MonAdd {
                 id: 3,
                 addr: "10.0.0.3:6789".into(),

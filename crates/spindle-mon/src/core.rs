@@ -45,6 +45,11 @@ pub struct MapChange {
     pub reason: String,
 }
 
+/// A monitor re-registers its metrics address every [`crate::MON_METRICS_REGISTER_MS`];
+/// one silent for this long is dropped from `status`.
+pub const MON_METRICS_FORGET_MS: u64 = 30_000;
+const _: () = assert!(crate::MON_METRICS_REGISTER_MS * 3 <= MON_METRICS_FORGET_MS);
+
 /// The monitor's state and decisions (see the module documentation).
 pub struct MonCore {
     pub(crate) map: ClusterMap,
@@ -55,6 +60,10 @@ pub struct MonCore {
     pub(crate) reports: BTreeMap<u32, (u64, Vec<PgReport>)>,
     /// Latest counters per daemon.
     pub(crate) counters: BTreeMap<u32, Vec<(String, u64)>>,
+    /// Where each daemon serves its metrics (from its latest heartbeat).
+    pub(crate) metrics_addrs: BTreeMap<u32, String>,
+    /// Where each monitor serves its metrics, and when it last said so.
+    pub(crate) mon_metrics: BTreeMap<u64, (String, u64)>,
     /// Since when each down (and still in) daemon has been down, for `out_after_ms`.
     down_since_ms: BTreeMap<u32, u64>,
     /// Recovery rate: (when, total recovered bytes, total recovered objects) samples.
@@ -91,6 +100,8 @@ impl MonCore {
             last_heartbeat_ms,
             reports: BTreeMap::new(),
             counters: BTreeMap::new(),
+            metrics_addrs: BTreeMap::new(),
+            mon_metrics: BTreeMap::new(),
             down_since_ms: BTreeMap::new(),
             recovery_samples: VecDeque::new(),
             leases: BTreeMap::new(),
@@ -226,6 +237,26 @@ impl MonCore {
         })?;
         self.last_heartbeat_ms.insert(osd_id, now_ms);
         Ok(next)
+    }
+
+    /// Remembers where monitor `id` serves its metrics; forgets monitors that have not
+    /// said so for [`MON_METRICS_FORGET_MS`] (removed or stopped).
+    pub fn set_mon_metrics(&mut self, now_ms: u64, id: u64, addr: String) {
+        self.mon_metrics.insert(id, (addr, now_ms));
+        self.mon_metrics
+            .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= MON_METRICS_FORGET_MS);
+    }
+
+    /// Remembers where daemon `osd_id` serves its metrics (empty: nowhere).
+    pub fn set_metrics_addr(&mut self, osd_id: u32, addr: String) {
+        if !self.map.osds.contains_key(&osd_id) {
+            return;
+        }
+        if addr.is_empty() {
+            self.metrics_addrs.remove(&osd_id);
+        } else {
+            self.metrics_addrs.insert(osd_id, addr);
+        }
     }
 
     /// A heartbeat (sent at the daemon's map `epoch`): remembers its reports and counters;
@@ -391,6 +422,9 @@ impl MonCore {
             | AdminCommand::SnapChild { .. }
             | AdminCommand::SnapTrimmed { .. } => {
                 Err("snapshot commands need the wall clock: run them with execute_at".to_string())
+            }
+            AdminCommand::MonMetrics { .. } => {
+                Err("metrics registrations are kept by the monitor node".to_string())
             }
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => Err(
                 "monitor membership is Raft state: the monitor shell runs mon commands".to_string(),

@@ -18,6 +18,7 @@ pub mod auth;
 pub mod command;
 pub mod core;
 mod locks;
+mod metrics;
 pub mod node;
 pub mod raft;
 pub mod reply;
@@ -91,6 +92,9 @@ pub struct MonConfig {
     /// Encrypt the payloads of every authenticated session this monitor serves
     /// (ChaCha20-Poly1305; `spindle_proto::auth`). Without authentication it has no effect.
     pub encrypt: bool,
+    /// Serve Prometheus metrics on this address (`/metrics`; `127.0.0.1:0` picks a
+    /// port); None: no endpoint.
+    pub metrics_listen: Option<String>,
 }
 
 impl MonConfig {
@@ -103,6 +107,7 @@ impl MonConfig {
             net: Net::Tcp,
             raft: raft::RaftTiming::default(),
             encrypt: false,
+            metrics_listen: None,
         }
     }
 }
@@ -598,6 +603,53 @@ impl Monitor {
     pub fn is_leader(&self) -> bool {
         let m = self.metrics.borrow();
         m.state == openraft::ServerState::Leader && m.current_leader == Some(self.id)
+    }
+
+    /// Runs `msg` on the leader's node thread (this monitor must lead).
+    async fn on_node(&self, msg: Msg) -> Option<Msg> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.node
+            .send(ActorMsg {
+                sender_epoch: self.epoch(),
+                msg,
+                reply: tx,
+            })
+            .ok()?;
+        rx.await.ok()
+    }
+
+    /// The cluster status as the leader's node computes it (None on a follower).
+    async fn leader_status(&self) -> Option<Status> {
+        if !self.is_leader() {
+            return None;
+        }
+        let msg = Msg::Command {
+            args: AdminCommand::Status.to_args(),
+        };
+        match self.on_node(msg).await? {
+            Msg::CommandReply { ok: true, output } => serde_json::from_str(&output).ok(),
+            _ => None,
+        }
+    }
+
+    /// Tells the leader (itself, or through [`Monitor::forward`]) where this monitor
+    /// serves its metrics.
+    async fn register_metrics(&self, addr: &str) {
+        let msg = Msg::Command {
+            args: AdminCommand::MonMetrics {
+                id: self.id,
+                addr: addr.to_string(),
+            }
+            .to_args(),
+        };
+        let answer = if self.is_leader() {
+            self.on_node(msg).await
+        } else {
+            Some(self.forward(self.epoch(), msg).await)
+        };
+        if let Some(Msg::CommandReply { ok: false, output }) = answer {
+            tracing::debug!("mon.{}: registering metrics: {output}", self.id);
+        }
     }
 
     /// The leader this monitor follows, with its address.
@@ -1099,7 +1151,14 @@ pub struct BoundMonitor {
     listener: NetListener,
     net: Net,
     mon: Arc<Monitor>,
+    /// The `/metrics` endpoint, if configured.
+    metrics: Option<spindle_metrics::Endpoint>,
+    /// The cluster status the leader's metrics show (refreshed while it runs).
+    status_cache: Arc<std::sync::Mutex<Option<Status>>>,
 }
+
+/// How often a monitor tells the leader where it serves metrics.
+pub const MON_METRICS_REGISTER_MS: u64 = metrics::STATUS_REFRESH_MS;
 
 impl BoundMonitor {
     /// Opens the database in `config.dir`, binds the listener and starts the monitor's
@@ -1238,12 +1297,44 @@ impl BoundMonitor {
             encrypt: config.encrypt,
             leader_conn: tokio::sync::Mutex::new(None),
         });
+        let status_cache = Arc::new(std::sync::Mutex::new(None));
+        let metrics = match &config.metrics_listen {
+            None => None,
+            Some(listen) => {
+                let mut registry =
+                    spindle_metrics::prometheus_client::registry::Registry::default();
+                let (m, cache) = (mon.clone(), status_cache.clone());
+                registry.register_collector(Box::new(spindle_metrics::Snapshot::new(move || {
+                    let leader = m.is_leader();
+                    let mut out = metrics::monitor_samples(m.id, leader, m.epoch());
+                    if leader {
+                        let cached = cache.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(s) = cached.as_ref() {
+                            out.extend(metrics::cluster_samples(s));
+                        }
+                    }
+                    out
+                })));
+                let e = spindle_metrics::serve(listen, Arc::new(registry), None)
+                    .await
+                    .map_err(|e| MonError::Raft(format!("metrics endpoint on {listen}: {e}")))?;
+                tracing::info!("mon.{} serves metrics on http://{}/metrics", mon.id, e.addr);
+                Some(e)
+            }
+        };
         Ok(BoundMonitor {
             addr,
             listener,
             net: config.net.clone(),
             mon,
+            metrics,
+            status_cache,
         })
+    }
+
+    /// Where this monitor serves `/metrics`, if it does.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().map(|e| e.addr)
     }
 
     pub fn monitor(&self) -> Arc<Monitor> {
@@ -1270,9 +1361,25 @@ impl BoundMonitor {
             "monitor",
             MonService(mon.clone(), verifier),
         );
+        // The leader refreshes the status its metrics show; every monitor tells the
+        // leader where it serves them (`status` lists it).
+        let refresher = self.metrics.as_ref().map(|e| {
+            let (mon, cache, addr) = (mon.clone(), self.status_cache.clone(), e.addr.to_string());
+            tokio::spawn(async move {
+                loop {
+                    let status = mon.leader_status().await;
+                    *cache.lock().unwrap_or_else(|p| p.into_inner()) = status;
+                    mon.register_metrics(&addr).await;
+                    tokio::time::sleep(Duration::from_millis(MON_METRICS_REGISTER_MS)).await;
+                }
+            })
+        });
         tokio::select! {
             _ = accept => {}
             _ = shutdown => {}
+        }
+        if let Some(r) = refresher {
+            r.abort();
         }
         let _ = mon.raft.shutdown().await;
         Ok(())

@@ -131,10 +131,12 @@ impl MonNode {
                 osd_id,
                 reports,
                 counters,
+                metrics_addr,
             } => {
                 let change = self
                     .core
                     .heartbeat(now_ms, osd_id, sender_epoch, reports, counters);
+                self.core.set_metrics_addr(osd_id, metrics_addr);
                 self.commit_change(now_ms, change, &mut out);
                 out.reply = Some(Msg::HeartbeatAck {
                     epoch: self.core.epoch(),
@@ -155,6 +157,22 @@ impl MonNode {
                 } else {
                     out.reply = Some(Msg::Ok);
                 }
+            }
+            Msg::Command { args } if args.get(..2) == Some(&["mon".into(), "metrics".into()]) => {
+                out.reply = Some(match AdminCommand::parse(&args) {
+                    Ok(AdminCommand::MonMetrics { id, addr }) => {
+                        self.core.set_mon_metrics(now_ms, id, addr);
+                        Msg::CommandReply {
+                            ok: true,
+                            output: "null".into(),
+                        }
+                    }
+                    Ok(_) => Msg::CommandReply {
+                        ok: false,
+                        output: "not a metrics registration".into(),
+                    },
+                    Err(output) => Msg::CommandReply { ok: false, output },
+                });
             }
             Msg::Command { args } => {
                 let now_unix_secs = std::time::SystemTime::now()

@@ -100,6 +100,10 @@ pub struct Status {
     pub pgs: BTreeMap<String, u64>,
     pub pools: Vec<PoolStatus>,
     pub recovery: ClusterRecovery,
+    /// Where each monitor serves Prometheus metrics (`ip:port`, path `/metrics`), by id:
+    /// those that registered with the leader in the last 30 s.
+    #[serde(default)]
+    pub mon_metrics_addrs: BTreeMap<u64, String>,
 }
 
 /// The cluster's health: `HEALTH_OK`, `HEALTH_WARN` or `HEALTH_ERR`, and the checks.
@@ -149,6 +153,10 @@ pub struct OsdStatus {
     pub up_from: u64,
     pub used_bytes: Option<u64>,
     pub weight: f64,
+    /// Where it serves Prometheus metrics (`ip:port`, path `/metrics`), from its latest
+    /// heartbeat.
+    #[serde(default)]
+    pub metrics_addr: Option<String>,
 }
 
 /// One pool in `status` and `pool ls`.
@@ -314,6 +322,8 @@ pub enum AdminReply {
     MonList(MonList),
     AuthList(Vec<AuthEntry>),
     AuthEntry(AuthEntry),
+    /// `mon metrics`: recorded (JSON `null`).
+    Registered,
 }
 
 /// An entity of the key database as `auth` commands show it.
@@ -349,6 +359,10 @@ impl AdminReply {
             AdminCommand::Snap { .. }
             | AdminCommand::SnapChild { .. }
             | AdminCommand::SnapTrimmed { .. } => AdminReply::SnapDone(from_str(json)?),
+            AdminCommand::MonMetrics { .. } => {
+                let _: serde_json::Value = from_str(json)?;
+                AdminReply::Registered
+            }
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => {
                 AdminReply::MonList(from_str(json)?)
             }

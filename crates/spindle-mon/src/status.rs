@@ -151,6 +151,7 @@ pub fn status(st: &MonCore) -> Status {
                 full: o.full,
                 healthy: get("store_failed").is_none_or(|f| f == 0),
                 host: spindle_map::host_of(&map.crush, o.id),
+                metrics_addr: st.metrics_addrs.get(&o.id).cloned(),
                 counters,
             }
         })
@@ -218,6 +219,11 @@ pub fn status(st: &MonCore) -> Status {
         objects: objects_total,
         pgs: by_state(totals),
         inconsistent_pgs,
+        mon_metrics_addrs: st
+            .mon_metrics
+            .iter()
+            .map(|(id, (addr, _))| (*id, addr.clone()))
+            .collect(),
         recovery: ClusterRecovery {
             objects_left: missing_objects_total,
             bytes_left: missing_bytes_total,

@@ -27,6 +27,7 @@
 
 mod client;
 mod counters;
+mod metrics;
 use counters::OsdCounters;
 mod ec;
 mod fanout;
@@ -94,6 +95,9 @@ pub struct OsdConfig {
     pub scrub_interval_ms: u64,
     /// TCP, or an in-process network in tests.
     pub net: Net,
+    /// Serve Prometheus metrics on this address (`/metrics`; `127.0.0.1:0` picks a
+    /// port); None: no endpoint.
+    pub metrics_listen: Option<String>,
     /// Encrypt the payloads of every authenticated session this daemon serves
     /// (ChaCha20-Poly1305; `spindle_proto::auth`). Without authentication it has no effect.
     pub encrypt: bool,
@@ -113,6 +117,7 @@ impl OsdConfig {
             stray_check_ms: 2000,
             scrub_interval_ms: 24 * 3600 * 1000,
             net: Net::Tcp,
+            metrics_listen: None,
             encrypt: false,
         }
     }
@@ -247,6 +252,10 @@ struct Inner {
     removing: Mutex<HashSet<PgId>>,
     /// Every event count, reported with each heartbeat.
     counters: OsdCounters,
+    /// Client operations by type, observed as each is answered (`metrics.rs`).
+    op_metrics: metrics::OpMetrics,
+    /// Where this daemon serves `/metrics` (reported with each heartbeat), once bound.
+    metrics_addr: std::sync::OnceLock<String>,
     /// This daemon's file system is above the map's full ratio (updated with every
     /// heartbeat): new client writes are refused with `NoSpace`, deletes are not.
     over_full_ratio: std::sync::atomic::AtomicBool,
@@ -443,6 +452,10 @@ impl Osd {
         let net = config.net.clone();
         let (push_tx, push_rx) = mpsc::unbounded_channel();
         let (map_tx, _) = watch::channel(0u64);
+        let mut registry = spindle_metrics::prometheus_client::registry::Registry::default();
+        let labeled =
+            registry.sub_registry_with_label(("osd".into(), config.id.to_string().into()));
+        let op_metrics = metrics::OpMetrics::register(labeled);
         let osd = Osd {
             inner: Arc::new(Inner {
                 mons,
@@ -465,6 +478,8 @@ impl Osd {
                 ),
                 removing: Mutex::new(HashSet::new()),
                 counters: OsdCounters::default(),
+                op_metrics,
+                metrics_addr: Default::default(),
                 over_full_ratio: Default::default(),
                 inflight: Mutex::new(TxnGate::new()),
                 members: Mutex::new(MemberHistory::new()),
@@ -476,6 +491,25 @@ impl Osd {
             }),
         };
         tracing::info!("osd.{} listening on {addr}", osd.inner.id);
+        let metrics_endpoint = match osd.inner.config.metrics_listen.clone() {
+            None => None,
+            Some(listen) => {
+                let o = osd.clone();
+                registry
+                    .sub_registry_with_label(("osd".into(), o.inner.id.to_string().into()))
+                    .register_collector(metrics::collector(move || o.metric_samples()));
+                let e = spindle_metrics::serve(&listen, Arc::new(registry), None)
+                    .await
+                    .map_err(|e| OsdError::Boot(format!("metrics endpoint on {listen}: {e}")))?;
+                tracing::info!(
+                    "osd.{} serves metrics on http://{}/metrics",
+                    osd.inner.id,
+                    e.addr
+                );
+                let _ = osd.inner.metrics_addr.set(e.addr.to_string());
+                Some(e)
+            }
+        };
         let server = {
             let osd = osd.clone();
             tokio::spawn(async move { accept_loop_via(&net, listener, "osd", osd).await })
@@ -508,6 +542,7 @@ impl Osd {
         strays.abort();
         scrubber.abort();
         pinger.abort();
+        drop(metrics_endpoint);
         Ok(())
     }
 
@@ -631,6 +666,12 @@ impl Osd {
                                 osd_id: self.inner.id,
                                 reports: self.pg_reports(),
                                 counters: self.counters(),
+                                metrics_addr: self
+                                    .inner
+                                    .metrics_addr
+                                    .get()
+                                    .cloned()
+                                    .unwrap_or_default(),
                             };
                             match c
                                 .request(self.epoch(), beat, timing.answer_timeout_ms)
@@ -893,26 +934,9 @@ impl Osd {
         }
     }
 
+    /// The heartbeat's counters; also applies what the file system's space means for new
+    /// writes (the full ratio, the store's reuse of freed files).
     fn counters(&self) -> Vec<(String, u64)> {
-        let s = self.inner.store.stats();
-        let mut counters: Vec<(String, u64)> = self
-            .inner
-            .counters
-            .snapshot()
-            .into_iter()
-            .map(|(name, value)| (name.to_string(), value))
-            .collect();
-        counters.extend([
-            ("corruptions_detected".to_string(), s.corruptions_detected),
-            ("transactions".to_string(), s.transactions),
-            ("flushes".to_string(), s.flushes),
-            ("objects".to_string(), s.objects),
-            ("data_bytes".to_string(), s.data_bytes),
-            ("checkpoints".to_string(), s.checkpoints),
-            ("files_reused".to_string(), s.files_reused),
-        ]);
-        // Space of the data directory's file system and the store's condition: the
-        // monitor derives nearfull / full (map flags) and OSD_UNHEALTHY from these.
         let space = self.inner.store.space();
         let used = space.total_bytes.saturating_sub(space.avail_bytes);
         if let Some(ms) = self.map_state() {
@@ -937,6 +961,32 @@ impl Osd {
                 self.inner.id
             );
         }
+        self.counter_values(&space)
+    }
+
+    /// Every counter of the daemon, its store and its file system's `space` (no effects:
+    /// also what a metrics scrape reads).
+    fn counter_values(&self, space: &spindle_store::SpaceInfo) -> Vec<(String, u64)> {
+        let s = self.inner.store.stats();
+        let mut counters: Vec<(String, u64)> = self
+            .inner
+            .counters
+            .snapshot()
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value))
+            .collect();
+        counters.extend([
+            ("corruptions_detected".to_string(), s.corruptions_detected),
+            ("transactions".to_string(), s.transactions),
+            ("flushes".to_string(), s.flushes),
+            ("objects".to_string(), s.objects),
+            ("data_bytes".to_string(), s.data_bytes),
+            ("checkpoints".to_string(), s.checkpoints),
+            ("files_reused".to_string(), s.files_reused),
+        ]);
+        // Space of the data directory's file system and the store's condition: the
+        // monitor derives nearfull / full (map flags) and OSD_UNHEALTHY from these.
+        let used = space.total_bytes.saturating_sub(space.avail_bytes);
         counters.extend([
             ("fs_total_bytes".to_string(), space.total_bytes),
             ("fs_used_bytes".to_string(), used),
@@ -945,6 +995,24 @@ impl Osd {
             ("store_failed".to_string(), space.failed.is_some() as u64),
         ]);
         counters
+    }
+
+    /// What a metrics scrape shows (`metrics.rs`).
+    fn metric_samples(&self) -> Vec<spindle_metrics::Sample> {
+        let counters = self.counter_values(&self.inner.store.space());
+        let states: Vec<(u32, &'static str)> = self
+            .pg_reports()
+            .iter()
+            .map(|r| (r.pool, metrics::state_name(r.state)))
+            .collect();
+        metrics::snapshot_samples(
+            &counters,
+            &states,
+            self.epoch(),
+            spindle_proto::net::default_limits()
+                .connections_open
+                .load(Ordering::Relaxed),
+        )
     }
 
     fn pg_reports(&self) -> Vec<PgReport> {
@@ -1347,6 +1415,7 @@ impl Osd {
         // the object, and the store keeps them instead of checksumming it again.
         let block_crcs = inc.bulk_block_crcs;
         let bulk_hash = inc.bulk_hash;
+        let in_bytes = inc.msg.bulk().len() as u64;
         match inc.msg {
             Msg::ObjRequest {
                 pool,
@@ -1356,6 +1425,15 @@ impl Osd {
                 client,
                 snap_guard,
             } => {
+                // Counted and timed when answered, whichever path answers.
+                let kind = metrics::OpKind::of(&op);
+                let started = Instant::now();
+                let inner = self.inner.clone();
+                let reply = reply.on_done(move |outcome| {
+                    inner
+                        .op_metrics
+                        .done(kind, in_bytes, started.elapsed(), outcome)
+                });
                 // A write to an image's data object must come from a writer that preserved
                 // the object for the image's snapshot guard (client-side copy-on-write,
                 // `docs/images.md`): checked against this daemon's map, which a sender with

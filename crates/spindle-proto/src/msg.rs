@@ -741,6 +741,8 @@ messages! {
         reports: Vec<PgReport> = Reports,
         /// Named counters of the daemon (e.g. `corruptions_repaired`), shown by `status`.
         counters: Vec<(String, u64)> = Counters,
+        /// Where the daemon serves Prometheus metrics (`ip:port`; empty: nowhere).
+        metrics_addr: String = Text("metrics addr", 256),
     };
     /// Reply to a heartbeat: the monitor's epoch (the daemon fetches the map if newer).
     HeartbeatAck = 3, "heartbeat_ack" {

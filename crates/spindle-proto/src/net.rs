@@ -1379,10 +1379,13 @@ pub struct ReplyOutcome {
     pub replied: bool,
 }
 
+/// A request's completion hook.
+type DoneFn = Box<dyn FnOnce(ReplyOutcome) + Send>;
+
 /// Runs a request's completion hook when its last [`Replier`] clone is dropped.
 struct DoneHook {
     outcome: Mutex<ReplyOutcome>,
-    f: Mutex<Option<Box<dyn FnOnce(ReplyOutcome) + Send>>>,
+    f: Mutex<Option<DoneFn>>,
 }
 
 impl DoneHook {

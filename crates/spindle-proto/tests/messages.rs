@@ -42,6 +42,7 @@ fn samples() -> Vec<Msg> {
                 damaged_objects: 2,
             }],
             counters: vec![("flushes".into(), 7)],
+            metrics_addr: "127.0.0.1:9283".into(),
         },
         Msg::HeartbeatAck { epoch: 9 },
         Msg::GetMap {

@@ -569,6 +569,7 @@ impl World {
                     osd_id: id,
                     reports: Vec::new(),
                     counters: Vec::new(),
+                    metrics_addr: String::new(),
                 },
                 SessionAction::FetchMap { have_epoch } => Msg::GetMap {
                     have_epoch,

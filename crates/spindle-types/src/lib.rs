@@ -16,6 +16,7 @@
 //! client). It does no I/O and holds no state.
 
 pub mod error_code;
+pub mod histogram;
 pub mod ids;
 pub mod limits;
 pub mod mutation;

@@ -30,6 +30,15 @@ pub struct MonRunArgs {
     /// them. Clients and daemons follow the server's choice by themselves.
     #[arg(long)]
     pub encrypt: bool,
+    /// Serve Prometheus metrics on this address (`/metrics`); `off` for none. Default: a
+    /// free port on 127.0.0.1 (`spindle status --json` lists it).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_listen: String,
+}
+
+/// `--metrics-listen`: None for `off`.
+fn metrics_listen(arg: &str) -> Option<String> {
+    (arg != "off").then(|| arg.to_string())
 }
 
 #[derive(Args)]
@@ -59,6 +68,10 @@ pub struct OsdRunArgs {
     /// them. Clients and other daemons follow the server's choice by themselves.
     #[arg(long)]
     pub encrypt: bool,
+    /// Serve Prometheus metrics on this address (`/metrics`); `off` for none. Default: a
+    /// free port on 127.0.0.1 (`spindle status --json` lists it).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_listen: String,
 }
 
 pub fn init_logging() {
@@ -127,6 +140,7 @@ pub fn mon_run(args: MonRunArgs) -> anyhow::Result<()> {
         config.down_after_ms = args.down_after_ms;
         config.out_after_ms = args.out_after_ms;
         config.encrypt = args.encrypt;
+        config.metrics_listen = metrics_listen(&args.metrics_listen);
         let bound = spindle_mon::BoundMonitor::bind(config).await?;
         write_atomic(&addr_file, &bound.addr.to_string())?;
         write_atomic(&args.dir.join("pid"), &std::process::id().to_string())?;
@@ -150,6 +164,7 @@ pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
         config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
         config.scrub_interval_ms = args.scrub_interval_ms;
         config.encrypt = args.encrypt;
+        config.metrics_listen = metrics_listen(&args.metrics_listen);
         // The store's disk reads from this thread go on its own ring (no hand-off to the
         // engine's ring threads); a multi-threaded runtime keeps the engine.
         if let Err(e) = spindle_io::reactor::install() {

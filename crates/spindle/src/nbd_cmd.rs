@@ -29,7 +29,7 @@ use clap::Args;
 use spindle_cluster::Target;
 
 use spindle_image::lock::LockOptions;
-use spindle_image::nbd::ImageExports;
+use spindle_image::nbd::{ImageDevice, ImageExports};
 use spindle_image::wlog::{WriteLogConfig, WRITE_LOG_BYTES_MIN};
 use spindle_image::{BlockConfig, Image};
 use spindle_nbd::{NbdServer, ServerConfig};
@@ -82,6 +82,10 @@ pub struct NbdArgs {
     /// writes are also held in memory, so this bounds the memory they take too.
     #[arg(long, default_value = "1G", value_name = "SIZE")]
     pub write_log_size: String,
+    /// Serve Prometheus metrics (`/metrics`: requests, bytes, per image latency
+    /// histograms, cache and scheduler figures) on this address; `off` for none.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_listen: String,
     #[command(flatten)]
     pub target: Target,
 }
@@ -100,7 +104,12 @@ async fn termination() -> anyhow::Result<()> {
 
 /// Prints how to reach the exports at `uri_base` (e.g. `nbd://127.0.0.1:10809`), given
 /// a function that turns an export name into its URI.
-fn print_usage(listening: &str, uri: &dyn Fn(&str) -> String, images: &[String]) {
+fn print_usage(
+    listening: &str,
+    uri: &dyn Fn(&str) -> String,
+    images: &[String],
+    metrics: Option<std::net::SocketAddr>,
+) {
     println!("spindle nbd: serving on {listening}");
     if images.is_empty() {
         println!("  (no images yet: `spindle image create NAME --size 10G`; new images are served at once)");
@@ -117,6 +126,9 @@ fn print_usage(listening: &str, uri: &dyn Fn(&str) -> String, images: &[String])
         "  fio --name=t --ioengine=nbd --uri='{u}' --rw=randwrite --bs=4k --iodepth=16 --runtime=10 --time_based"
     );
     println!("  sudo nbd-client -N {example} ... /dev/nbd0   (kernel client)");
+    if let Some(m) = metrics {
+        println!("metrics: http://{m}/metrics");
+    }
     println!("stop with Ctrl-C or SIGTERM (in-flight requests are answered and flushed)");
 }
 
@@ -225,6 +237,36 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             }
         }))
     });
+    // Prometheus metrics: the server's counters and each opened image's figures, read at
+    // scrape time from a list of the opened devices refreshed every second.
+    let devices: Arc<std::sync::Mutex<OpenedDevices>> = Default::default();
+    let _device_list = {
+        let (exports, devices) = (exports.clone(), devices.clone());
+        spindle_proto::net::AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let opened = exports.opened().await;
+                *devices.lock().unwrap_or_else(|p| p.into_inner()) = opened;
+            }
+        }))
+    };
+    let metrics = match args.metrics_listen.as_str() {
+        "off" => None,
+        listen => {
+            let mut registry = spindle_metrics::prometheus_client::registry::Registry::default();
+            let (server, devices, pool) = (server.clone(), devices.clone(), args.pool.clone());
+            registry.register_collector(Box::new(spindle_metrics::Snapshot::new(move || {
+                let devices = devices.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                nbd_samples(&server.stats(), &pool, &devices)
+            })));
+            Some(
+                spindle_metrics::serve(listen, Arc::new(registry), None)
+                    .await
+                    .with_context(|| format!("cannot serve metrics on {listen}"))?,
+            )
+        }
+    };
     // Each served image's limits (re-read from its header) and its I/O statistics
     // (`img.NAME.stats`, for `spindle image stats`), every second.
     let _housekeeping =
@@ -247,6 +289,7 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             &format!("unix:{sock}"),
             &|name| format!("nbd+unix:///{name}?socket={sock}"),
             &images,
+            metrics.as_ref().map(|m| m.addr),
         );
         tokio::spawn(server.clone().serve_unix(listener, stop_rx))
     } else {
@@ -258,6 +301,7 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             &addr.to_string(),
             &|name| format!("nbd://{addr}/{name}"),
             &images,
+            metrics.as_ref().map(|m| m.addr),
         );
         tokio::spawn(server.clone().serve_tcp(listener, stop_rx))
     };
@@ -338,6 +382,154 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+/// The images a server opened (name, device).
+type OpenedDevices = Vec<(String, Arc<ImageDevice>)>;
+
+/// What a scrape of `spindle nbd` shows: the server's request counters, and per opened
+/// image its operations, bytes, latency histograms, cache and scheduler figures.
+fn nbd_samples(
+    s: &spindle_nbd::ServerStats,
+    pool: &str,
+    devices: &[(String, Arc<ImageDevice>)],
+) -> Vec<spindle_metrics::Sample> {
+    use spindle_metrics::Sample;
+    let mut out = Vec::new();
+    for (op, n) in [
+        ("read", s.requests_read),
+        ("write", s.requests_write),
+        ("flush", s.requests_flush),
+        ("trim", s.requests_trim),
+        ("write_zeroes", s.requests_write_zeroes),
+        ("cache", s.requests_cache),
+        ("block_status", s.requests_block_status),
+        ("disc", s.requests_disc),
+        ("unknown", s.requests_unknown),
+    ] {
+        out.push(
+            Sample::counter(
+                "spindle_nbd_requests",
+                "NBD requests received, by command",
+                n,
+            )
+            .label("op", op),
+        );
+    }
+    for (op, n) in [("read", s.bytes_read), ("write", s.bytes_written)] {
+        out.push(
+            Sample::counter(
+                "spindle_nbd_payload_bytes",
+                "NBD payload bytes: sent by reads, received by writes",
+                n,
+            )
+            .label("op", op),
+        );
+    }
+    out.extend([
+        Sample::counter(
+            "spindle_nbd_connections",
+            "NBD connections accepted",
+            s.connections_accepted,
+        ),
+        Sample::gauge(
+            "spindle_nbd_connections_active",
+            "NBD connections open now",
+            s.connections_active as f64,
+        ),
+        Sample::counter(
+            "spindle_nbd_error_replies",
+            "NBD requests answered with an error",
+            s.error_replies,
+        ),
+        Sample::counter(
+            "spindle_nbd_protocol_errors",
+            "NBD connections dropped for breaking the protocol",
+            s.protocol_errors,
+        ),
+        Sample::gauge(
+            "spindle_nbd_payload_bytes_in_use",
+            "Write payload bytes held now",
+            s.payload_bytes_in_use as f64,
+        ),
+    ]);
+    for (name, dev) in devices {
+        let with = |x: Sample| x.label("pool", pool).label("image", name.clone());
+        let t = dev.io_stats().totals();
+        let (read_lat, write_lat) = dev.io_stats().latencies();
+        for (op, ops, bytes, lat) in [
+            ("read", t.read_ops, t.read_bytes, &read_lat),
+            ("write", t.write_ops, t.write_bytes, &write_lat),
+        ] {
+            out.push(with(
+                Sample::counter("spindle_image_ops", "Image operations done, by type", ops)
+                    .label("op", op),
+            ));
+            out.push(with(
+                Sample::counter(
+                    "spindle_image_bytes",
+                    "Image bytes read or written, by type",
+                    bytes,
+                )
+                .label("op", op),
+            ));
+            out.push(with(
+                Sample::latency(
+                    "spindle_image_op_duration_seconds",
+                    "Image operation latency as its clients see it, by type (writes: also \
+                     flushes, trims and zeroing)",
+                    lat,
+                )
+                .label("op", op),
+            ));
+        }
+        out.push(with(Sample::gauge(
+            "spindle_image_ops_in_flight",
+            "Image operations in progress",
+            t.in_flight as f64,
+        )));
+        let b = dev.layer().stats();
+        for (metric, help, v) in [
+            (
+                "spindle_image_cache_hits",
+                "Extent lookups served from the image's cache",
+                b.cache_hits,
+            ),
+            (
+                "spindle_image_cache_misses",
+                "Extent lookups that went to the cluster",
+                b.cache_misses,
+            ),
+            (
+                "spindle_image_sched_requests",
+                "Requests given to the coalescing scheduler",
+                b.sched_requests,
+            ),
+            (
+                "spindle_image_sched_merges",
+                "Requests merged into an open batch",
+                b.sched_merges,
+            ),
+            (
+                "spindle_image_sched_backend_ops",
+                "Object operations the scheduler issued",
+                b.sched_backend_ops,
+            ),
+            (
+                "spindle_image_readahead_hits",
+                "Reads served from readahead",
+                b.readahead_hits,
+            ),
+        ] {
+            out.push(with(Sample::counter(metric, help, v)));
+        }
+        out.push(with(Sample::gauge(
+            "spindle_image_cache_bytes",
+            "Bytes in the image's cache",
+            b.cache_bytes as f64,
+        )));
+    }
+    out
 }
 
 /// Pending connections the listening socket queues before `accept` (the kernel caps it at

@@ -543,6 +543,8 @@ pub struct NbdProc {
     /// Kept open so the child never blocks on (or dies of) a closed stdout.
     _stdout: BufReader<ChildStdout>,
     pub addr: String,
+    /// Where it serves Prometheus metrics (from its banner), unless `--metrics-listen off`.
+    pub metrics_addr: Option<String>,
     log: PathBuf,
 }
 
@@ -583,12 +585,27 @@ impl NbdProc {
                 break rest.to_string();
             }
         };
+        // The rest of the banner, up to its last line: the metrics address if any.
+        let mut metrics_addr = None;
+        loop {
+            line.clear();
+            if stdout.read_line(&mut line).expect("read banner") == 0 {
+                break;
+            }
+            if let Some(rest) = line.trim().strip_prefix("metrics: http://") {
+                metrics_addr = rest.strip_suffix("/metrics").map(String::from);
+            }
+            if line.starts_with("stop with") {
+                break;
+            }
+        }
         // The banner is printed after bind, so connections are accepted now.
         std::net::TcpStream::connect(&addr).expect("nbd server accepts connections");
         NbdProc {
             child,
             _stdout: stdout,
             addr,
+            metrics_addr,
             log: log_path,
         }
     }
