@@ -14,6 +14,9 @@ declare -A PACKAGES=(
   [gcc]=/usr/bin/gcc                                   # the linker, and mimalloc's C sources (global allocator)
   [iproute2]=/usr/sbin/ip                              # tests/netns.rs: hosts as network namespaces
   [prometheus]=/usr/bin/promtool                       # tests/metrics.rs: `promtool check metrics` on every endpoint
+  [chromium]=/usr/bin/chromium                         # tests/dashboard.rs: the dashboard in a real browser
+  [nodejs]=/usr/bin/node                               # tests/dashboard.rs: Playwright drives Chromium
+  [npm]=/usr/bin/npm                                   # tests/dashboard.rs: installs playwright-core
 )
 
 missing=()

@@ -420,6 +420,11 @@ pub(crate) struct ChildGuard {
 }
 
 impl ChildGuard {
+    /// The child's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Spawns `cmd` (stdout discarded, stderr to the log file `log_name`), named `what` in
     /// messages.
     pub(crate) fn start(

@@ -21,6 +21,7 @@ pub mod failover;
 pub mod fio;
 pub mod images;
 pub mod io;
+pub mod metrics_cost;
 pub mod objects;
 pub mod proc_cpu;
 pub mod recovery;

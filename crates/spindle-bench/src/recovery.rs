@@ -205,6 +205,7 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
             recovery_bytes_per_sec: Some(0),
             scrub_interval_ms: Some(0),
             encrypt: None,
+            metrics: None,
         },
         target: Target {
             dir: scratch.to_path_buf(),

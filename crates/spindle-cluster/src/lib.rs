@@ -195,6 +195,11 @@ pub struct SettingsArgs {
     /// off. Has no effect on a cluster made with `--no-auth`.
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub encrypt: Option<bool>,
+    /// Serve Prometheus metrics from every monitor and daemon (on a free port of
+    /// 127.0.0.1; `spindle status --json` lists them). Default on; `--metrics false` for
+    /// none.
+    #[arg(long)]
+    pub metrics: Option<bool>,
 }
 
 pub const SETTING_KEYS: [&str; 4] = [
@@ -243,6 +248,17 @@ pub fn encrypt_args(dir: &Path) -> Vec<String> {
     }
 }
 
+/// The flags of both monitors and daemons from the stored settings: `--encrypt`, and
+/// `--metrics-listen off` when metrics are off.
+pub fn common_daemon_args(dir: &Path) -> Vec<String> {
+    let mut args = encrypt_args(dir);
+    let v = read_cluster_json(dir).unwrap_or(Value::Null);
+    if v["settings"]["metrics"].as_bool() == Some(false) {
+        args.extend(["--metrics-listen".into(), "off".into()]);
+    }
+    args
+}
+
 /// Merges given flags into `cluster.json`.
 pub fn store_settings(dir: &Path, settings: &SettingsArgs) -> anyhow::Result<()> {
     let mut v = read_cluster_json(dir)?;
@@ -253,6 +269,9 @@ pub fn store_settings(dir: &Path, settings: &SettingsArgs) -> anyhow::Result<()>
     }
     if let Some(e) = settings.encrypt {
         v["settings"]["encrypt"] = serde_json::json!(e);
+    }
+    if let Some(m) = settings.metrics {
+        v["settings"]["metrics"] = serde_json::json!(m);
     }
     write_atomic(&dir.join("cluster.json"), &v.to_string())
 }
@@ -367,7 +386,7 @@ pub fn start_mon(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
         args.extend(["--id".into(), id.to_string()]);
     }
     args.extend(setting_args(dir, &SETTING_KEYS[..1]));
-    args.extend(encrypt_args(dir));
+    args.extend(common_daemon_args(dir));
     let pid = spawn_daemon(&args, &d.join("log"))?;
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
@@ -405,7 +424,7 @@ pub fn start_osd(dir: &Path, id: u32, mon: &str) -> anyhow::Result<u32> {
         mon.to_string(),
     ];
     args.extend(setting_args(dir, &SETTING_KEYS[1..]));
-    args.extend(encrypt_args(dir));
+    args.extend(common_daemon_args(dir));
     spawn_daemon(&args, &d.join("log"))
 }
 

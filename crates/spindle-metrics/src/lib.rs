@@ -265,6 +265,80 @@ fn encode_sample(
     }
 }
 
+/// More routes of an endpoint: fixed pages and JSON made on each request (the monitor's
+/// dashboard).
+#[derive(Default)]
+pub struct Routes {
+    router: axum::Router,
+}
+
+impl Routes {
+    /// `GET path` answers `body` as `content_type`.
+    pub fn page(self, path: &str, content_type: &'static str, body: &'static str) -> Routes {
+        let get = axum::routing::get(move || async move {
+            (
+                [
+                    (CONTENT_TYPE, content_type),
+                    (axum::http::header::CACHE_CONTROL, "no-cache"),
+                ],
+                body,
+            )
+        });
+        Routes {
+            router: self.router.route(path, get),
+        }
+    }
+
+    /// `GET path` answers what `make` returns: JSON text, or an HTTP status and a message
+    /// (sent as `{"error": message}`).
+    pub fn json<F>(self, path: &str, make: F) -> Routes
+    where
+        F: Fn() -> Result<String, (u16, String)> + Clone + Send + Sync + 'static,
+    {
+        let get = axum::routing::get(move || {
+            let make = make.clone();
+            async move {
+                let (status, body) = match make() {
+                    Ok(json) => (axum::http::StatusCode::OK, json),
+                    Err((code, message)) => (
+                        axum::http::StatusCode::from_u16(code)
+                            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR),
+                        format!("{{\"error\":{}}}", json_string(&message)),
+                    ),
+                };
+                (
+                    status,
+                    [
+                        (CONTENT_TYPE, "application/json"),
+                        (axum::http::header::CACHE_CONTROL, "no-store"),
+                    ],
+                    body,
+                )
+                    .into_response()
+            }
+        });
+        Routes {
+            router: self.router.route(path, get),
+        }
+    }
+}
+
+/// `text` as a JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// A running `/metrics` endpoint.
 pub struct Endpoint {
     pub addr: SocketAddr,
@@ -283,7 +357,7 @@ impl Drop for Endpoint {
 pub async fn serve(
     listen: &str,
     registry: Arc<Registry>,
-    extra: Option<axum::Router>,
+    extra: Option<Routes>,
 ) -> std::io::Result<Endpoint> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
@@ -312,7 +386,7 @@ pub async fn serve(
     });
     let mut app = axum::Router::new().route("/metrics", metrics);
     if let Some(extra) = extra {
-        app = app.merge(extra);
+        app = app.merge(extra.router);
     }
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -374,6 +448,11 @@ mod tests {
         };
         assert_eq!(buckets(&ta), buckets(&tb), "{ta}\n{tb}");
         assert!(tb.contains("lat_seconds_bucket{le=\"+Inf\"} 6"), "{tb}");
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(json_string("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
     }
 
     #[test]

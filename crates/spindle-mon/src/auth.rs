@@ -296,6 +296,8 @@ pub fn refusal(peer: &Peer, msg: &Msg) -> Option<String> {
                         .then(|| format!("{who} has no `mon allow *` (needed for keys)")),
                     AdminCommand::MonMetrics { .. } => (!caps.mon_allows(Perm::All))
                         .then(|| format!("{who} has no `mon allow *` (monitors register)")),
+                    AdminCommand::MetricsRegister { .. } => (!caps.mon_allows(Perm::Rw))
+                        .then(|| format!("{who} has no `mon allow rw` (needed to register)")),
                     _ => (!caps.mon_allows(Perm::Rw))
                         .then(|| format!("{who} has no `mon allow rw` (needed to change the map)")),
                 },

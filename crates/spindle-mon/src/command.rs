@@ -151,6 +151,12 @@ pub enum AdminCommand {
         id: u64,
         addr: String,
     },
+    /// Another process (a `spindle nbd`) tells the leader where it serves Prometheus
+    /// metrics, under a name of its own (`nbd.HOST.PID`); kept like [`Self::MonMetrics`].
+    MetricsRegister {
+        name: String,
+        addr: String,
+    },
     /// Add monitor `id` listening on `addr` (already running, started with `--id`): it
     /// catches up as a learner, then becomes a voter.
     MonAdd {
@@ -368,6 +374,25 @@ impl AdminCommand {
                 }
             }
             ["mon", "ls"] => AdminCommand::MonLs,
+            ["metrics", "register", name, addr] => {
+                if name.is_empty()
+                    || name.len() > 128
+                    || !name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+                {
+                    return Err(format!(
+                        "a metrics name is 1 to 128 letters, digits, '.', '_' or '-', got '{name}'"
+                    ));
+                }
+                if addr.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(format!("a metrics address is ip:port, got '{addr}'"));
+                }
+                AdminCommand::MetricsRegister {
+                    name: name.to_string(),
+                    addr: addr.to_string(),
+                }
+            }
             ["mon", "metrics", id, addr] => AdminCommand::MonMetrics {
                 id: id
                     .parse::<u64>()
@@ -555,6 +580,14 @@ impl AdminCommand {
             AdminCommand::MonMetrics { id, addr } => {
                 vec!["mon".into(), "metrics".into(), id.to_string(), addr.clone()]
             }
+            AdminCommand::MetricsRegister { name, addr } => {
+                vec![
+                    "metrics".into(),
+                    "register".into(),
+                    name.clone(),
+                    addr.clone(),
+                ]
+            }
             AdminCommand::MonAdd { id, addr } => {
                 vec!["mon".into(), "add".into(), id.to_string(), addr.clone()]
             }
@@ -696,6 +729,10 @@ mod tests {
             AdminCommand::MonMetrics {
                 id: 2,
                 addr: "10.0.0.2:9283".into(),
+            },
+            AdminCommand::MetricsRegister {
+                name: "nbd.h1.4242".into(),
+                addr: "127.0.0.1:9300".into(),
             },
             AdminCommand::MonAdd {
                 id: 3,

@@ -48,6 +48,10 @@ pub struct MapChange {
 /// A monitor re-registers its metrics address every [`crate::MON_METRICS_REGISTER_MS`];
 /// one silent for this long is dropped from `status`.
 pub const MON_METRICS_FORGET_MS: u64 = 30_000;
+/// Map changes the leader remembers for `status` (a dashboard shows the last ones).
+pub const EVENTS_KEPT: usize = 50;
+/// Metrics endpoints of other processes the leader lists at most.
+pub const SERVICES_KEPT: usize = 1024;
 const _: () = assert!(crate::MON_METRICS_REGISTER_MS * 3 <= MON_METRICS_FORGET_MS);
 
 /// The monitor's state and decisions (see the module documentation).
@@ -64,6 +68,12 @@ pub struct MonCore {
     pub(crate) metrics_addrs: BTreeMap<u32, String>,
     /// Where each monitor serves its metrics, and when it last said so.
     pub(crate) mon_metrics: BTreeMap<u64, (String, u64)>,
+    /// Where other processes (`spindle nbd`) serve their metrics, by name, and when they
+    /// last said so (at most [`SERVICES_KEPT`]).
+    pub(crate) service_metrics: BTreeMap<String, (String, u64)>,
+    /// The last map changes this leader committed, oldest first (at most
+    /// [`EVENTS_KEPT`]; a new leader starts empty).
+    pub(crate) events: std::collections::VecDeque<crate::reply::MapEvent>,
     /// Since when each down (and still in) daemon has been down, for `out_after_ms`.
     down_since_ms: BTreeMap<u32, u64>,
     /// Recovery rate: (when, total recovered bytes, total recovered objects) samples.
@@ -102,6 +112,8 @@ impl MonCore {
             counters: BTreeMap::new(),
             metrics_addrs: BTreeMap::new(),
             mon_metrics: BTreeMap::new(),
+            service_metrics: BTreeMap::new(),
+            events: Default::default(),
             down_since_ms: BTreeMap::new(),
             recovery_samples: VecDeque::new(),
             leases: BTreeMap::new(),
@@ -237,6 +249,28 @@ impl MonCore {
         })?;
         self.last_heartbeat_ms.insert(osd_id, now_ms);
         Ok(next)
+    }
+
+    /// Remembers where process `name` serves its metrics, as [`Self::set_mon_metrics`];
+    /// a new name past [`SERVICES_KEPT`] is not kept (the table stays bounded).
+    pub fn set_service_metrics(&mut self, now_ms: u64, name: String, addr: String) {
+        self.service_metrics
+            .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= MON_METRICS_FORGET_MS);
+        if self.service_metrics.len() < SERVICES_KEPT || self.service_metrics.contains_key(&name) {
+            self.service_metrics.insert(name, (addr, now_ms));
+        }
+    }
+
+    /// Remembers a committed map change (`spindle status` and the dashboard list them).
+    pub fn record_event(&mut self, unix_ms: u64, epoch: u64, reason: String) {
+        if self.events.len() == EVENTS_KEPT {
+            self.events.pop_front();
+        }
+        self.events.push_back(crate::reply::MapEvent {
+            unix_ms,
+            epoch,
+            what: reason,
+        });
     }
 
     /// Remembers where monitor `id` serves its metrics; forgets monitors that have not
@@ -423,7 +457,7 @@ impl MonCore {
             | AdminCommand::SnapTrimmed { .. } => {
                 Err("snapshot commands need the wall clock: run them with execute_at".to_string())
             }
-            AdminCommand::MonMetrics { .. } => {
+            AdminCommand::MonMetrics { .. } | AdminCommand::MetricsRegister { .. } => {
                 Err("metrics registrations are kept by the monitor node".to_string())
             }
             AdminCommand::MonLs | AdminCommand::MonAdd { .. } | AdminCommand::MonRm { .. } => Err(

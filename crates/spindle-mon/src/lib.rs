@@ -1315,10 +1315,44 @@ impl BoundMonitor {
                     }
                     out
                 })));
-                let e = spindle_metrics::serve(listen, Arc::new(registry), None)
+                // The dashboard: a page that polls the leader's status.
+                let (m, cache) = (mon.clone(), status_cache.clone());
+                let routes = spindle_metrics::Routes::default()
+                    .page(
+                        "/",
+                        "text/html; charset=utf-8",
+                        include_str!("dashboard.html"),
+                    )
+                    .json("/api/status", move || {
+                        if !m.is_leader() {
+                            let leader = m
+                                .leader()
+                                .map_or("none elected yet".to_string(), |(id, _)| {
+                                    format!("mon.{id}")
+                                });
+                            return Err((
+                                503,
+                                format!(
+                                    "mon.{} does not lead (leader: {leader}): open the leader's dashboard (`spindle status` prints it)",
+                                    m.id
+                                ),
+                            ));
+                        }
+                        let cached = cache.lock().unwrap_or_else(|p| p.into_inner());
+                        match cached.as_ref() {
+                            Some(s) => serde_json::to_string(s).map_err(|e| (500, e.to_string())),
+                            None => Err((503, "no status yet (the monitor just started)".into())),
+                        }
+                    });
+                let e = spindle_metrics::serve(listen, Arc::new(registry), Some(routes))
                     .await
                     .map_err(|e| MonError::Raft(format!("metrics endpoint on {listen}: {e}")))?;
-                tracing::info!("mon.{} serves metrics on http://{}/metrics", mon.id, e.addr);
+                tracing::info!(
+                    "mon.{} serves metrics on http://{}/metrics and its dashboard on http://{}/",
+                    mon.id,
+                    e.addr,
+                    e.addr
+                );
                 Some(e)
             }
         };

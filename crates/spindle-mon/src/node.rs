@@ -76,6 +76,11 @@ impl MonNode {
             return Err(msg);
         }
         self.core.install(next, now_ms);
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.core
+            .record_event(unix_ms, self.core.epoch(), reason.clone());
         out.committed.push(Committed {
             epoch: self.core.epoch(),
             bytes: Arc::new(self.map_bytes()),
@@ -158,14 +163,22 @@ impl MonNode {
                     out.reply = Some(Msg::Ok);
                 }
             }
-            Msg::Command { args } if args.get(..2) == Some(&["mon".into(), "metrics".into()]) => {
+            Msg::Command { args }
+                if args.get(..2) == Some(&["mon".into(), "metrics".into()])
+                    || args.get(..2) == Some(&["metrics".into(), "register".into()]) =>
+            {
+                let done = Msg::CommandReply {
+                    ok: true,
+                    output: "null".into(),
+                };
                 out.reply = Some(match AdminCommand::parse(&args) {
                     Ok(AdminCommand::MonMetrics { id, addr }) => {
                         self.core.set_mon_metrics(now_ms, id, addr);
-                        Msg::CommandReply {
-                            ok: true,
-                            output: "null".into(),
-                        }
+                        done
+                    }
+                    Ok(AdminCommand::MetricsRegister { name, addr }) => {
+                        self.core.set_service_metrics(now_ms, name, addr);
+                        done
                     }
                     Ok(_) => Msg::CommandReply {
                         ok: false,

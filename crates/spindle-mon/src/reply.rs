@@ -104,6 +104,23 @@ pub struct Status {
     /// those that registered with the leader in the last 30 s.
     #[serde(default)]
     pub mon_metrics_addrs: BTreeMap<u64, String>,
+    /// Where other processes (`spindle nbd`, by `nbd.HOST.PID`) serve Prometheus metrics:
+    /// those that registered in the last 30 s.
+    #[serde(default)]
+    pub service_metrics_addrs: BTreeMap<String, String>,
+    /// The last map changes the leader committed, oldest first (a new leader starts with
+    /// none).
+    #[serde(default)]
+    pub events: Vec<MapEvent>,
+}
+
+/// A committed map change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapEvent {
+    pub unix_ms: u64,
+    pub epoch: u64,
+    /// Why the map changed (`osd.2 marked down ...`, a command).
+    pub what: String,
 }
 
 /// The cluster's health: `HEALTH_OK`, `HEALTH_WARN` or `HEALTH_ERR`, and the checks.
@@ -359,7 +376,7 @@ impl AdminReply {
             AdminCommand::Snap { .. }
             | AdminCommand::SnapChild { .. }
             | AdminCommand::SnapTrimmed { .. } => AdminReply::SnapDone(from_str(json)?),
-            AdminCommand::MonMetrics { .. } => {
+            AdminCommand::MonMetrics { .. } | AdminCommand::MetricsRegister { .. } => {
                 let _: serde_json::Value = from_str(json)?;
                 AdminReply::Registered
             }

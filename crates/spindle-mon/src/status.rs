@@ -219,6 +219,12 @@ pub fn status(st: &MonCore) -> Status {
         objects: objects_total,
         pgs: by_state(totals),
         inconsistent_pgs,
+        events: st.events.iter().cloned().collect(),
+        service_metrics_addrs: st
+            .service_metrics
+            .iter()
+            .map(|(name, (addr, _))| (name.clone(), addr.clone()))
+            .collect(),
         mon_metrics_addrs: st
             .mon_metrics
             .iter()

@@ -961,7 +961,9 @@ impl Osd {
                 self.inner.id
             );
         }
-        self.counter_values(&space)
+        let mut counters = self.counter_values(&space);
+        counters.extend(self.inner.op_metrics.heartbeat_counters());
+        counters
     }
 
     /// Every counter of the daemon, its store and its file system's `space` (no effects:

@@ -77,6 +77,9 @@ pub(crate) struct OpMetrics {
     errors: PerOp<Counter>,
     bytes: PerOp<Counter>,
     latency: PerOp<Histogram>,
+    /// Sum of latencies in microseconds per type (the heartbeat reports it: the monitor's
+    /// dashboard derives mean latencies from two reports).
+    latency_us: [std::sync::atomic::AtomicU64; OpKind::ALL.len()],
 }
 
 impl OpMetrics {
@@ -93,6 +96,7 @@ impl OpMetrics {
             errors: PerOp::new(&errors),
             bytes: PerOp::new(&bytes),
             latency: PerOp::new(&latency),
+            latency_us: Default::default(),
         };
         registry.register(
             "spindle_osd_ops",
@@ -127,6 +131,27 @@ impl OpMetrics {
         }
         self.bytes.by_kind[i].inc_by(in_bytes + outcome.bulk_bytes);
         self.latency.by_kind[i].observe(took.as_secs_f64());
+        self.latency_us[i].fetch_add(
+            took.as_micros() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Reads and writes done, their bytes and summed latency, as heartbeat counters
+    /// (`op_read`, `op_read_bytes`, `op_read_latency_us`, the same for writes).
+    pub fn heartbeat_counters(&self) -> Vec<(String, u64)> {
+        let mut out = Vec::with_capacity(6);
+        for k in [OpKind::Read, OpKind::Write] {
+            let i = k.index();
+            let name = k.label();
+            out.push((format!("op_{name}"), self.ops.by_kind[i].get()));
+            out.push((format!("op_{name}_bytes"), self.bytes.by_kind[i].get()));
+            out.push((
+                format!("op_{name}_latency_us"),
+                self.latency_us[i].load(std::sync::atomic::Ordering::Relaxed),
+            ));
+        }
+        out
     }
 }
 

@@ -14,14 +14,45 @@ use spindle_cluster::{
 use spindle_mon::reply::pg_summary;
 use spindle_mon::{Admin, OsdVerb, PoolCreated, RatioSet};
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args)]
 pub struct StatusArgs {
     #[arg(long)]
     pub json: bool,
+    /// Show it again every this many seconds (`--watch` alone: 2) until interrupted.
+    #[arg(long, num_args = 0..=1, default_missing_value = "2", value_name = "SECONDS")]
+    pub watch: Option<u64>,
     #[command(flatten)]
     pub target: Target,
+}
+
+#[derive(Args)]
+pub struct HealthArgs {
+    /// The report as JSON (`status`, and `checks` with `name`, `severity`, `message`).
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// `spindle health`: `HEALTH_OK`, `HEALTH_WARN` or `HEALTH_ERR`, then one line per check
+/// (exit status 0 whatever the health, as `ceph health`; scripts read the first word or
+/// the JSON).
+pub fn health(args: HealthArgs) -> anyhow::Result<()> {
+    runtime()?.block_on(async {
+        let client = args.target.client().await?;
+        let s = admin(&client, Admin::status()).await?;
+        if args.json {
+            println!("{}", serde_json::to_string(&s.health)?);
+        } else {
+            println!("{}", s.health.status);
+            for c in &s.health.checks {
+                println!("    {} {}: {}", c.severity, c.name, c.message);
+            }
+        }
+        anyhow::Ok(())
+    })
 }
 
 #[derive(Subcommand)]
@@ -99,10 +130,36 @@ pub struct ObjArgs {
 }
 
 pub fn status(args: StatusArgs) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
     runtime()?.block_on(async {
         let client = args.target.client().await?;
-        let s = admin(&client, Admin::status()).await?;
-        if args.json {
+        let Some(every_s) = args.watch else {
+            return print_status(&client, args.json).await;
+        };
+        let every = Duration::from_secs(every_s.max(1));
+        let terminal = std::io::stdout().is_terminal();
+        loop {
+            if terminal && !args.json {
+                // Clear the screen and start at the top.
+                print!("\x1b[2J\x1b[H");
+            }
+            match print_status(&client, args.json).await {
+                Ok(()) => {}
+                // A failover or a restart: say so and keep watching.
+                Err(e) => println!("status unavailable: {e:#}"),
+            }
+            if !args.json {
+                println!("(every {} s; Ctrl-C to stop)", every.as_secs());
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+async fn print_status(client: &spindle_client::Client, json: bool) -> anyhow::Result<()> {
+    {
+        let s = admin(client, Admin::status()).await?;
+        if json {
             println!("{}", serde_json::to_string(&s)?);
             return Ok(());
         }
@@ -114,7 +171,7 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
         let osds = &s.osds;
         let up = osds.iter().filter(|o| o.up).count();
         let inn = osds.iter().filter(|o| o.in_cluster).count();
-        if let Ok(m) = admin(&client, Admin::mon_ls()).await {
+        if let Ok(m) = admin(client, Admin::mon_ls()).await {
             let voters = m.mons.iter().filter(|x| x.voter).count();
             println!(
                 "mons: {voters} ({}, term {})",
@@ -180,8 +237,24 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
                 );
             }
         }
-        anyhow::Ok(())
-    })
+        let endpoints = s.mon_metrics_addrs.len()
+            + s.service_metrics_addrs.len()
+            + s.osds.iter().filter(|o| o.metrics_addr.is_some()).count();
+        // The monitor that answered leads: its dashboard shows the cluster.
+        if let Some(addr) = m_leader_metrics(client, &s).await {
+            println!("dashboard: http://{addr}/   metrics: http://{addr}/metrics ({endpoints} endpoints in `spindle status --json`)");
+        }
+        Ok(())
+    }
+}
+
+/// The leader monitor's metrics address (it serves the dashboard), from `status`.
+async fn m_leader_metrics(
+    client: &spindle_client::Client,
+    s: &spindle_mon::Status,
+) -> Option<String> {
+    let leader = admin(client, Admin::mon_ls()).await.ok()?.leader?;
+    s.mon_metrics_addrs.get(&leader).cloned()
 }
 
 pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {

@@ -389,18 +389,30 @@ fn pool_spec<'a>(spec: &'a str, pool: &'a str) -> (&'a str, &'a str) {
     }
 }
 
-/// A progress counter on stderr (only when it is a terminal and the job is large).
+/// A progress bar on stderr with rate and ETA (`done`/`total` objects), drawn only when
+/// stderr is a terminal and the job is large (indicatif hides it otherwise).
 fn progress(what: String) -> impl FnMut(u64, u64) + Send {
-    use std::io::IsTerminal;
-    let show = std::io::stderr().is_terminal();
+    let mut bar: Option<indicatif::ProgressBar> = None;
     move |done, total| {
-        if show && total > 64 {
-            let mut err = std::io::stderr();
-            let _ = write!(err, "\r{what}: {done}/{total}");
-            if done == total {
-                let _ = writeln!(err);
+        if total <= 64 {
+            return;
+        }
+        let b = bar.get_or_insert_with(|| {
+            let b = indicatif::ProgressBar::with_draw_target(
+                Some(total),
+                indicatif::ProgressDrawTarget::stderr(),
+            );
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{msg}: [{bar:30}] {pos}/{len} objects ({per_sec}, {eta} left)",
+            ) {
+                b.set_style(style.progress_chars("=> "));
             }
-            let _ = err.flush();
+            b.set_message(what.clone());
+            b
+        });
+        b.set_position(done);
+        if done >= total {
+            b.finish();
         }
     }
 }

@@ -184,7 +184,7 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
         }
     };
     let exports = Arc::new(
-        ImageExports::new(client, args.pool.clone(), config)
+        ImageExports::new(client.clone(), args.pool.clone(), config)
             .with_locking(Some(LockOptions {
                 take_over: args.break_lock,
                 ..LockOptions::default()
@@ -267,6 +267,40 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             )
         }
     };
+    // Registered with the leader monitor every 2 s, so `spindle status --json` lists it.
+    let _registration = metrics.as_ref().map(|m| {
+        let host: String = spindle_cluster::config::this_host()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let args = vec![
+            "metrics".to_string(),
+            "register".to_string(),
+            format!("nbd.{host}.{}", std::process::id()),
+            m.addr.to_string(),
+        ];
+        let client = client.clone();
+        spindle_proto::net::AbortOnDrop(tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(Duration::from_millis(spindle_mon::MON_METRICS_REGISTER_MS));
+            let mut warned = false;
+            loop {
+                tick.tick().await;
+                if let Err(e) = client.command_as::<serde_json::Value>(args.clone()).await {
+                    if !warned {
+                        eprintln!("spindle nbd: cannot register the metrics address: {e}");
+                        warned = true;
+                    }
+                }
+            }
+        }))
+    });
     // Each served image's limits (re-read from its header) and its I/O statistics
     // (`img.NAME.stats`, for `spindle image stats`), every second.
     let _housekeeping =

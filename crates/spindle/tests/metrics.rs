@@ -164,12 +164,17 @@ fn endpoints(c: &Cluster, nbd: &NbdProc) -> Vec<(String, String)> {
                 .to_string(),
         ));
     }
-    out.push((
-        "nbd".into(),
-        nbd.metrics_addr
-            .clone()
-            .expect("spindle nbd serves metrics"),
-    ));
+    // The NBD server registered itself (`nbd.HOST.PID`) at the address its banner names.
+    let services = s["service_metrics_addrs"].as_object().expect("services");
+    let banner = nbd
+        .metrics_addr
+        .clone()
+        .expect("spindle nbd serves metrics");
+    assert_eq!(services.len(), 1, "{services:?}");
+    let (name, addr) = services.iter().next().unwrap();
+    assert!(name.starts_with("nbd."), "{name}");
+    assert_eq!(addr.as_str(), Some(banner.as_str()));
+    out.push(("nbd".into(), banner));
     out
 }
 
@@ -195,6 +200,9 @@ fn every_process_serves_metrics_that_agree_with_fio_and_status() {
         s["mon_metrics_addrs"]
             .as_object()
             .is_some_and(|m| !m.is_empty())
+            && s["service_metrics_addrs"]
+                .as_object()
+                .is_some_and(|m| !m.is_empty())
             && s["osds"]
                 .as_array()
                 .unwrap()
@@ -228,6 +236,39 @@ fn every_process_serves_metrics_that_agree_with_fio_and_status() {
             }
         }
     }
+    // The Grafana dashboard in the repository asks only for metrics the processes serve.
+    let served: std::collections::BTreeSet<String> = after
+        .values()
+        .flat_map(|m| m.keys().map(|k| k.name.clone()))
+        .collect();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/grafana/spindle-cluster.json"
+        ))
+        .expect("docs/grafana/spindle-cluster.json"),
+    )
+    .expect("the dashboard is JSON");
+    let mut asked = 0;
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().expect("targets") {
+            let expr = target["expr"].as_str().expect("expr");
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                // Present only while a check fails (asserted further down).
+                let only_when_failing = word == "spindle_health_check";
+                if word.starts_with("spindle_") && !only_when_failing {
+                    asked += 1;
+                    assert!(
+                        served.contains(word),
+                        "the dashboard's panel {:?} asks for {word}, which no process serves",
+                        panel["title"]
+                    );
+                }
+            }
+        }
+    }
+    assert!(asked >= 20, "the dashboard names {asked} metrics");
+
     let d = |ep: &str, name: &str, with: &[(&str, &str)]| {
         sum(&after[ep], name, with) - sum(&before[ep], name, with)
     };
@@ -329,7 +370,14 @@ fn every_process_serves_metrics_that_agree_with_fio_and_status() {
     let (mon, mon_addr) = eps.iter().find(|(n, _)| n.starts_with("mon.")).unwrap();
     let m = parse(&http_get(mon_addr, "/metrics"));
     assert_eq!(sum(&m, "spindle_mon_leader", &[]), 1.0, "{mon} leads");
-    assert_eq!(sum(&m, "spindle_health_status", &[]), 0.0);
+    // Healthy (a test machine's full disk may add OSD_NEARFULL: a warning).
+    let status = c.status();
+    assert!(common::healthy_but_for_disk_usage(&status), "{status}");
+    let want = match status["health"]["status"].as_str() {
+        Some("HEALTH_OK") => 0.0,
+        _ => 1.0,
+    };
+    assert_eq!(sum(&m, "spindle_health_status", &[]), want);
     assert_eq!(sum(&m, "spindle_cluster_osd_up", &[]), 3.0);
     assert_eq!(
         sum(&m, "spindle_cluster_pgs", &[("state", "clean")]),
@@ -345,6 +393,22 @@ fn every_process_serves_metrics_that_agree_with_fio_and_status() {
         16.0
     );
     assert!(has(&m, "spindle_cluster_used_bytes"));
+
+    // `spindle status --watch` shows the status again and again.
+    let mut watch = spindle()
+        .args(["status", "--watch", "1", "--dir"])
+        .arg(&c.dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    watch.kill().unwrap();
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.matches("health: ").count() >= 2,
+        "status --watch printed: {text}"
+    );
 
     // A daemon stopped: its metrics say so within 10 s, with the health check.
     c.kill_osd(2);
@@ -371,4 +435,36 @@ fn every_process_serves_metrics_that_agree_with_fio_and_status() {
         "osd.2 down in the leader's metrics after {:.1} s",
         stopped.elapsed().as_secs_f64()
     );
+    let text = run_ok(spindle().args(["health", "--dir"]).arg(&c.dir));
+    assert!(text.starts_with("HEALTH_WARN\n"), "{text}");
+    assert!(
+        text.contains("HEALTH_WARN OSD_DOWN: 1 daemon(s) down: osd.2"),
+        "{text}"
+    );
+
+    // Back: the daemon restarted, health returns to OK (the command and the metrics).
+    c.up();
+    c.wait_clean();
+    let restarted = Instant::now();
+    loop {
+        let json = run_ok(spindle().args(["health", "--json", "--dir"]).arg(&c.dir));
+        let h: serde_json::Value = serde_json::from_str(&json).expect("health JSON");
+        let m = parse(&http_get(mon_addr, "/metrics"));
+        let want = match h["status"].as_str() {
+            Some("HEALTH_OK") => 0.0,
+            _ => 1.0,
+        };
+        if common::healthy_but_for_disk_usage(&serde_json::json!({ "health": h }))
+            && sum(&m, "spindle_health_status", &[]) == want
+            && sum(&m, "spindle_health_check", &[("name", "OSD_DOWN")]) == 0.0
+            && sum(&m, "spindle_cluster_osd_up", &[]) == 3.0
+        {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(10),
+            "health did not return to OK: {h}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

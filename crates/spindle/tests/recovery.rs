@@ -408,6 +408,10 @@ async fn scrub_reports_an_object_with_no_intact_copy_until_it_is_rewritten() {
     let text = run_ok(spindle().args(["status", "--dir"]).arg(&c.dir));
     assert!(text.contains("HEALTH_ERR PG_DAMAGED"), "{text}");
     assert!(text.contains("1 inconsistent"), "{text}");
+    // `spindle health` says the same, first word first.
+    let text = run_ok(spindle().args(["health", "--dir"]).arg(&c.dir));
+    assert!(text.starts_with("HEALTH_ERR\n"), "{text}");
+    assert!(text.contains("HEALTH_ERR PG_DAMAGED"), "{text}");
 
     // Overwriting the object resolves it (no scrub needed), and a scrub agrees.
     let fresh = content(lost, 2, lost_len);
