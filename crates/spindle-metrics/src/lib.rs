@@ -339,6 +339,42 @@ fn json_string(text: &str) -> String {
     out
 }
 
+/// Connections an endpoint serves at once; more are closed at once (a scraper needs one,
+/// a dashboard one per open page): descriptors stay bounded whoever connects.
+pub const CONNECTIONS_MAX: usize = 32;
+/// Longest a connection stays open (a scrape takes milliseconds; scrapers that keep
+/// connections alive open a new one): idle connections do not hold slots for ever.
+pub const CONNECTION_MS_MAX: u64 = 30_000;
+
+/// Serves `app` on `listener`: HTTP/1.1, at most [`CONNECTIONS_MAX`] connections, each
+/// for at most [`CONNECTION_MS_MAX`].
+async fn accept_loop(listener: tokio::net::TcpListener, app: axum::Router) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, for instance: back off instead of spinning.
+                tracing::debug!("metrics endpoint: accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Every slot taken: the connection is closed (dropped) at once.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            let limit = std::time::Duration::from_millis(CONNECTION_MS_MAX);
+            let _ = tokio::time::timeout(limit, connection).await;
+            drop(slot);
+        });
+    }
+}
+
 /// A running `/metrics` endpoint.
 pub struct Endpoint {
     pub addr: SocketAddr,
@@ -388,11 +424,7 @@ pub async fn serve(
     if let Some(extra) = extra {
         app = app.merge(extra.router);
     }
-    let task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!("metrics endpoint stopped: {e}");
-        }
-    });
+    let task = tokio::spawn(accept_loop(listener, app));
     Ok(Endpoint { addr, task })
 }
 
@@ -496,6 +528,26 @@ mod tests {
             body.contains("spindle_op_duration_seconds_bucket{le=\"0.00512\"} 1"),
             "{body}"
         );
+        // Connections past the limit are closed at once; those within it are served, and
+        // a scrape still works once the crowd is gone.
+        let mut crowd = Vec::new();
+        for _ in 0..CONNECTIONS_MAX + 20 {
+            crowd.push(tokio::net::TcpStream::connect(e.addr).await.unwrap());
+        }
+        let mut closed = 0;
+        for s in &mut crowd {
+            use tokio::io::AsyncReadExt;
+            let mut b = [0u8; 1];
+            let read =
+                tokio::time::timeout(std::time::Duration::from_millis(50), s.read(&mut b)).await;
+            if matches!(read, Ok(Ok(0)) | Ok(Err(_))) {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, 20, "connections past the limit are closed");
+        drop(crowd);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(get(e.addr).await.unwrap().starts_with("HTTP/1.1 200"));
         let addr = e.addr;
         drop(e);
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

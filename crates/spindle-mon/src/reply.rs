@@ -89,10 +89,18 @@ pub struct Status {
     /// The cluster id in hex.
     pub cluster_id: String,
     pub epoch: u64,
+    /// The last map changes the leader committed, oldest first (a new leader starts with
+    /// none).
+    #[serde(default)]
+    pub events: Vec<MapEvent>,
     pub full_ratio: f64,
     pub health: HealthReport,
     /// Groups scrub found objects with no intact copy in.
     pub inconsistent_pgs: Vec<InconsistentPg>,
+    /// Where each monitor serves Prometheus metrics (`ip:port`, path `/metrics`), by id:
+    /// those that registered with the leader in the last 30 s.
+    #[serde(default)]
+    pub mon_metrics_addrs: BTreeMap<u64, String>,
     pub nearfull_ratio: f64,
     pub objects: u64,
     pub osds: Vec<OsdStatus>,
@@ -100,25 +108,17 @@ pub struct Status {
     pub pgs: BTreeMap<String, u64>,
     pub pools: Vec<PoolStatus>,
     pub recovery: ClusterRecovery,
-    /// Where each monitor serves Prometheus metrics (`ip:port`, path `/metrics`), by id:
-    /// those that registered with the leader in the last 30 s.
-    #[serde(default)]
-    pub mon_metrics_addrs: BTreeMap<u64, String>,
     /// Where other processes (`spindle nbd`, by `nbd.HOST.PID`) serve Prometheus metrics:
     /// those that registered in the last 30 s.
     #[serde(default)]
     pub service_metrics_addrs: BTreeMap<String, String>,
-    /// The last map changes the leader committed, oldest first (a new leader starts with
-    /// none).
-    #[serde(default)]
-    pub events: Vec<MapEvent>,
 }
 
 /// A committed map change.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MapEvent {
-    pub unix_ms: u64,
     pub epoch: u64,
+    pub unix_ms: u64,
     /// Why the map changed (`osd.2 marked down ...`, a command).
     pub what: String,
 }
@@ -163,6 +163,10 @@ pub struct OsdStatus {
     pub id: u32,
     #[serde(rename = "in")]
     pub in_cluster: bool,
+    /// Where it serves Prometheus metrics (`ip:port`, path `/metrics`), from its latest
+    /// heartbeat.
+    #[serde(default)]
+    pub metrics_addr: Option<String>,
     pub nearfull: bool,
     pub pid: u32,
     pub total_bytes: Option<u64>,
@@ -170,10 +174,6 @@ pub struct OsdStatus {
     pub up_from: u64,
     pub used_bytes: Option<u64>,
     pub weight: f64,
-    /// Where it serves Prometheus metrics (`ip:port`, path `/metrics`), from its latest
-    /// heartbeat.
-    #[serde(default)]
-    pub metrics_addr: Option<String>,
 }
 
 /// One pool in `status` and `pool ls`.
