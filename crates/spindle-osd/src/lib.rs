@@ -1427,15 +1427,20 @@ impl Osd {
                 client,
                 snap_guard,
             } => {
-                // Counted and timed when answered, whichever path answers.
-                let kind = metrics::OpKind::of(&op);
-                let started = Instant::now();
-                let inner = self.inner.clone();
-                let reply = reply.on_done(move |outcome| {
-                    inner
-                        .op_metrics
-                        .done(kind, in_bytes, started.elapsed(), outcome)
-                });
+                // Counted and timed when answered, whichever path answers (only with
+                // metrics on: off, the data path pays nothing for them).
+                let reply = if self.inner.config.metrics_listen.is_some() {
+                    let kind = metrics::OpKind::of(&op);
+                    let started = Instant::now();
+                    let inner = self.inner.clone();
+                    reply.on_done(move |outcome| {
+                        inner
+                            .op_metrics
+                            .done(kind, in_bytes, started.elapsed(), outcome)
+                    })
+                } else {
+                    reply
+                };
                 // A write to an image's data object must come from a writer that preserved
                 // the object for the image's snapshot guard (client-side copy-on-write,
                 // `docs/images.md`): checked against this daemon's map, which a sender with
