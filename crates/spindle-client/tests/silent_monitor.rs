@@ -125,6 +125,25 @@ async fn a_silent_follower_monitor_marks_no_daemon_down_and_commands_move_on() {
         assert!(start.elapsed() < Duration::from_secs(30), "{:?}", s.osds);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // A test machine's nearly full disk must not change the map during the test (the
+    // daemons' nearfull flags would): the ratios go to the top first, and the flags
+    // settle.
+    client
+        .admin(&spindle_mon::Admin::set_ratio(true, 1_000_000))
+        .await
+        .unwrap();
+    client
+        .admin(&spindle_mon::Admin::set_ratio(false, 1_000_000))
+        .await
+        .unwrap();
+    loop {
+        let s = status(&client).await;
+        if s.osds.iter().all(|o| !o.nearfull && !o.full) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{:?}", s.osds);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let epoch = status(&watcher).await.epoch;
 
     // Cut the follower off from every other host, silently.
