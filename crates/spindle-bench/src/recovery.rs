@@ -201,9 +201,11 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
         wait_seconds: 60,
         settings: SettingsArgs {
             out_after_ms: Some(0),
+            down_after_ms: None,
             recovery_ops_max: Some(args.recovery_ops_max),
             recovery_bytes_per_sec: Some(0),
             scrub_interval_ms: Some(0),
+            slow_op_ms: None,
             encrypt: None,
             metrics: None,
         },

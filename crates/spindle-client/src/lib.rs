@@ -979,6 +979,15 @@ impl Client {
     /// its objects (versions, sizes, checksums) and repairs bad copies from good ones;
     /// objects with no intact copy are listed in [`ScrubStats::damaged`].
     pub async fn scrub(&self, pool: &str) -> Result<ScrubStats, ClientError> {
+        self.scrub_with_progress(pool, |_, _| {}).await
+    }
+
+    /// [`Self::scrub`], calling `progress(groups done, groups)` after each group.
+    pub async fn scrub_with_progress(
+        &self,
+        pool: &str,
+        mut progress: impl FnMut(u64, u64) + Send,
+    ) -> Result<ScrubStats, ClientError> {
         let (pool_id, pg_count) = self
             .state()
             .map
@@ -1001,6 +1010,7 @@ impl Client {
                     pg: spindle_map::PgId { pool: pool_id, pg },
                     name,
                 }));
+            progress(u64::from(pg) + 1, u64::from(pg_count));
         }
         Ok(total)
     }

@@ -181,6 +181,10 @@ pub struct SettingsArgs {
     /// 0 = never. Default 30000.
     #[arg(long)]
     pub out_after_ms: Option<u64>,
+    /// Mark a daemon down after this long without heartbeats. Default 2000; a monitor
+    /// refuses to start with a value too short for the daemons' heartbeat timing.
+    #[arg(long)]
+    pub down_after_ms: Option<u64>,
     /// Background recovery: objects each daemon recovers at once. Default 2.
     #[arg(long)]
     pub recovery_ops_max: Option<usize>,
@@ -190,6 +194,10 @@ pub struct SettingsArgs {
     /// Scrub every placement group this often; 0 = only `spindle scrub`. Default 1 day.
     #[arg(long)]
     pub scrub_interval_ms: Option<u64>,
+    /// A client operation unanswered this long is slow (the `SLOW_OPS` health check).
+    /// Default 30000.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub slow_op_ms: Option<u64>,
     /// Encrypt the payloads of every authenticated connection (ChaCha20-Poly1305), not
     /// only MAC them: `--encrypt` or `--encrypt true`, `--encrypt false` to stop. Default
     /// off. Has no effect on a cluster made with `--no-auth`.
@@ -202,20 +210,28 @@ pub struct SettingsArgs {
     pub metrics: Option<bool>,
 }
 
-pub const SETTING_KEYS: [&str; 4] = [
+/// The stored settings: the first [`MON_SETTINGS`] go to monitors, the rest to daemons.
+pub const SETTING_KEYS: [&str; 6] = [
     "out_after_ms",
+    "down_after_ms",
     "recovery_ops_max",
     "recovery_bytes_per_sec",
     "scrub_interval_ms",
+    "slow_op_ms",
 ];
 
+/// How many of [`SETTING_KEYS`] are monitor settings.
+pub const MON_SETTINGS: usize = 2;
+
 impl SettingsArgs {
-    fn values(&self) -> [Option<u64>; 4] {
+    fn values(&self) -> [Option<u64>; SETTING_KEYS.len()] {
         [
             self.out_after_ms,
+            self.down_after_ms,
             self.recovery_ops_max.map(|v| v as u64),
             self.recovery_bytes_per_sec,
             self.scrub_interval_ms,
+            self.slow_op_ms,
         ]
     }
 }
@@ -385,7 +401,7 @@ pub fn start_mon(dir: &Path, id: u64, join: bool) -> anyhow::Result<u32> {
         // group as `id` and catches up from the leader.
         args.extend(["--id".into(), id.to_string()]);
     }
-    args.extend(setting_args(dir, &SETTING_KEYS[..1]));
+    args.extend(setting_args(dir, &SETTING_KEYS[..MON_SETTINGS]));
     args.extend(common_daemon_args(dir));
     let pid = spawn_daemon(&args, &d.join("log"))?;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -423,7 +439,7 @@ pub fn start_osd(dir: &Path, id: u32, mon: &str) -> anyhow::Result<u32> {
         "--mon".into(),
         mon.to_string(),
     ];
-    args.extend(setting_args(dir, &SETTING_KEYS[1..]));
+    args.extend(setting_args(dir, &SETTING_KEYS[MON_SETTINGS..]));
     args.extend(common_daemon_args(dir));
     spawn_daemon(&args, &d.join("log"))
 }
@@ -593,17 +609,21 @@ pub async fn admin<R: serde::de::DeserializeOwned>(
     Ok(client.admin(&req).await?)
 }
 
-/// Waits until every daemon is up and every placement group is clean.
+/// Waits until every daemon is up and every placement group is clean, with a progress
+/// bar of the objects left to recover while there are some (on a terminal).
 pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<Status> {
     let deadline = Instant::now() + timeout;
+    let mut recovery = RecoveryBar::default();
     loop {
         let status = admin(client, Admin::status()).await?;
         let all_up = status.osds.iter().all(|o| o.up || !o.in_cluster);
         let pgs = &status.pgs;
         // Inconsistent groups serve; they do not get better by waiting.
         if all_up && unsettled_pgs(pgs) == 0 {
+            recovery.finish();
             return Ok(status);
         }
+        recovery.show(status.recovery.objects_left);
         if Instant::now() > deadline {
             bail!(
                 "cluster not clean after {} s: pgs {}; daemons up: {}",
@@ -613,6 +633,43 @@ pub async fn wait_clean(client: &Client, timeout: Duration) -> anyhow::Result<St
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Objects left to recover as a bar: its length is the most seen so far.
+#[derive(Default)]
+struct RecoveryBar {
+    bar: Option<indicatif::ProgressBar>,
+    most: u64,
+}
+
+impl RecoveryBar {
+    fn show(&mut self, left: u64) {
+        if left == 0 && self.bar.is_none() {
+            return;
+        }
+        self.most = self.most.max(left);
+        let b = self.bar.get_or_insert_with(|| {
+            let b = indicatif::ProgressBar::with_draw_target(
+                Some(left),
+                indicatif::ProgressDrawTarget::stderr(),
+            );
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "recovering: [{bar:24}] {pos}/{len} object copies, {per_sec}, {eta} left",
+            ) {
+                b.set_style(style.progress_chars("=> "));
+            }
+            b
+        });
+        b.set_length(self.most);
+        b.set_position(self.most - left);
+    }
+
+    fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.set_position(self.most);
+            b.finish();
+        }
     }
 }
 

@@ -45,6 +45,23 @@ impl SnapVerb {
 }
 
 /// One administrative command.
+/// Images one process reports with its registration: the dashboard lists them, and a
+/// process serving more reports the first ones (NBD exports are usually a few).
+pub const IMAGE_REPORTS_MAX: usize = 256;
+/// Their JSON: about 250 bytes each.
+pub const IMAGE_REPORTS_BYTES_MAX: usize = 96 * 1024;
+const _: () = assert!(IMAGE_REPORTS_MAX * 300 <= IMAGE_REPORTS_BYTES_MAX);
+
+/// A monitor's clock against the leader's, measured like NTP: it sends its registration,
+/// the leader answers with its clock, and the midpoint of the round trip is compared with
+/// it. The true offset is within `skew_ms ± rtt_ms / 2`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockSample {
+    /// Positive: this monitor's clock is ahead of the leader's.
+    pub skew_ms: i64,
+    pub rtt_ms: u64,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum AdminCommand {
     /// The `spindle status` document.
@@ -150,12 +167,17 @@ pub enum AdminCommand {
     MonMetrics {
         id: u64,
         addr: String,
+        /// Its clock against the leader's, from its previous registration (the leader
+        /// answers with its clock): the `MON_CLOCK_SKEW` health check.
+        clock: Option<ClockSample>,
     },
     /// Another process (a `spindle nbd`) tells the leader where it serves Prometheus
     /// metrics, under a name of its own (`nbd.HOST.PID`); kept like [`Self::MonMetrics`].
     MetricsRegister {
         name: String,
         addr: String,
+        /// The images it serves, with their counters (the dashboard's images).
+        images: Vec<crate::reply::ImageReport>,
     },
     /// Add monitor `id` listening on `addr` (already running, started with `--id`): it
     /// catches up as a learner, then becomes a voter.
@@ -374,7 +396,7 @@ impl AdminCommand {
                 }
             }
             ["mon", "ls"] => AdminCommand::MonLs,
-            ["metrics", "register", name, addr] => {
+            ["metrics", "register", name, addr, images @ ..] if images.len() <= 1 => {
                 if name.is_empty()
                     || name.len() > 128
                     || !name
@@ -388,17 +410,50 @@ impl AdminCommand {
                 if addr.parse::<std::net::SocketAddr>().is_err() {
                     return Err(format!("a metrics address is ip:port, got '{addr}'"));
                 }
+                let images: Vec<crate::reply::ImageReport> = match images {
+                    [json] => {
+                        if json.len() > IMAGE_REPORTS_BYTES_MAX {
+                            return Err(format!(
+                                "image reports of {} bytes (at most {IMAGE_REPORTS_BYTES_MAX})",
+                                json.len()
+                            ));
+                        }
+                        serde_json::from_str(json)
+                            .map_err(|e| format!("image reports are not valid: {e}"))?
+                    }
+                    _ => Vec::new(),
+                };
+                if images.len() > IMAGE_REPORTS_MAX {
+                    return Err(format!(
+                        "{} image reports (at most {IMAGE_REPORTS_MAX} per process)",
+                        images.len()
+                    ));
+                }
                 AdminCommand::MetricsRegister {
                     name: name.to_string(),
                     addr: addr.to_string(),
+                    images,
                 }
             }
-            ["mon", "metrics", id, addr] => AdminCommand::MonMetrics {
-                id: id
-                    .parse::<u64>()
-                    .map_err(|_| format!("monitor id must be a number, got '{id}'"))?,
-                addr: addr.to_string(),
-            },
+            ["mon", "metrics", id, addr, clock @ ..] if clock.is_empty() || clock.len() == 2 => {
+                AdminCommand::MonMetrics {
+                    id: id
+                        .parse::<u64>()
+                        .map_err(|_| format!("monitor id must be a number, got '{id}'"))?,
+                    addr: addr.to_string(),
+                    clock: match clock {
+                        [skew, rtt] => Some(ClockSample {
+                            skew_ms: skew
+                                .parse()
+                                .map_err(|_| format!("clock skew must be a number, got '{skew}'"))?,
+                            rtt_ms: rtt
+                                .parse()
+                                .map_err(|_| format!("round trip must be a number, got '{rtt}'"))?,
+                        }),
+                        _ => None,
+                    },
+                }
+            }
             ["mon", "add", id, addr] => {
                 if addr.is_empty() || addr.len() > 256 || addr.contains(',') {
                     return Err(format!("bad monitor address '{addr}'"));
@@ -577,16 +632,24 @@ impl AdminCommand {
                 child.clone(),
             ],
             AdminCommand::MonLs => vec!["mon".into(), "ls".into()],
-            AdminCommand::MonMetrics { id, addr } => {
-                vec!["mon".into(), "metrics".into(), id.to_string(), addr.clone()]
+            AdminCommand::MonMetrics { id, addr, clock } => {
+                let mut args = vec!["mon".into(), "metrics".into(), id.to_string(), addr.clone()];
+                if let Some(c) = clock {
+                    args.extend([c.skew_ms.to_string(), c.rtt_ms.to_string()]);
+                }
+                args
             }
-            AdminCommand::MetricsRegister { name, addr } => {
-                vec![
+            AdminCommand::MetricsRegister { name, addr, images } => {
+                let mut args = vec![
                     "metrics".into(),
                     "register".into(),
                     name.clone(),
                     addr.clone(),
-                ]
+                ];
+                if !images.is_empty() {
+                    args.push(serde_json::to_string(images).unwrap_or_default());
+                }
+                args
             }
             AdminCommand::MonAdd { id, addr } => {
                 vec!["mon".into(), "add".into(), id.to_string(), addr.clone()]
@@ -729,10 +792,37 @@ mod tests {
             AdminCommand::MonMetrics {
                 id: 2,
                 addr: "10.0.0.2:9283".into(),
+                clock: None,
+            },
+            AdminCommand::MonMetrics {
+                id: 2,
+                addr: "10.0.0.2:9283".into(),
+                clock: Some(ClockSample {
+                    skew_ms: -1250,
+                    rtt_ms: 3,
+                }),
             },
             AdminCommand::MetricsRegister {
                 name: "nbd.h1.4242".into(),
                 addr: "127.0.0.1:9300".into(),
+                images: Vec::new(),
+            },
+            AdminCommand::MetricsRegister {
+                name: "nbd.h1.4242".into(),
+                addr: "127.0.0.1:9300".into(),
+                images: vec![crate::reply::ImageReport {
+                    pool: "rbd".into(),
+                    image: "vm1".into(),
+                    size_bytes: 1 << 30,
+                    used_bytes: Some(4 << 20),
+                    read_ops: 3,
+                    write_ops: 4,
+                    read_bytes: 12288,
+                    write_bytes: 16384,
+                    read_latency_us: 900,
+                    write_latency_us: 1800,
+                    served_by: String::new(),
+                }],
             },
             AdminCommand::MonAdd {
                 id: 3,

@@ -20,7 +20,7 @@
 //!   knows) is marked in again when it boots, as Ceph's `mon_osd_auto_mark_auto_out_in`;
 //!   one an administrator marked out (`osd out`) stays out until `osd in`.
 
-use crate::command::{AdminCommand, OsdVerb};
+use crate::command::{AdminCommand, ClockSample, OsdVerb};
 use crate::reply::{AdminReply, CrushSet, OsdAdded, OsdMarked, PoolCreated, PoolRemoved, RatioSet};
 use spindle_map::{ClusterMap, OsdInfo, Placement, PoolKind};
 use spindle_proto::msg::PgReport;
@@ -52,6 +52,12 @@ pub const MON_METRICS_FORGET_MS: u64 = 30_000;
 pub const EVENTS_KEPT: usize = 50;
 /// Metrics endpoints of other processes the leader lists at most.
 pub const SERVICES_KEPT: usize = 1024;
+/// Image reports the leader keeps from all processes together (about 250 bytes each).
+pub const IMAGES_KEPT: usize = 4096;
+/// A monitor whose clock is further than this from the leader's is reported
+/// (`MON_CLOCK_SKEW`): Ceph's `mon_clock_drift_allowed`, 0.05 s. Leases, tickets and
+/// events are timed by the clocks of several monitors.
+pub const MON_CLOCK_DRIFT_ALLOWED_MS: u64 = 50;
 const _: () = assert!(crate::MON_METRICS_REGISTER_MS * 3 <= MON_METRICS_FORGET_MS);
 
 /// The monitor's state and decisions (see the module documentation).
@@ -67,10 +73,12 @@ pub struct MonCore {
     /// Where each daemon serves its metrics (from its latest heartbeat).
     pub(crate) metrics_addrs: BTreeMap<u32, String>,
     /// Where each monitor serves its metrics, and when it last said so.
-    pub(crate) mon_metrics: BTreeMap<u64, (String, u64)>,
+    /// With its clock against this leader's (`MON_CLOCK_SKEW`).
+    pub(crate) mon_metrics: BTreeMap<u64, (String, u64, Option<ClockSample>)>,
     /// Where other processes (`spindle nbd`) serve their metrics, by name, and when they
     /// last said so (at most [`SERVICES_KEPT`]).
-    pub(crate) service_metrics: BTreeMap<String, (String, u64)>,
+    /// With the images each serves.
+    pub(crate) service_metrics: BTreeMap<String, (String, u64, Vec<crate::reply::ImageReport>)>,
     /// The last map changes this leader committed, oldest first (at most
     /// [`EVENTS_KEPT`]; a new leader starts empty).
     pub(crate) events: std::collections::VecDeque<crate::reply::MapEvent>,
@@ -253,11 +261,26 @@ impl MonCore {
 
     /// Remembers where process `name` serves its metrics, as [`Self::set_mon_metrics`];
     /// a new name past [`SERVICES_KEPT`] is not kept (the table stays bounded).
-    pub fn set_service_metrics(&mut self, now_ms: u64, name: String, addr: String) {
+    pub fn set_service_metrics(
+        &mut self,
+        now_ms: u64,
+        name: String,
+        addr: String,
+        images: Vec<crate::reply::ImageReport>,
+    ) {
         self.service_metrics
-            .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= MON_METRICS_FORGET_MS);
+            .retain(|_, (_, at, _)| now_ms.saturating_sub(*at) <= MON_METRICS_FORGET_MS);
         if self.service_metrics.len() < SERVICES_KEPT || self.service_metrics.contains_key(&name) {
-            self.service_metrics.insert(name, (addr, now_ms));
+            // Images past IMAGES_KEPT in all are not kept (the table stays bounded).
+            let others: usize = self
+                .service_metrics
+                .iter()
+                .filter(|(n, _)| **n != name)
+                .map(|(_, (_, _, i))| i.len())
+                .sum();
+            let mut images = images;
+            images.truncate(IMAGES_KEPT.saturating_sub(others));
+            self.service_metrics.insert(name, (addr, now_ms, images));
         }
     }
 
@@ -275,10 +298,18 @@ impl MonCore {
 
     /// Remembers where monitor `id` serves its metrics; forgets monitors that have not
     /// said so for [`MON_METRICS_FORGET_MS`] (removed or stopped).
-    pub fn set_mon_metrics(&mut self, now_ms: u64, id: u64, addr: String) {
-        self.mon_metrics.insert(id, (addr, now_ms));
+    pub fn set_mon_metrics(
+        &mut self,
+        now_ms: u64,
+        id: u64,
+        addr: String,
+        clock: Option<ClockSample>,
+    ) {
+        // A registration without a clock sample (its first) keeps the last one.
+        let clock = clock.or_else(|| self.mon_metrics.get(&id).and_then(|m| m.2));
+        self.mon_metrics.insert(id, (addr, now_ms, clock));
         self.mon_metrics
-            .retain(|_, (_, at)| now_ms.saturating_sub(*at) <= MON_METRICS_FORGET_MS);
+            .retain(|_, (_, at, _)| now_ms.saturating_sub(*at) <= MON_METRICS_FORGET_MS);
     }
 
     /// Remembers where daemon `osd_id` serves its metrics (empty: nowhere).

@@ -28,13 +28,14 @@ mod store;
 
 pub use auth::{AuthChange, AuthDb, AuthEntity};
 pub use command::{AdminCommand, OsdVerb};
+pub use command::{ClockSample, IMAGE_REPORTS_MAX};
 pub use core::{propose, MapChange, MonCore, MonTiming};
 pub use node::{Committed, Handled, MonNode};
 pub use reply::{
     Admin, AdminReply, AuthEntry, ClusterRecovery, CrushSet, ErasureStatus, HealthCheck,
-    HealthReport, ImageLocked, InconsistentPg, LockReleased, LockRenewed, MonList, MonMember,
-    OsdAdded, OsdMarked, OsdStatus, PoolCreated, PoolRecovery, PoolRemoved, PoolStatus, RatioSet,
-    Status,
+    HealthReport, ImageLocked, ImageReport, InconsistentPg, LockReleased, LockRenewed, MonClock,
+    MonList, MonMember, OsdAdded, OsdMarked, OsdStatus, PoolCreated, PoolRecovery, PoolRemoved,
+    PoolStatus, RatioSet, Status,
 };
 pub use spindle_proto::mons::MONITORS_MAX;
 pub use status::{status, Health, Severity};
@@ -633,22 +634,43 @@ impl Monitor {
     }
 
     /// Tells the leader (itself, or through [`Monitor::forward`]) where this monitor
-    /// serves its metrics.
-    async fn register_metrics(&self, addr: &str) {
+    /// serves its metrics, with the clock sample of the previous registration; returns
+    /// this one's (the leader answers with its clock: see [`ClockSample`]).
+    async fn register_metrics(
+        &self,
+        addr: &str,
+        clock: Option<ClockSample>,
+    ) -> Option<ClockSample> {
         let msg = Msg::Command {
             args: AdminCommand::MonMetrics {
                 id: self.id,
                 addr: addr.to_string(),
+                clock,
             }
             .to_args(),
         };
+        let sent_ms = unix_ms();
         let answer = if self.is_leader() {
             self.on_node(msg).await
         } else {
             Some(self.forward(self.epoch(), msg).await)
         };
-        if let Some(Msg::CommandReply { ok: false, output }) = answer {
-            tracing::debug!("mon.{}: registering metrics: {output}", self.id);
+        let back_ms = unix_ms();
+        match answer {
+            Some(Msg::CommandReply { ok: true, output }) => {
+                let leader_ms: i64 = output.trim().parse().ok()?;
+                let rtt_ms = back_ms.checked_sub(sent_ms)?;
+                let midpoint_ms = sent_ms + rtt_ms / 2;
+                Some(ClockSample {
+                    skew_ms: midpoint_ms as i64 - leader_ms,
+                    rtt_ms,
+                })
+            }
+            Some(Msg::CommandReply { ok: false, output }) => {
+                tracing::debug!("mon.{}: registering metrics: {output}", self.id);
+                None
+            }
+            _ => None,
         }
     }
 
@@ -1396,26 +1418,43 @@ impl BoundMonitor {
             MonService(mon.clone(), verifier),
         );
         // The leader refreshes the status its metrics show; every monitor tells the
-        // leader where it serves them (`status` lists it).
-        let refresher = self.metrics.as_ref().map(|e| {
-            let (mon, cache, addr) = (mon.clone(), self.status_cache.clone(), e.addr.to_string());
+        // leader where it serves them (`status` lists it; `-` without metrics) and how its
+        // clock compares (`MON_CLOCK_SKEW`, with or without metrics).
+        let refresher = {
+            let addr = self
+                .metrics
+                .as_ref()
+                .map_or_else(|| NO_METRICS_ADDR.to_string(), |e| e.addr.to_string());
+            let with_metrics = self.metrics.is_some();
+            let (mon, cache) = (mon.clone(), self.status_cache.clone());
             tokio::spawn(async move {
+                let mut clock = None;
                 loop {
-                    let status = mon.leader_status().await;
-                    *cache.lock().unwrap_or_else(|p| p.into_inner()) = status;
-                    mon.register_metrics(&addr).await;
+                    if with_metrics {
+                        let status = mon.leader_status().await;
+                        *cache.lock().unwrap_or_else(|p| p.into_inner()) = status;
+                    }
+                    clock = mon.register_metrics(&addr, clock).await;
                     tokio::time::sleep(Duration::from_millis(MON_METRICS_REGISTER_MS)).await;
                 }
             })
-        });
+        };
         tokio::select! {
             _ = accept => {}
             _ = shutdown => {}
         }
-        if let Some(r) = refresher {
-            r.abort();
-        }
+        refresher.abort();
         let _ = mon.raft.shutdown().await;
         Ok(())
     }
+}
+
+/// The address a monitor without metrics registers (for its clock sample only).
+pub const NO_METRICS_ADDR: &str = "-";
+
+/// Wall-clock time in milliseconds since the Unix epoch (0 before it).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -83,6 +83,16 @@ pub fn cluster_samples(s: &Status) -> Vec<Sample> {
             .label("severity", c.severity.clone()),
         );
     }
+    for (id, c) in &s.mon_clock {
+        out.push(
+            Sample::gauge(
+                "spindle_mon_clock_skew_seconds",
+                "Each monitor's clock against the leader's (positive: ahead), last measured",
+                c.skew_ms as f64 / 1000.0,
+            )
+            .label("mon", id.to_string()),
+        );
+    }
     for (state, n) in &s.pgs {
         out.push(
             Sample::gauge(

@@ -172,12 +172,19 @@ impl MonNode {
                     output: "null".into(),
                 };
                 out.reply = Some(match AdminCommand::parse(&args) {
-                    Ok(AdminCommand::MonMetrics { id, addr }) => {
-                        self.core.set_mon_metrics(now_ms, id, addr);
-                        done
+                    Ok(AdminCommand::MonMetrics { id, addr, clock }) => {
+                        self.core.set_mon_metrics(now_ms, id, addr, clock);
+                        // The leader's clock, for the monitor's next clock sample.
+                        let unix_ms = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64);
+                        Msg::CommandReply {
+                            ok: true,
+                            output: unix_ms.to_string(),
+                        }
                     }
-                    Ok(AdminCommand::MetricsRegister { name, addr }) => {
-                        self.core.set_service_metrics(now_ms, name, addr);
+                    Ok(AdminCommand::MetricsRegister { name, addr, images }) => {
+                        self.core.set_service_metrics(now_ms, name, addr, images);
                         done
                     }
                     Ok(_) => Msg::CommandReply {

@@ -95,8 +95,15 @@ pub struct Status {
     pub events: Vec<MapEvent>,
     pub full_ratio: f64,
     pub health: HealthReport,
+    /// The images NBD servers serve, with their counters, by pool and name.
+    #[serde(default)]
+    pub images: Vec<ImageReport>,
     /// Groups scrub found objects with no intact copy in.
     pub inconsistent_pgs: Vec<InconsistentPg>,
+    /// Each monitor's clock against the leader's, in milliseconds (positive: ahead), as
+    /// measured at its last registration, with the round trip it was measured over.
+    #[serde(default)]
+    pub mon_clock: BTreeMap<u64, MonClock>,
     /// Where each monitor serves Prometheus metrics (`ip:port`, path `/metrics`), by id:
     /// those that registered with the leader in the last 30 s.
     #[serde(default)]
@@ -128,6 +135,34 @@ pub struct MapEvent {
 pub struct HealthReport {
     pub checks: Vec<HealthCheck>,
     pub status: String,
+}
+
+/// An image a process (`spindle nbd`) serves, as it reports it with its metrics
+/// registration: counters only grow while it serves the image (a reader derives rates).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageReport {
+    pub pool: String,
+    pub image: String,
+    pub size_bytes: u64,
+    /// Bytes of the image's data objects (one copy), from the server's last listing of
+    /// the pool (every 30 s); None before the first.
+    pub used_bytes: Option<u64>,
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Summed latencies of the operations counted, in microseconds.
+    pub read_latency_us: u64,
+    pub write_latency_us: u64,
+    /// The process's registered name (filled in by the leader).
+    #[serde(default)]
+    pub served_by: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MonClock {
+    pub skew_ms: i64,
+    pub rtt_ms: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,9 +1,9 @@
 //! The `spindle status` document and the health checks, computed from the monitor's core.
 
-use crate::core::{counter, MonCore};
+use crate::core::{counter, MonCore, MON_CLOCK_DRIFT_ALLOWED_MS};
 use crate::reply::{
-    ClusterRecovery, ErasureStatus, HealthCheck, HealthReport, InconsistentPg, OsdStatus, PgStatus,
-    PoolRecovery, PoolStatus, Status,
+    ClusterRecovery, ErasureStatus, HealthCheck, HealthReport, ImageReport, InconsistentPg,
+    MonClock, OsdStatus, PgStatus, PoolRecovery, PoolStatus, Status,
 };
 use spindle_map::{OsdInfo, PgId, PoolKind};
 use spindle_proto::msg::{PgReport, PgStateCode};
@@ -198,6 +198,8 @@ pub fn status(st: &MonCore) -> Status {
         );
     }
     space_health(st, &mut health);
+    slow_ops_health(st, &mut health);
+    clock_health(st, &mut health);
     if !damaged.is_empty() {
         health.add("PG_DAMAGED", Severity::Err, damage_message(&damaged));
     }
@@ -223,12 +225,44 @@ pub fn status(st: &MonCore) -> Status {
         service_metrics_addrs: st
             .service_metrics
             .iter()
-            .map(|(name, (addr, _))| (name.clone(), addr.clone()))
+            .map(|(name, (addr, _, _))| (name.clone(), addr.clone()))
             .collect(),
+        images: {
+            let mut images: Vec<ImageReport> = st
+                .service_metrics
+                .iter()
+                .flat_map(|(name, (_, _, images))| {
+                    images.iter().map(move |i| ImageReport {
+                        served_by: name.clone(),
+                        ..i.clone()
+                    })
+                })
+                .collect();
+            images.sort_by(|a, b| {
+                (&a.pool, &a.image, &a.served_by).cmp(&(&b.pool, &b.image, &b.served_by))
+            });
+            images
+        },
         mon_metrics_addrs: st
             .mon_metrics
             .iter()
-            .map(|(id, (addr, _))| (*id, addr.clone()))
+            .filter(|(_, (addr, _, _))| addr != crate::NO_METRICS_ADDR)
+            .map(|(id, (addr, _, _))| (*id, addr.clone()))
+            .collect(),
+        mon_clock: st
+            .mon_metrics
+            .iter()
+            .filter_map(|(id, (_, _, c))| {
+                c.map(|c| {
+                    (
+                        *id,
+                        MonClock {
+                            skew_ms: c.skew_ms,
+                            rtt_ms: c.rtt_ms,
+                        },
+                    )
+                })
+            })
             .collect(),
         recovery: ClusterRecovery {
             objects_left: missing_objects_total,
@@ -362,6 +396,76 @@ fn space_health(st: &MonCore, health: &mut Health) {
     }
 }
 
+/// MON_CLOCK_SKEW: monitors whose clock is surely (beyond the measurement's round trip)
+/// further than [`MON_CLOCK_DRIFT_ALLOWED_MS`] from the leader's.
+fn clock_health(st: &MonCore, health: &mut Health) {
+    let skewed: Vec<String> = st
+        .mon_metrics
+        .iter()
+        .filter_map(|(id, (_, _, c))| {
+            let c = c.as_ref()?;
+            clock_skewed(c.skew_ms, c.rtt_ms).then(|| format!("mon.{id} ({:+} ms)", c.skew_ms))
+        })
+        .collect();
+    if !skewed.is_empty() {
+        health.add(
+            "MON_CLOCK_SKEW",
+            Severity::Warn,
+            format!(
+                "clock skew detected on {} (against the leader's; allowed {} ms)",
+                skewed.join(", "),
+                MON_CLOCK_DRIFT_ALLOWED_MS
+            ),
+        );
+    }
+}
+
+/// True if an offset measured as `skew_ms` over a round trip of `rtt_ms` is surely beyond
+/// the allowed drift: the true offset lies within `skew_ms ± rtt_ms / 2`.
+fn clock_skewed(skew_ms: i64, rtt_ms: u64) -> bool {
+    skew_ms.unsigned_abs().saturating_sub(rtt_ms.div_ceil(2)) > MON_CLOCK_DRIFT_ALLOWED_MS
+}
+
+/// SLOW_OPS: client operations a daemon has left unanswered for longer than its
+/// complaint time (`--slow-op-ms`), as reported with its last heartbeat.
+fn slow_ops_health(st: &MonCore, health: &mut Health) {
+    let mut total = 0u64;
+    let mut oldest_ms = 0u64;
+    let mut daemons = Vec::new();
+    for o in st.map.osds.values().filter(|o| o.up) {
+        let Some(c) = st.counters.get(&o.id) else {
+            continue;
+        };
+        let n = counter(c, "slow_ops").unwrap_or(0);
+        if n > 0 {
+            total += n;
+            oldest_ms = oldest_ms.max(counter(c, "slow_op_oldest_ms").unwrap_or(0));
+            daemons.push(format!("osd.{}", o.id));
+        }
+    }
+    if total > 0 {
+        health.add(
+            "SLOW_OPS",
+            Severity::Warn,
+            slow_ops_message(total, oldest_ms, &daemons),
+        );
+    }
+}
+
+/// Ceph's wording: "3 slow ops, oldest one blocked for 31 sec, daemons [osd.1] have slow
+/// ops." (tenths of a second below 10 s: complaint times may be short).
+fn slow_ops_message(total: u64, oldest_ms: u64, daemons: &[String]) -> String {
+    let oldest = if oldest_ms < 10_000 {
+        format!("{:.1}", oldest_ms as f64 / 1000.0)
+    } else {
+        (oldest_ms / 1000).to_string()
+    };
+    format!(
+        "{total} slow ops, oldest one blocked for {oldest} sec, daemons [{}] have slow ops.",
+        daemons.join(",")
+    )
+}
+
 /// The cluster's health: named checks, each with a severity and a one-line message, as
 /// Ceph reports them (`HEALTH_OK` when there are none). Shown by `spindle status`.
 #[derive(Clone, Debug, Default)]
@@ -408,6 +512,29 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clock_is_skewed_only_beyond_the_round_trips_uncertainty() {
+        assert!(!clock_skewed(0, 0));
+        assert!(!clock_skewed(50, 0));
+        assert!(clock_skewed(51, 0));
+        assert!(clock_skewed(-52, 1));
+        assert!(!clock_skewed(-51, 1));
+        assert!(!clock_skewed(-80, 60));
+        assert!(clock_skewed(2000, 3));
+    }
+
+    #[test]
+    fn the_slow_ops_check_speaks_like_ceph() {
+        assert_eq!(
+            slow_ops_message(3, 31_900, &["osd.1".into(), "osd.4".into()]),
+            "3 slow ops, oldest one blocked for 31 sec, daemons [osd.1,osd.4] have slow ops."
+        );
+        assert_eq!(
+            slow_ops_message(1, 450, &["osd.0".into()]),
+            "1 slow ops, oldest one blocked for 0.5 sec, daemons [osd.0] have slow ops."
+        );
+    }
 
     #[test]
     fn the_damage_check_names_groups_and_counts_objects() {

@@ -36,6 +36,8 @@ mod peering;
 mod recovery;
 mod replication;
 mod scrub;
+mod slow;
+pub use slow::SLOW_OP_MS_DEFAULT;
 
 /// The pure peering decisions moved to `spindle-pg`; re-exported for compatibility.
 pub use spindle_pg::{plan, LogInfo, SyncPlan};
@@ -101,6 +103,8 @@ pub struct OsdConfig {
     /// Encrypt the payloads of every authenticated session this daemon serves
     /// (ChaCha20-Poly1305; `spindle_proto::auth`). Without authentication it has no effect.
     pub encrypt: bool,
+    /// A client operation unanswered this long is slow (`SLOW_OPS` health check).
+    pub slow_op_ms: u64,
 }
 
 impl OsdConfig {
@@ -119,6 +123,7 @@ impl OsdConfig {
             net: Net::Tcp,
             metrics_listen: None,
             encrypt: false,
+            slow_op_ms: SLOW_OP_MS_DEFAULT,
         }
     }
 }
@@ -254,6 +259,8 @@ struct Inner {
     counters: OsdCounters,
     /// Client operations by type, observed as each is answered (`metrics.rs`).
     op_metrics: metrics::OpMetrics,
+    /// Client operations in flight, for slow-request reports (`slow.rs`).
+    in_flight: slow::InFlight,
     /// Where this daemon serves `/metrics` (reported with each heartbeat), once bound.
     metrics_addr: std::sync::OnceLock<String>,
     /// This daemon's file system is above the map's full ratio (updated with every
@@ -479,6 +486,7 @@ impl Osd {
                 removing: Mutex::new(HashSet::new()),
                 counters: OsdCounters::default(),
                 op_metrics,
+                in_flight: slow::InFlight::new(config.slow_op_ms.max(1)),
                 metrics_addr: Default::default(),
                 over_full_ratio: Default::default(),
                 inflight: Mutex::new(TxnGate::new()),
@@ -996,6 +1004,12 @@ impl Osd {
             ("store_full".to_string(), space.full as u64),
             ("store_failed".to_string(), space.failed.is_some() as u64),
         ]);
+        let slow = self.inner.in_flight.report(Instant::now());
+        counters.extend([
+            ("slow_ops".to_string(), slow.slow_now),
+            ("slow_op_oldest_ms".to_string(), slow.oldest_ms),
+            ("slow_ops_finished".to_string(), slow.slow_finished),
+        ]);
         counters
     }
 
@@ -1427,19 +1441,25 @@ impl Osd {
                 client,
                 snap_guard,
             } => {
-                // Counted and timed when answered, whichever path answers (only with
-                // metrics on: off, the data path pays nothing for them).
-                let reply = if self.inner.config.metrics_listen.is_some() {
+                // Tracked until answered, whichever path answers (slow requests), and
+                // counted and timed then (only with metrics on).
+                let reply = {
                     let kind = metrics::OpKind::of(&op);
                     let started = Instant::now();
+                    let ticket = self.inner.in_flight.begin(started);
                     let inner = self.inner.clone();
                     reply.on_done(move |outcome| {
-                        inner
-                            .op_metrics
-                            .done(kind, in_bytes, started.elapsed(), outcome)
+                        let now = Instant::now();
+                        inner.in_flight.end(ticket, now);
+                        if inner.config.metrics_listen.is_some() {
+                            inner.op_metrics.done(
+                                kind,
+                                in_bytes,
+                                now.saturating_duration_since(started),
+                                outcome,
+                            )
+                        }
                     })
-                } else {
-                    reply
                 };
                 // A write to an image's data object must come from a writer that preserved
                 // the object for the image's snapshot guard (client-side copy-on-write,

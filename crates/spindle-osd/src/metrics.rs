@@ -156,7 +156,7 @@ impl OpMetrics {
 }
 
 /// Counters the heartbeat reports that only grow (the rest are gauges).
-const GAUGES: [(&str, &str); 7] = [
+const GAUGES: [(&str, &str); 9] = [
     ("objects", "Objects in this daemon's store"),
     ("data_bytes", "Object data bytes in this daemon's store"),
     (
@@ -172,6 +172,14 @@ const GAUGES: [(&str, &str); 7] = [
     (
         "store_failed",
         "1 once the store refused I/O after a disk error",
+    ),
+    (
+        "slow_ops",
+        "Client operations in flight for longer than the complaint time (--slow-op-ms)",
+    ),
+    (
+        "slow_op_oldest_ms",
+        "Age of the oldest slow operation in flight (0: none)",
     ),
 ];
 
@@ -199,6 +207,7 @@ fn counter_help(name: &str) -> &'static str {
         "flushes" => "Store journal flushes",
         "checkpoints" => "Store checkpoints",
         "files_reused" => "Freed object files the store reused",
+        "slow_ops_finished" => "Client operations answered after the complaint time",
         _ => "A storage daemon counter",
     }
 }
@@ -214,11 +223,15 @@ pub(crate) fn snapshot_samples(
     let mut out = Vec::with_capacity(counters.len() + pg_states.len() + 2);
     for (name, value) in counters {
         match GAUGES.iter().find(|(g, _)| g == name) {
-            Some((_, help)) => out.push(Sample::gauge(
-                format!("spindle_osd_{name}"),
-                *help,
-                *value as f64,
-            )),
+            // Base units: a gauge in milliseconds is exported in seconds.
+            Some((_, help)) => out.push(match name.strip_suffix("_ms") {
+                Some(stem) => Sample::gauge(
+                    format!("spindle_osd_{stem}_seconds"),
+                    *help,
+                    *value as f64 / 1000.0,
+                ),
+                None => Sample::gauge(format!("spindle_osd_{name}"), *help, *value as f64),
+            }),
             None => out.push(Sample::counter(
                 format!("spindle_osd_{name}"),
                 counter_help(name),

@@ -864,6 +864,18 @@ pub fn mon(command: MonCommand, target: Target) -> anyhow::Result<()> {
     }
 }
 
+/// Objects from this size on show a spinner while written (on a terminal).
+const LARGE_OBJECT_BYTES: usize = 4 << 20;
+
+/// `, 12.3 MB/s` for large transfers, else nothing.
+fn rate_note(len: usize, started: Instant) -> String {
+    let secs = started.elapsed().as_secs_f64();
+    if len < LARGE_OBJECT_BYTES || secs <= 0.0 {
+        return String::new();
+    }
+    format!(" in {secs:.2} s, {:.1} MB/s", len as f64 / secs / 1e6)
+}
+
 pub fn put(args: ObjArgs, target: Target, name: String, file: PathBuf) -> anyhow::Result<()> {
     let data = if file.as_os_str() == "-" {
         let mut v = Vec::new();
@@ -875,8 +887,18 @@ pub fn put(args: ObjArgs, target: Target, name: String, file: PathBuf) -> anyhow
     runtime()?.block_on(async {
         let client = target.client().await?;
         let len = data.len();
-        let v = client.write_full(&args.pool, &name, data).await?;
-        println!("wrote {name} ({len} bytes, version {}.{})", v.epoch, v.seq);
+        let started = Instant::now();
+        let v = {
+            let _spin = (len >= LARGE_OBJECT_BYTES)
+                .then(|| crate::progress::Spinner::new(format!("writing {name} ({len} bytes)")));
+            client.write_full(&args.pool, &name, data).await?
+        };
+        println!(
+            "wrote {name} ({len} bytes, version {}.{}){}",
+            v.epoch,
+            v.seq,
+            rate_note(len, started)
+        );
         anyhow::Ok(())
     })
 }
@@ -884,7 +906,10 @@ pub fn put(args: ObjArgs, target: Target, name: String, file: PathBuf) -> anyhow
 pub fn get(args: ObjArgs, target: Target, name: String, file: PathBuf) -> anyhow::Result<()> {
     runtime()?.block_on(async {
         let client = target.client().await?;
-        let data = client.read_full(&args.pool, &name).await?;
+        let data = {
+            let _spin = crate::progress::Spinner::new(format!("reading {name}"));
+            client.read_full(&args.pool, &name).await?
+        };
         if file.as_os_str() == "-" {
             std::io::Write::write_all(&mut std::io::stdout(), &data)?;
         } else {
@@ -966,7 +991,15 @@ pub fn scrub(args: ScrubArgs) -> anyhow::Result<()> {
         let mut damaged_total = 0;
         for pool in pools {
             let started = Instant::now();
-            let s = client.scrub(&pool).await?;
+            let s = client
+                .scrub_with_progress(
+                    &pool,
+                    crate::progress::bar(
+                        format!("scrubbing {pool}:"),
+                        crate::progress::Unit::Groups,
+                    ),
+                )
+                .await?;
             damaged_total += s.damaged.len();
             if !args.json {
                 println!(

@@ -64,6 +64,10 @@ pub struct OsdRunArgs {
     /// Scrub each placement group this often; 0 = only on demand (`spindle scrub`).
     #[arg(long, default_value_t = 24 * 3600 * 1000)]
     pub scrub_interval_ms: u64,
+    /// A client operation unanswered this long is slow: counted, and reported to the
+    /// monitors (the `SLOW_OPS` health check). Ceph's `osd_op_complaint_time`.
+    #[arg(long, default_value_t = spindle_osd::SLOW_OP_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1..))]
+    pub slow_op_ms: u64,
     /// Encrypt every authenticated session's payloads (ChaCha20-Poly1305), not only MAC
     /// them. Clients and other daemons follow the server's choice by themselves.
     #[arg(long)]
@@ -163,6 +167,7 @@ pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
         config.recovery_ops_max = args.recovery_ops_max;
         config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
         config.scrub_interval_ms = args.scrub_interval_ms;
+        config.slow_op_ms = args.slow_op_ms;
         config.encrypt = args.encrypt;
         config.metrics_listen = metrics_listen(&args.metrics_listen);
         // The store's disk reads from this thread go on its own ring (no hand-off to the

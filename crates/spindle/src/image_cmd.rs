@@ -3,6 +3,7 @@
 //! through `--dir`/`--mon` like every cluster command.
 
 use crate::cluster_cmd::ObjArgs;
+use crate::progress::Unit;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use spindle_cluster::{format_size, parse_size_bytes, runtime, Target};
@@ -77,8 +78,9 @@ pub enum ImageCommand {
         /// A file, or `-` for standard input.
         file: String,
         name: String,
-        /// Size of the image (required with `-`; default: the file's size, rounded up to
-        /// 512 bytes).
+        /// Size of the image (required with `-`, which must then give that many bytes;
+        /// default: the file's size, rounded up to 512 bytes). Larger than the file: the
+        /// rest reads as zeros.
         #[arg(long, value_parser = parse_size_bytes)]
         size: Option<u64>,
         /// Object size (as for `create`).
@@ -389,34 +391,6 @@ fn pool_spec<'a>(spec: &'a str, pool: &'a str) -> (&'a str, &'a str) {
     }
 }
 
-/// A progress bar on stderr with rate and ETA (`done`/`total` objects), drawn only when
-/// stderr is a terminal and the job is large (indicatif hides it otherwise).
-fn progress(what: String) -> impl FnMut(u64, u64) + Send {
-    let mut bar: Option<indicatif::ProgressBar> = None;
-    move |done, total| {
-        if total <= 64 {
-            return;
-        }
-        let b = bar.get_or_insert_with(|| {
-            let b = indicatif::ProgressBar::with_draw_target(
-                Some(total),
-                indicatif::ProgressDrawTarget::stderr(),
-            );
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{msg}: [{bar:30}] {pos}/{len} objects ({per_sec}, {eta} left)",
-            ) {
-                b.set_style(style.progress_chars("=> "));
-            }
-            b.set_message(what.clone());
-            b
-        });
-        b.set_position(done);
-        if done >= total {
-            b.finish();
-        }
-    }
-}
-
 async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> anyhow::Result<()> {
     use spindle_image::snap;
     match command {
@@ -472,7 +446,7 @@ async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> 
                 &obj.pool,
                 image,
                 name,
-                progress(format!("rolling back to {spec}")),
+                crate::progress::bar(format!("rolling back to {spec}:"), Unit::Objects),
             );
             with_image_lock(
                 &client,
@@ -546,7 +520,10 @@ async fn trim_now(
         pool,
         image,
         &snaps,
-        progress(format!("freeing snapshot copies of {image}")),
+        crate::progress::bar(
+            format!("freeing snapshot copies of {image}:"),
+            Unit::Objects,
+        ),
     )
     .await
     .with_context(|| format!("freeing snapshot copies of {image}"))?;
@@ -726,7 +703,7 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                     &client,
                     &obj.pool,
                     &name,
-                    progress(format!("flattening {name}")),
+                    crate::progress::bar(format!("flattening {name}:"), Unit::Objects),
                 );
                 with_image_lock(&client, &obj.pool, &name, "spindle image flatten", work)
                     .await
@@ -769,7 +746,7 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                         &img,
                         &mut f,
                         true,
-                        progress(format!("exporting {spec}")),
+                        crate::progress::bar(format!("exporting {spec}:"), Unit::Bytes),
                     )
                     .await?;
                     f.set_len(stats.size_bytes)?;
@@ -793,17 +770,25 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 object_size,
                 obj,
             } => {
-                let (mut input, size): (Box<dyn std::io::Read>, u64) = if file == "-" {
-                    let Some(size) = size else {
-                        bail!("importing from standard input needs --size");
+                // `size`: the image's; `data_len`: the bytes read into its start.
+                let (mut input, size, data_len): (Box<dyn std::io::Read>, u64, u64) =
+                    if file == "-" {
+                        let Some(size) = size else {
+                            bail!("importing from standard input needs --size");
+                        };
+                        (Box::new(std::io::stdin().lock()), size, size)
+                    } else {
+                        let f = std::fs::File::open(&file)
+                            .with_context(|| format!("opening {file}"))?;
+                        let len = f.metadata()?.len();
+                        let size = size.unwrap_or(len);
+                        if size < len {
+                            bail!(
+                                "{file} has {len} bytes, more than --size {size}: a larger --size, or none"
+                            );
+                        }
+                        (Box::new(std::io::BufReader::new(f)), size, len)
                     };
-                    (Box::new(std::io::stdin().lock()), size)
-                } else {
-                    let f = std::fs::File::open(&file)
-                        .with_context(|| format!("opening {file}"))?;
-                    let len = f.metadata()?.len();
-                    (Box::new(std::io::BufReader::new(f)), size.unwrap_or(len))
-                };
                 let image_size = size.div_ceil(SECTOR_BYTES) * SECTOR_BYTES;
                 check_volume_size(image_size)?;
                 let object_size = object_size
@@ -816,8 +801,8 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 let r = spindle_image::transfer::import(
                     &img,
                     &mut input,
-                    size,
-                    progress(format!("importing {name}")),
+                    data_len,
+                    crate::progress::bar(format!("importing {name}:"), Unit::Bytes),
                 )
                 .await;
                 let stats = match r {
@@ -854,7 +839,7 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 let (_, extents) = spindle_image::diff::changed_extents(
                     &client,
                     &dspec,
-                    progress(format!("comparing {spec}")),
+                    crate::progress::bar(format!("comparing {spec}:"), Unit::Objects),
                 )
                 .await?;
                 if json {
@@ -902,7 +887,7 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                         &client,
                         &dspec,
                         &mut out,
-                        progress(format!("exporting the diff of {spec}")),
+                        crate::progress::bar(format!("exporting the diff of {spec}:"), Unit::Objects),
                     )
                     .await;
                     let stats = match r {
@@ -954,7 +939,7 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                     &obj.pool,
                     &name,
                     &mut reader,
-                    progress(format!("applying the diff to {name}")),
+                    crate::progress::bar(format!("applying the diff to {name}:"), Unit::Bytes),
                 );
                 let s = with_image_lock(&client, &obj.pool, &name, "spindle image import-diff", work)
                     .await
@@ -1059,23 +1044,15 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 };
                 // Removing an image someone serves would pull its data from under it:
                 // take the lock first (refused while a live holder has it).
-                let mut shown = false;
-                let work = Image::remove(client.clone(), &obj.pool, &name, |done, total| {
-                    // A counter line on stderr for images with more than a handful of
-                    // objects.
-                    if total > 64 {
-                        let mut err = std::io::stderr();
-                        let _ = write!(err, "\rremoving {name}: {done}/{total} objects");
-                        let _ = err.flush();
-                        shown = true;
-                    }
-                });
+                let work = Image::remove(
+                    client.clone(),
+                    &obj.pool,
+                    &name,
+                    crate::progress::bar(format!("removing {name}:"), Unit::Objects),
+                );
                 let removed = with_image_lock(&client, &obj.pool, &name, "spindle image rm", work)
                     .await
                     .with_context(|| format!("cannot remove image {name}"))?;
-                if shown {
-                    eprintln!();
-                }
                 removed.with_context(|| format!("removing image {name}"))?;
                 // Copies left by removed snapshots, then the image's snapshot entry.
                 if client.image_snaps(&obj.pool, &name).is_some() {

@@ -8,6 +8,7 @@ mod daemon;
 mod ec_cmd;
 mod image_cmd;
 mod nbd_cmd;
+mod progress;
 mod sim_cmd;
 mod trimmer;
 

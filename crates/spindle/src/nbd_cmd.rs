@@ -267,7 +267,9 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
             )
         }
     };
-    // Registered with the leader monitor every 2 s, so `spindle status --json` lists it.
+    // Registered with the leader monitor every 2 s, so `spindle status --json` lists it,
+    // with the images served (the dashboard's images: counters every 2 s, used space from
+    // a listing of the pool every 30 s).
     let _registration = metrics.as_ref().map(|m| {
         let host: String = spindle_cluster::config::this_host()
             .chars()
@@ -279,20 +281,25 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
                 }
             })
             .collect();
-        let args = vec![
-            "metrics".to_string(),
-            "register".to_string(),
-            format!("nbd.{host}.{}", std::process::id()),
-            m.addr.to_string(),
-        ];
-        let client = client.clone();
+        let name = format!("nbd.{host}.{}", std::process::id());
+        let addr = m.addr.to_string();
+        let (client, devices, pool) = (client.clone(), devices.clone(), args.pool.clone());
         spindle_proto::net::AbortOnDrop(tokio::spawn(async move {
             let mut tick =
                 tokio::time::interval(Duration::from_millis(spindle_mon::MON_METRICS_REGISTER_MS));
             let mut warned = false;
+            let mut used = UsedBytes::default();
             loop {
                 tick.tick().await;
-                if let Err(e) = client.command_as::<serde_json::Value>(args.clone()).await {
+                let opened = devices.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                used.refresh(&client, &pool, !opened.is_empty()).await;
+                let images = image_reports(&pool, &opened, &used.by_image);
+                let cmd = spindle_mon::AdminCommand::MetricsRegister {
+                    name: name.clone(),
+                    addr: addr.clone(),
+                    images,
+                };
+                if let Err(e) = client.command_as::<serde_json::Value>(cmd.to_args()).await {
                     if !warned {
                         eprintln!("spindle nbd: cannot register the metrics address: {e}");
                         warned = true;
@@ -420,6 +427,61 @@ async fn serve(args: NbdArgs) -> anyhow::Result<()> {
 
 /// The images a server opened (name, device).
 type OpenedDevices = Vec<(String, Arc<ImageDevice>)>;
+
+/// How often `spindle nbd` lists its pool for the used space of the images it serves.
+const USED_REFRESH: Duration = Duration::from_secs(30);
+
+/// The used bytes of every image of the pool, from the last listing.
+#[derive(Default)]
+struct UsedBytes {
+    by_image: std::collections::HashMap<String, u64>,
+    listed_at: Option<tokio::time::Instant>,
+}
+
+impl UsedBytes {
+    /// Lists the pool again if [`USED_REFRESH`] passed (and images are served).
+    async fn refresh(&mut self, client: &spindle_client::Client, pool: &str, serving: bool) {
+        if !serving || self.listed_at.is_some_and(|t| t.elapsed() < USED_REFRESH) {
+            return;
+        }
+        self.listed_at = Some(tokio::time::Instant::now());
+        match spindle_image::transfer::usage(client, pool, None).await {
+            Ok(list) => {
+                self.by_image = list.into_iter().map(|u| (u.name, u.used_bytes)).collect();
+            }
+            Err(e) => tracing::debug!("listing {pool} for used space: {e}"),
+        }
+    }
+}
+
+/// What the monitor's dashboard shows of each served image (at most
+/// [`spindle_mon::IMAGE_REPORTS_MAX`]).
+fn image_reports(
+    pool: &str,
+    devices: &[(String, Arc<ImageDevice>)],
+    used: &std::collections::HashMap<String, u64>,
+) -> Vec<spindle_mon::ImageReport> {
+    devices
+        .iter()
+        .take(spindle_mon::IMAGE_REPORTS_MAX)
+        .map(|(name, dev)| {
+            let t = dev.io_stats().totals();
+            spindle_mon::ImageReport {
+                pool: pool.to_string(),
+                image: name.clone(),
+                size_bytes: dev.layer().size_bytes(),
+                used_bytes: used.get(name).copied(),
+                read_ops: t.read_ops,
+                write_ops: t.write_ops,
+                read_bytes: t.read_bytes,
+                write_bytes: t.write_bytes,
+                read_latency_us: t.read_latency_ns / 1000,
+                write_latency_us: t.write_latency_ns / 1000,
+                served_by: String::new(),
+            }
+        })
+        .collect()
+}
 
 /// What a scrape of `spindle nbd` shows: the server's request counters, and per opened
 /// image its operations, bytes, latency histograms, cache and scheduler figures.

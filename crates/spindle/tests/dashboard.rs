@@ -1,11 +1,13 @@
 //! The monitor's web dashboard (issue #22) in a real headless browser: Debian's Chromium
 //! driven by Playwright (`tests/browser/dashboard.mjs`). The page loads with no console
-//! error and no failed request, shows the cluster's three daemons, and shows a stopped
-//! daemon as down within 10 s; a screenshot is saved.
+//! error and no failed request, shows the cluster's three daemons, an image served by a
+//! real `spindle nbd` under a real fio job with its size, used space (as `spindle image
+//! du` counts it) and live rate, and shows a stopped daemon as down within 10 s; a
+//! screenshot is saved.
 
 mod common;
 
-use common::{run_ok, spindle, Cluster};
+use common::{content, run_ok, spindle, Cluster, NbdProc};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -51,6 +53,42 @@ fn the_dashboard_shows_the_cluster_and_a_stopped_daemon_in_a_real_browser() {
             ])
             .arg(&c.dir),
     );
+    // An image with 6 MiB of data, served over NBD and read by fio meanwhile.
+    let data = c.dir.join("dash.img");
+    std::fs::write(&data, content("dash", 1, 6 << 20)).unwrap();
+    run_ok(
+        spindle()
+            .args(["image", "import"])
+            .arg(&data)
+            .args(["dash", "--size", "64M", "--dir"])
+            .arg(&c.dir),
+    );
+    let du: serde_json::Value = serde_json::from_str(&run_ok(
+        spindle()
+            .args(["image", "du", "dash", "--json", "--dir"])
+            .arg(&c.dir),
+    ))
+    .expect("du JSON");
+    let used = du[0]["used_bytes"].as_u64().expect("used_bytes");
+    assert_eq!(used, 6 << 20, "{du}");
+    let nbd = NbdProc::start(&c);
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=dashboard",
+            "--ioengine=nbd",
+            &format!("--uri={}", nbd.uri("dash")),
+            "--rw=randread",
+            "--bs=4k",
+            "--iodepth=4",
+            "--size=6m",
+            "--time_based",
+            "--runtime=60",
+            "--rate_iops=200",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("fio (scripts/setup.sh installs it)");
     // `spindle status` names the leader's dashboard.
     let text = run_ok(spindle().args(["status", "--dir"]).arg(&c.dir));
     let url = text
@@ -81,6 +119,28 @@ fn the_dashboard_shows_the_cluster_and_a_stopped_daemon_in_a_real_browser() {
     };
     let loaded = next();
     assert_eq!(loaded, "LOADED 3", "the page shows three daemons");
+    let image = next();
+    let fields: Vec<&str> = image.split(' ').collect();
+    assert_eq!(
+        fields.first(),
+        Some(&"IMAGE"),
+        "the page shows no image: {image}"
+    );
+    assert_eq!(fields[1], (64u64 << 20).to_string(), "size: {image}");
+    assert_eq!(
+        fields[2],
+        used.to_string(),
+        "used as `image du` counts it: {image}"
+    );
+    let ops: f64 = fields[3].parse().unwrap_or(0.0);
+    assert!(ops > 0.0, "fio's reads show as a rate: {image}");
+    assert!(
+        fields[4..].contains(&"default/dash"),
+        "the image's chart: {image}"
+    );
+    eprintln!("{image}");
+    let _ = fio.kill();
+    let _ = fio.wait();
 
     c.kill_osd(2);
     writeln!(node.stdin.as_mut().unwrap(), "stopped").unwrap();

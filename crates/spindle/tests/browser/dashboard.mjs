@@ -1,6 +1,7 @@
 // Drives the monitor's dashboard in Debian's headless Chromium for tests/dashboard.rs.
 // Usage: node dashboard.mjs URL SCREENSHOT_PATH
-// Prints "LOADED <daemons shown>", then waits for a line on stdin (the test stopped
+// Prints "LOADED <daemons shown>", "IMAGE <size> <used> <ops/s> <image chart legend...>"
+// for the image default/dash (or "NO_IMAGE <why>"), then waits for a line on stdin (the test stopped
 // osd.2), waits up to 10 s for the page to show osd.2 down, prints "SEEN <ms>" (or
 // "NOT_SEEN"), saves a screenshot and prints "PROBLEMS <json>": console errors, page
 // errors, failed requests and HTTP errors the page met, then exits.
@@ -23,6 +24,24 @@ try {
   await page.goto(url, { waitUntil: "load" });
   await page.waitForFunction(() => document.getElementById("osd-count")?.textContent !== "", null, { timeout: 15000 });
   console.log("LOADED " + (await page.textContent("#osd-count")));
+  // The image served by the test's NBD server: its row with a used size and a rate, and
+  // its line on the image charts.
+  try {
+    await page.waitForFunction(() => {
+      const row = document.querySelector('tr[data-image="default/dash"]');
+      const legend = document.getElementById("legend-img-iops")?.textContent ?? "";
+      return row && row.querySelector("td[data-used]").getAttribute("data-used") !== "" &&
+        Number(row.children[4].textContent) > 0 && legend.includes("default/dash");
+    }, null, { timeout: 20000 });
+    const row = await page.$('tr[data-image="default/dash"]');
+    const size = await row.$eval("td[data-size]", (e) => e.getAttribute("data-size"));
+    const used = await row.$eval("td[data-used]", (e) => e.getAttribute("data-used"));
+    const ops = await row.$eval("td:nth-child(5)", (e) => e.textContent);
+    const legend = await page.$$eval("#legend-img-iops span", (s) => s.map((e) => e.textContent));
+    console.log(["IMAGE", size, used, ops, ...legend].join(" "));
+  } catch (e) {
+    console.log("NO_IMAGE " + e);
+  }
   const lines = readline.createInterface({ input: process.stdin });
   await new Promise((resolve) => lines.once("line", resolve));
   const start = Date.now();
