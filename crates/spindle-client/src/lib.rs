@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 pub use spindle_proto::msg::{ObjectListing as Listing, Ver as Version};
 
 mod lock;
+mod stats;
 pub use lock::{lock_acquire_args, lock_args, LockGrant};
 
 /// Largest object the object API accepts (bigger data belongs in an image):
@@ -100,6 +101,10 @@ pub struct ClientConfig {
     /// The entity and key this client authenticates with (None: a cluster without
     /// authentication).
     pub auth: Option<spindle_proto::auth::Identity>,
+    /// Serve this client's Prometheus metrics on this address (`/metrics`;
+    /// `127.0.0.1:0` picks a port, [`Client::metrics_addr`] tells which). None: no
+    /// endpoint (the counters are kept regardless).
+    pub metrics_listen: Option<String>,
 }
 
 impl ClientConfig {
@@ -110,6 +115,7 @@ impl ClientConfig {
             net: spindle_proto::transport::Net::Tcp,
             client_id: None,
             auth: None,
+            metrics_listen: None,
         }
     }
 
@@ -179,6 +185,10 @@ struct Inner {
     push_tx: mpsc::UnboundedSender<Incoming>,
     /// Identity and ticket, with authentication.
     creds: Option<Arc<Credentials>>,
+    /// What this client did (`stats.rs`).
+    stats: stats::ClientStats,
+    /// The `/metrics` endpoint, if the configuration asked for one.
+    metrics: std::sync::OnceLock<spindle_metrics::Endpoint>,
 }
 
 use spindle_proto::tickets::Credentials;
@@ -305,8 +315,13 @@ impl Client {
                 osds: Mutex::new(HashMap::new()),
                 push_tx,
                 creds,
+                stats: Default::default(),
+                metrics: Default::default(),
             }),
         };
+        if let Some(listen) = client.inner.config.metrics_listen.clone() {
+            client.serve_metrics(&listen).await?;
+        }
         client.subscribe(&mon);
         *lock(&client.inner.mon) = Some(mon);
         {
@@ -332,6 +347,38 @@ impl Client {
 
     pub fn epoch(&self) -> u64 {
         self.state().map.epoch
+    }
+
+    /// Starts this client's `/metrics` endpoint (a weak reference: it does not keep the
+    /// client alive).
+    async fn serve_metrics(&self, listen: &str) -> Result<(), ClientError> {
+        let weak = Arc::downgrade(&self.inner);
+        let mut registry = spindle_metrics::prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(spindle_metrics::Snapshot::new(move || match weak
+            .upgrade()
+        {
+            Some(inner) => {
+                let epoch = inner
+                    .map
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .map
+                    .epoch;
+                let conns = lock(&inner.osds).len();
+                inner.stats.samples(epoch, conns)
+            }
+            None => Vec::new(),
+        })));
+        let endpoint = spindle_metrics::serve(listen, Arc::new(registry), None)
+            .await
+            .map_err(|e| ClientError::Invalid(format!("cannot serve metrics on {listen}: {e}")))?;
+        let _ = self.inner.metrics.set(endpoint);
+        Ok(())
+    }
+
+    /// Where this client serves its metrics, if it does.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.metrics.get().map(|e| e.addr)
     }
 
     /// This client's id (random per instance, never 0): what its requests carry, what an
@@ -608,6 +655,37 @@ impl Client {
         make: impl FnOnce(u32, u32) -> Msg,
         maybe_applied: &mut bool,
     ) -> Result<Msg, ClientError> {
+        let started = Instant::now();
+        let mut counted: Option<(stats::ReqKind, u64)> = None;
+        let r = self
+            .request_attempts(pool, name, pg_override, make, maybe_applied, &mut counted)
+            .await;
+        if let Some((kind, sent)) = counted {
+            let (received, error) = match &r {
+                Ok(reply) => (
+                    reply.bulk().len() as u64,
+                    matches!(reply, Msg::Error { .. }),
+                ),
+                Err(_) => (0, true),
+            };
+            self.inner
+                .stats
+                .done(kind, sent, received, started.elapsed(), error);
+        }
+        r
+    }
+
+    /// The attempts of [`Client::request_noting`]; sets `counted` to the request's type
+    /// and bulk bytes once it is built.
+    async fn request_attempts(
+        &self,
+        pool: &str,
+        name: &str,
+        pg_override: Option<u32>,
+        make: impl FnOnce(u32, u32) -> Msg,
+        maybe_applied: &mut bool,
+        counted: &mut Option<(stats::ReqKind, u64)>,
+    ) -> Result<Msg, ClientError> {
         let timeout_ms = self.inner.config.op_timeout_ms;
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let mut backoff_ms = 5u64;
@@ -624,7 +702,11 @@ impl Client {
             let pg = pg_override.unwrap_or_else(|| object_pg(name, pool_def.pg_count));
             let m = match (&mut msg, make.take()) {
                 (Some(m), _) => m,
-                (slot, Some(make)) => slot.insert(Prepared::from_msg(make(pool_id, pg))),
+                (slot, Some(make)) => {
+                    let built = make(pool_id, pg);
+                    *counted = Some((stats::ReqKind::of(&built), built.bulk().len() as u64));
+                    slot.insert(Prepared::from_msg(built))
+                }
                 (None, None) => {
                     return Err(ClientError::Daemon("request was not built".into()));
                 }
@@ -661,6 +743,7 @@ impl Client {
                 });
             }
             tracing::debug!("retrying {name}: {last}");
+            self.inner.stats.retried();
             let epoch = ms.map.epoch;
             if self.epoch() == epoch {
                 // Wait a little for a new map, then ask for one.

@@ -91,11 +91,21 @@ impl Target {
     pub fn client_config(&self) -> anyhow::Result<ClientConfig> {
         let mut c = ClientConfig::new(self.mon_addr()?);
         c.auth = self.identity()?;
+        c.metrics_listen = std::env::var(CLIENT_METRICS_ENV)
+            .ok()
+            .filter(|v| !v.is_empty());
         Ok(c)
     }
 
+    /// A client of the cluster; with [`CLIENT_METRICS_ENV`] set, serving its metrics
+    /// there (the address printed on standard error).
     pub async fn client(&self) -> anyhow::Result<Client> {
         let r = Client::connect(self.client_config()?).await;
+        if let Ok(c) = &r {
+            if let Some(addr) = c.metrics_addr() {
+                eprintln!("client metrics: http://{addr}/metrics");
+            }
+        }
         if let Err(
             e @ (spindle_client::ClientError::Auth(_) | spindle_client::ClientError::Denied(_)),
         ) = r
@@ -110,6 +120,11 @@ impl Target {
         })
     }
 }
+
+/// An address (`127.0.0.1:0` picks a port) on which the clients of `spindle` commands
+/// serve their Prometheus metrics: for long-running ones (`spindle bench`, `spindle
+/// agent`) that a monitoring stack should see.
+pub const CLIENT_METRICS_ENV: &str = "SPINDLE_CLIENT_METRICS";
 
 /// The keyring file of a cluster, monitor or daemon directory.
 pub const KEYRING: &str = "keyring";

@@ -468,3 +468,82 @@ fn every_process_serves_metrics_that_agree_with_fio_and_status() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The client library serves its own metrics when its configuration asks
+/// (`ClientConfig::metrics_listen`; `SPINDLE_CLIENT_METRICS` for the CLI): its requests
+/// by type, errors, bytes and latencies match what the test did exactly, `promtool`
+/// accepts them, and the endpoint ends with the client.
+#[test]
+fn a_client_serves_its_metrics_when_asked() {
+    let c = Cluster::start("climetrics", 3, 16);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let addr = rt.block_on(async {
+        let mut cfg = c.client_config();
+        cfg.metrics_listen = Some("127.0.0.1:0".into());
+        let client = spindle_client::Client::connect(cfg).await.expect("connect");
+        let addr = client.metrics_addr().expect("an endpoint").to_string();
+        for i in 0..50u32 {
+            client
+                .write_full("default", &format!("c{i}"), vec![i as u8; 4096])
+                .await
+                .unwrap();
+        }
+        for i in 0..50u32 {
+            assert_eq!(
+                client
+                    .read_full("default", &format!("c{i}"))
+                    .await
+                    .unwrap()
+                    .len(),
+                4096
+            );
+        }
+        assert!(client.read_full("default", "missing").await.is_err());
+        let text = http_get(&addr, "/metrics");
+        promtool_check("the client's metrics", &text);
+        let m = parse(&text);
+        let w = [("op", "write")];
+        let r = [("op", "read")];
+        assert_eq!(sum(&m, "spindle_client_requests_total", &w), 50.0, "{text}");
+        assert_eq!(sum(&m, "spindle_client_requests_total", &r), 51.0, "{text}");
+        assert_eq!(sum(&m, "spindle_client_request_errors_total", &r), 1.0);
+        assert_eq!(sum(&m, "spindle_client_request_errors_total", &w), 0.0);
+        assert_eq!(
+            sum(&m, "spindle_client_sent_bytes_total", &w),
+            50.0 * 4096.0
+        );
+        assert_eq!(
+            sum(&m, "spindle_client_received_bytes_total", &r),
+            50.0 * 4096.0
+        );
+        assert_eq!(
+            sum(&m, "spindle_client_request_duration_seconds_count", &w),
+            50.0
+        );
+        assert!(sum(&m, "spindle_client_request_duration_seconds_sum", &w) > 0.0);
+        assert!(sum(&m, "spindle_client_map_epoch", &[]) >= 1.0);
+        assert!(sum(&m, "spindle_client_osd_connections", &[]) >= 1.0);
+        drop(client);
+        addr
+    });
+    // The endpoint went with the client.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(&addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "{addr} still serves after the client is gone"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(rt);
+    // The CLI's clients, when asked.
+    let out = spindle()
+        .args(["ls", "--dir"])
+        .arg(&c.dir)
+        .env("SPINDLE_CLIENT_METRICS", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("client metrics: http://127.0.0.1:"), "{err}");
+}
