@@ -210,6 +210,10 @@ fn mon_error(mons: &MonAddrs, e: NetError) -> ClientError {
     }
 }
 
+/// How often a client serving metrics registers them with the leader monitor (as the
+/// monitors and `spindle nbd` do: one silent for 30 s is dropped).
+const METRICS_REGISTER_MS: u64 = 2000;
+
 /// A connection to a cluster. Cheap to clone; use from any number of tasks.
 #[derive(Clone)]
 pub struct Client {
@@ -372,7 +376,47 @@ impl Client {
         let endpoint = spindle_metrics::serve(listen, Arc::new(registry), None)
             .await
             .map_err(|e| ClientError::Invalid(format!("cannot serve metrics on {listen}: {e}")))?;
+        let addr = endpoint.addr;
         let _ = self.inner.metrics.set(endpoint);
+        // Registered with the leader like `spindle nbd` (`status --json` lists it), as
+        // `client.HOST.PID.ID`, while the client lives; a client without `mon allow rw`
+        // is refused, and serves its metrics all the same.
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let host: String = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .unwrap_or_default()
+                .trim()
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(64)
+                .collect();
+            loop {
+                let Some(inner) = weak.upgrade() else { return };
+                let client = Client { inner };
+                let name = format!(
+                    "client.{host}.{}.{:x}",
+                    std::process::id(),
+                    client.inner.client_id
+                );
+                let args = vec![
+                    "metrics".to_string(),
+                    "register".to_string(),
+                    name,
+                    addr.to_string(),
+                ];
+                if let Err(e) = client.command_as::<serde_json::Value>(args).await {
+                    tracing::debug!("registering the client's metrics: {e}");
+                }
+                drop(client);
+                tokio::time::sleep(Duration::from_millis(METRICS_REGISTER_MS)).await;
+            }
+        });
         Ok(())
     }
 

@@ -326,6 +326,58 @@ impl MonCore {
 
     /// A heartbeat (sent at the daemon's map `epoch`): remembers its reports and counters;
     /// returns the next map when the daemon's nearfull / full flags change.
+    /// What a heartbeat tells that scrub found since the daemon's previous one: groups it
+    /// leads with objects newly without an intact copy (or no longer), and bad copies it
+    /// repaired. Call before [`Self::heartbeat`] stores the new reports.
+    pub fn scrub_findings(
+        &self,
+        osd_id: u32,
+        reports: &[PgReport],
+        counters: &[(String, u64)],
+    ) -> Vec<String> {
+        let mut out = Vec::new();
+        let before: BTreeMap<(u32, u32), u64> = self
+            .reports
+            .get(&osd_id)
+            .map(|(_, r)| {
+                r.iter()
+                    .map(|p| ((p.pool, p.pg), p.damaged_objects))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for r in reports {
+            let was = before.get(&(r.pool, r.pg)).copied().unwrap_or(0);
+            let pg = spindle_map::PgId {
+                pool: r.pool,
+                pg: r.pg,
+            };
+            if r.damaged_objects > was {
+                out.push(format!(
+                    "scrub (osd.{osd_id}): pg {pg} has {} object(s) with no intact copy",
+                    r.damaged_objects
+                ));
+            } else if was > 0 && r.damaged_objects == 0 {
+                out.push(format!(
+                    "pg {pg}: no object without an intact copy any more (osd.{osd_id})"
+                ));
+            }
+        }
+        if let Some(prev) = self.counters.get(&osd_id) {
+            let grown = |name: &str| {
+                counter(counters, name)
+                    .unwrap_or(0)
+                    .saturating_sub(counter(prev, name).unwrap_or(0))
+            };
+            let (found, repaired) = (grown("scrub_inconsistent"), grown("scrub_repaired"));
+            if found > 0 || repaired > 0 {
+                out.push(format!(
+                    "scrub (osd.{osd_id}): {found} inconsistent object(s) found, {repaired} repaired"
+                ));
+            }
+        }
+        out
+    }
+
     pub fn heartbeat(
         &mut self,
         now_ms: u64,

@@ -138,6 +138,16 @@ impl MonNode {
                 counters,
                 metrics_addr,
             } => {
+                // Scrub findings become events (the dashboard's and `status`'s).
+                let findings = self.core.scrub_findings(osd_id, &reports, &counters);
+                if !findings.is_empty() {
+                    let unix_ms = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    for f in findings {
+                        self.core.record_event(unix_ms, self.core.epoch(), f);
+                    }
+                }
                 let change = self
                     .core
                     .heartbeat(now_ms, osd_id, sender_epoch, reports, counters);

@@ -523,6 +523,23 @@ fn a_client_serves_its_metrics_when_asked() {
         assert!(sum(&m, "spindle_client_request_duration_seconds_sum", &w) > 0.0);
         assert!(sum(&m, "spindle_client_map_epoch", &[]) >= 1.0);
         assert!(sum(&m, "spindle_client_osd_connections", &[]) >= 1.0);
+        // `status --json` lists it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = c.status();
+            let listed = s["service_metrics_addrs"].as_object().is_some_and(|m| {
+                m.iter()
+                    .any(|(k, v)| k.starts_with("client.") && v == &addr)
+            });
+            if listed {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the client's metrics are not listed: {s}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
         drop(client);
         addr
     });

@@ -412,6 +412,15 @@ async fn scrub_reports_an_object_with_no_intact_copy_until_it_is_rewritten() {
     let text = run_ok(spindle().args(["health", "--dir"]).arg(&c.dir));
     assert!(text.starts_with("HEALTH_ERR\n"), "{text}");
     assert!(text.contains("HEALTH_ERR PG_DAMAGED"), "{text}");
+    // The finding is an event (the dashboard's last events).
+    let events = s["events"].to_string();
+    assert!(
+        events.contains(&format!(
+            "pg {lost_pgid} has 1 object(s) with no intact copy"
+        )),
+        "{events}"
+    );
+    assert!(events.contains("inconsistent object(s) found"), "{events}");
 
     // Overwriting the object resolves it (no scrub needed), and a scrub agrees.
     let fresh = content(lost, 2, lost_len);
@@ -425,7 +434,15 @@ async fn scrub_reports_an_object_with_no_intact_copy_until_it_is_rewritten() {
     let v: serde_json::Value = serde_json::from_str(&again).unwrap();
     assert_eq!(v[0]["damaged_objects"], 0, "{again}");
     assert_eq!(v[0]["inconsistent"], 0, "{again}");
-    assert_eq!(c.status()["pgs"]["clean"], 32);
+    let s = c.status();
+    assert_eq!(s["pgs"]["clean"], 32);
+    assert!(
+        s["events"].to_string().contains(&format!(
+            "pg {lost_pgid}: no object without an intact copy any more"
+        )),
+        "{}",
+        s["events"]
+    );
     assert!(client.read_full(POOL, lost).await.unwrap() == fresh);
 }
 
