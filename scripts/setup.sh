@@ -17,6 +17,7 @@ declare -A PACKAGES=(
   [chromium]=/usr/bin/chromium                         # tests/dashboard.rs: the dashboard in a real browser
   [nodejs]=/usr/bin/node                               # tests/dashboard.rs: Playwright drives Chromium
   [npm]=/usr/bin/npm                                   # tests/dashboard.rs: installs playwright-core
+  [clang]=/usr/bin/clang                               # tests of spindle-prog: programs compiled with clang -target bpf
   [faketime]=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1  # tests/health.rs: a monitor with a skewed clock
 )
 

@@ -1,0 +1,67 @@
+/* Spindle pushdown programs: what a program compiled from C sees (issue #23).
+ *
+ * Build:   clang -O2 -target bpf -c prog.c -o prog.o   (Debian's clang)
+ * Entry:   uint64_t spindle_main(const struct spindle_input *in)
+ *
+ * A program runs against one object at a time, on the storage daemon that holds it. It
+ * reads the object (mapped read-only: `in->data`, or copied with spindle_read), its
+ * arguments (`in->args`), and answers with bytes it emits (spindle_emit) and its return
+ * value. Every memory access is checked against the regions it may use (its stack, the
+ * read-only object, arguments and constants, and scratch memory from spindle_alloc); it
+ * runs under an instruction budget and a memory limit. Global variables that are written
+ * (.data, .bss) are not supported: use the stack or spindle_alloc.
+ *
+ * Helpers are plain external functions; a call to any other external function is refused
+ * when the program is loaded.
+ */
+#ifndef SPINDLE_PROG_H
+#define SPINDLE_PROG_H
+
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef signed char int8_t;
+typedef short int16_t;
+typedef int int32_t;
+typedef long long int64_t;
+
+struct spindle_input {
+    const uint8_t *data;   /* the object's bytes (read-only) */
+    uint64_t data_len;
+    const uint8_t *args;   /* the call's arguments (read-only) */
+    uint64_t args_len;
+};
+
+/* Appends `len` bytes to the program's output; 0, or the run stops (output limit). */
+extern int64_t spindle_emit(const void *src, uint64_t len);
+
+/* Copies up to `len` bytes of the object from `offset` to `dst`; the bytes copied (fewer at
+ * the end of the object). */
+extern int64_t spindle_read(uint64_t offset, void *dst, uint64_t len);
+
+/* `len` bytes of zeroed scratch memory, 8-byte aligned; the run stops at the memory
+ * limit. */
+extern void *spindle_alloc(uint64_t len);
+
+/* Vectorised filters over a column of `n` fixed-width unsigned values (`width` 1, 2, 4 or
+ * 8 bytes): sets bit i of `out` (n bits, zeroed first) when value i matches, ANDed with
+ * `and_with` if not null; returns the number of matches. */
+enum spindle_filter_op {
+    SPINDLE_EQ = 0,      /* value == a */
+    SPINDLE_RANGE = 1,   /* a <= value <= b */
+    SPINDLE_MASK = 2,    /* (value & a) != 0 */
+};
+struct spindle_filter {
+    const void *column;
+    uint64_t n;
+    uint64_t width;
+    uint64_t op;
+    uint64_t a;
+    uint64_t b;
+    uint8_t *out;
+    const uint8_t *and_with;
+};
+extern int64_t spindle_filter(const struct spindle_filter *f);
+
+#endif

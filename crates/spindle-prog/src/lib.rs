@@ -1,0 +1,615 @@
+//! Pushdown programs (issue #23): eBPF objects compiled from C (`clang -O2 -target bpf -c`,
+//! with `include/spindle_prog.h`), loaded and verified once, then run against objects by
+//! the storage daemons that hold them, in an interpreter or a JIT, under limits.
+//!
+//! The virtual machine is `solana-sbpf` (its legacy SBPF v0 instruction set, which is
+//! eBPF's): it checks every memory access against the regions mapped for the run, meters
+//! instructions, bounds the call depth and the stack, and its JIT keeps those checks
+//! (chosen over `rbpf`, whose JIT does not check memory and whose verifier accepted an
+//! infinite loop: `../shared/ECOSYSTEM.md`). This crate adds what Spindle needs around
+//! it: a loader for relocatable objects (no linker), helpers by name (`object.rs`), the
+//! program's view of an object, scratch memory and output, and limits with clear errors.
+//!
+//! Safety before a run: the object must be well formed, call only known helpers, have no
+//! writable globals, no calls through registers, at most [`object::INSTRUCTIONS_MAX`]
+//! instructions; then the VM's verifier checks every instruction and jump target. During
+//! a run: every load and store is checked against the mapped regions, the instruction
+//! budget stops loops, the stack is [`STACK_FRAMES_MAX`] frames of 4 KiB, scratch memory
+//! and output stop at their limits, and wall time is checked at every helper call.
+
+pub mod object;
+
+use solana_sbpf::aligned_memory::AlignedMemory;
+use solana_sbpf::declare_builtin_function;
+use solana_sbpf::ebpf;
+use solana_sbpf::elf::Executable;
+use solana_sbpf::error::{EbpfError, ProgramResult};
+use solana_sbpf::memory_region::{AccessType, MemoryMapping, MemoryRegion};
+use solana_sbpf::program::{
+    BuiltinFunctionDefinition, BuiltinProgram, FunctionRegistry, SBPFVersion,
+};
+use solana_sbpf::verifier::RequisiteVerifier;
+use solana_sbpf::vm::{CallFrame, Config, ContextObject, EbpfVm, ExecutionMode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why a program was refused or stopped.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum ProgError {
+    #[error("program refused: {0}")]
+    Object(String),
+    #[error("program refused: it calls unknown helper {0}")]
+    UnknownHelper(String),
+    #[error("program refused by the verifier: {0}")]
+    Verify(String),
+    #[error("program stopped: instruction budget of {0} exhausted")]
+    InstructionLimit(u64),
+    #[error("program stopped: wall time limit of {0:?} passed")]
+    TimeLimit(Duration),
+    #[error("program stopped: scratch memory limit of {limit_bytes} bytes reached (asked for {asked_bytes} more)")]
+    MemoryLimit { limit_bytes: u64, asked_bytes: u64 },
+    #[error("program stopped: output limit of {0} bytes reached")]
+    OutputLimit(u64),
+    #[error("program stopped: {0}")]
+    Fault(String),
+    #[error("program stopped: bad helper call: {0}")]
+    BadHelperCall(String),
+    #[error("the JIT is not available here: {0}")]
+    NoJit(String),
+}
+
+/// Interpreter or JIT, chosen per run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Interpreter,
+    Jit,
+}
+
+/// Call frames a program may nest (4 KiB of stack each: 256 KiB in all).
+pub const STACK_FRAMES_MAX: usize = 64;
+
+/// Where the object's bytes are mapped (read-only).
+pub const DATA_VM_ADDR: u64 = ebpf::MM_REGION_SIZE * 5;
+
+/// What one run may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub instructions: u64,
+    pub scratch_bytes: u64,
+    pub output_bytes: u64,
+    pub wall: Duration,
+}
+
+impl Default for Limits {
+    /// About a second of JIT-compiled work per object, 64 MiB of scratch memory, 16 MiB
+    /// of output.
+    fn default() -> Limits {
+        Limits {
+            instructions: 2_000_000_000,
+            scratch_bytes: 64 << 20,
+            output_bytes: 16 << 20,
+            wall: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The helpers programs may call (`include/spindle_prog.h`).
+pub const HELPERS: [&str; 4] = [
+    "spindle_emit",
+    "spindle_read",
+    "spindle_alloc",
+    "spindle_filter",
+];
+
+/// A run's state, seen by the VM and the helpers.
+pub struct RunContext {
+    remaining: u64,
+    mapping: MemoryMapping,
+    output: Vec<u8>,
+    output_limit: u64,
+    scratch_next: u64,
+    scratch_len: u64,
+    data_len: u64,
+    started: Instant,
+    wall: Duration,
+    /// Why a helper stopped the run (the VM only carries a boxed error).
+    stopped: Option<ProgError>,
+}
+
+impl ContextObject for RunContext {
+    fn consume(&mut self, amount: u64) {
+        self.remaining = self.remaining.saturating_sub(amount);
+    }
+
+    fn get_remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    fn active_mapping_ptr(&mut self) -> std::ptr::NonNull<MemoryMapping> {
+        std::ptr::NonNull::from(&mut self.mapping)
+    }
+}
+
+type HelperResult = Result<u64, Box<dyn std::error::Error>>;
+
+impl RunContext {
+    fn stop(&mut self, e: ProgError) -> HelperResult {
+        self.stopped = Some(e.clone());
+        Err(Box::new(e))
+    }
+
+    fn check_time(&mut self) -> Result<(), Box<dyn std::error::Error>> {
+        if self.started.elapsed() > self.wall {
+            self.stop(ProgError::TimeLimit(self.wall))?;
+        }
+        Ok(())
+    }
+
+    /// The host bytes of `len` bytes at `addr` (for `access`), or the run stops.
+    fn host(&mut self, access: AccessType, addr: u64, len: u64) -> Result<*mut u8, ProgError> {
+        if len == 0 {
+            return Ok(std::ptr::NonNull::<u8>::dangling().as_ptr());
+        }
+        let r: Result<_, EbpfError> = self.mapping.map(access, addr, len).into();
+        match r {
+            Ok(buf) => Ok(buf.ptr().cast::<u8>().cast_mut()),
+            Err(e) => Err(ProgError::BadHelperCall(format!(
+                "{} of {len} bytes at {addr:#x} outside the program's memory ({e})",
+                match access {
+                    AccessType::Load => "a read",
+                    AccessType::Store => "a write",
+                }
+            ))),
+        }
+    }
+
+    fn emit(&mut self, src: u64, len: u64) -> HelperResult {
+        self.check_time()?;
+        if self.output.len() as u64 + len > self.output_limit {
+            return self.stop(ProgError::OutputLimit(self.output_limit));
+        }
+        let p = match self.host(AccessType::Load, src, len) {
+            Ok(p) => p,
+            Err(e) => return self.stop(e),
+        };
+        // SAFETY: `host` checked that the VM maps `len` readable bytes at `src`, backed by
+        // buffers that outlive the run.
+        let bytes = unsafe { std::slice::from_raw_parts(p, len as usize) };
+        self.output.extend_from_slice(bytes);
+        Ok(0)
+    }
+
+    fn read(&mut self, offset: u64, dst: u64, len: u64) -> HelperResult {
+        self.check_time()?;
+        let n = len.min(self.data_len.saturating_sub(offset));
+        let to = match self.host(AccessType::Store, dst, n) {
+            Ok(p) => p,
+            Err(e) => return self.stop(e),
+        };
+        let from = match self.host(AccessType::Load, DATA_VM_ADDR + offset, n) {
+            Ok(p) => p,
+            Err(e) => return self.stop(e),
+        };
+        // SAFETY: both ranges were checked by the VM's mapping; the object's region is
+        // read-only and the destination writable, so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(from, to, n as usize) };
+        Ok(n)
+    }
+
+    fn alloc(&mut self, len: u64) -> HelperResult {
+        self.check_time()?;
+        let start = self.scratch_next.next_multiple_of(8);
+        let end = start.saturating_add(len);
+        if end > self.scratch_len {
+            return self.stop(ProgError::MemoryLimit {
+                limit_bytes: self.scratch_len,
+                asked_bytes: len,
+            });
+        }
+        self.scratch_next = end;
+        Ok(ebpf::MM_HEAP_START + start)
+    }
+
+    fn filter(&mut self, spec: u64) -> HelperResult {
+        self.check_time()?;
+        let p = match self.host(AccessType::Load, spec, 64) {
+            Ok(p) => p,
+            Err(e) => return self.stop(e),
+        };
+        // SAFETY: 64 readable bytes checked above.
+        let raw = unsafe { std::slice::from_raw_parts(p, 64) };
+        let field = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&raw[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        let (column, n, width, op, a, b, out, and_with) = (
+            field(0),
+            field(1),
+            field(2),
+            field(3),
+            field(4),
+            field(5),
+            field(6),
+            field(7),
+        );
+        if !matches!(width, 1 | 2 | 4 | 8) || op > 2 {
+            return self.stop(ProgError::BadHelperCall(format!(
+                "spindle_filter: width {width} (1, 2, 4 or 8) or op {op} (0, 1 or 2)"
+            )));
+        }
+        let Some(col_bytes) = n.checked_mul(width) else {
+            return self.stop(ProgError::BadHelperCall(
+                "spindle_filter: n too large".into(),
+            ));
+        };
+        let bitmap_bytes = n.div_ceil(8);
+        let (col, outp) = match (
+            self.host(AccessType::Load, column, col_bytes),
+            self.host(AccessType::Store, out, bitmap_bytes),
+        ) {
+            (Ok(c), Ok(o)) => (c, o),
+            (Err(e), _) | (_, Err(e)) => return self.stop(e),
+        };
+        let with = if and_with == 0 {
+            None
+        } else {
+            match self.host(AccessType::Load, and_with, bitmap_bytes) {
+                // SAFETY: checked readable, `bitmap_bytes` long.
+                Ok(p) => {
+                    Some(unsafe { std::slice::from_raw_parts(p, bitmap_bytes as usize) }.to_vec())
+                }
+                Err(e) => return self.stop(e),
+            }
+        };
+        // SAFETY: checked by the mapping: `col_bytes` readable, `bitmap_bytes` writable.
+        let col = unsafe { std::slice::from_raw_parts(col, col_bytes as usize) };
+        let bitmap = unsafe { std::slice::from_raw_parts_mut(outp, bitmap_bytes as usize) };
+        Ok(filter_column(
+            col,
+            width as usize,
+            op,
+            a,
+            b,
+            bitmap,
+            with.as_deref(),
+        ))
+    }
+}
+
+/// Sets bit i of `bitmap` for each value of `col` (`width`-byte little-endian unsigned)
+/// matching `op` with `a` and `b`, ANDed with `with`; the number of bits set.
+pub fn filter_column(
+    col: &[u8],
+    width: usize,
+    op: u64,
+    a: u64,
+    b: u64,
+    bitmap: &mut [u8],
+    with: Option<&[u8]>,
+) -> u64 {
+    fn run<const W: usize>(
+        col: &[u8],
+        pred: impl Fn(u64) -> bool,
+        bitmap: &mut [u8],
+        with: Option<&[u8]>,
+    ) -> u64 {
+        let mut count = 0u64;
+        for (byte_i, chunk) in col.chunks(8 * W).enumerate() {
+            let mut bits = 0u8;
+            for (j, v) in chunk.chunks_exact(W).enumerate() {
+                let mut b = [0u8; 8];
+                b[..W].copy_from_slice(v);
+                bits |= (pred(u64::from_le_bytes(b)) as u8) << j;
+            }
+            if let Some(w) = with {
+                bits &= w[byte_i];
+            }
+            bitmap[byte_i] = bits;
+            count += bits.count_ones() as u64;
+        }
+        count
+    }
+    let pred = move |v: u64| match op {
+        0 => v == a,
+        1 => a <= v && v <= b,
+        _ => v & a != 0,
+    };
+    match width {
+        1 => run::<1>(col, pred, bitmap, with),
+        2 => run::<2>(col, pred, bitmap, with),
+        4 => run::<4>(col, pred, bitmap, with),
+        _ => run::<8>(col, pred, bitmap, with),
+    }
+}
+
+declare_builtin_function!(
+    HelperEmit,
+    fn rust(
+        ctx: &mut RunContext,
+        src: u64,
+        len: u64,
+        _c: u64,
+        _d: u64,
+        _e: u64,
+    ) -> Result<u64, Box<dyn std::error::Error>> {
+        ctx.emit(src, len)
+    }
+);
+
+declare_builtin_function!(
+    HelperRead,
+    fn rust(
+        ctx: &mut RunContext,
+        offset: u64,
+        dst: u64,
+        len: u64,
+        _d: u64,
+        _e: u64,
+    ) -> Result<u64, Box<dyn std::error::Error>> {
+        ctx.read(offset, dst, len)
+    }
+);
+
+declare_builtin_function!(
+    HelperAlloc,
+    fn rust(
+        ctx: &mut RunContext,
+        len: u64,
+        _b: u64,
+        _c: u64,
+        _d: u64,
+        _e: u64,
+    ) -> Result<u64, Box<dyn std::error::Error>> {
+        ctx.alloc(len)
+    }
+);
+
+declare_builtin_function!(
+    HelperFilter,
+    fn rust(
+        ctx: &mut RunContext,
+        spec: u64,
+        _b: u64,
+        _c: u64,
+        _d: u64,
+        _e: u64,
+    ) -> Result<u64, Box<dyn std::error::Error>> {
+        ctx.filter(spec)
+    }
+);
+
+/// The loader every program shares: the VM's configuration and the helpers.
+fn loader() -> Result<Arc<BuiltinProgram<RunContext>>, ProgError> {
+    let config = Config {
+        max_call_depth: STACK_FRAMES_MAX,
+        enabled_sbpf_versions: SBPFVersion::V0..=SBPFVersion::V0,
+        reject_broken_elfs: true,
+        ..Config::default()
+    };
+    let mut l = BuiltinProgram::new_loader(config);
+    let registered = [
+        HelperEmit::register(&mut l, "spindle_emit"),
+        HelperRead::register(&mut l, "spindle_read"),
+        HelperAlloc::register(&mut l, "spindle_alloc"),
+        HelperFilter::register(&mut l, "spindle_filter"),
+    ];
+    for (r, name) in registered.into_iter().zip(HELPERS) {
+        r.map_err(|e| ProgError::Verify(format!("registering helper {name}: {e}")))?;
+    }
+    Ok(Arc::new(l))
+}
+
+/// A loaded, verified program (JIT-compiled too, where the JIT runs).
+pub struct Program {
+    /// BLAKE3 of the object file: programs are stored and named by content.
+    pub id: [u8; 32],
+    executable: Executable<RunContext>,
+    rodata: Vec<u8>,
+    jit: Result<(), String>,
+    pub helpers_used: Vec<String>,
+    pub instructions: usize,
+}
+
+impl std::fmt::Debug for Program {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Program")
+            .field("id", &hex(&self.id))
+            .field("instructions", &self.instructions)
+            .field("helpers_used", &self.helpers_used)
+            .finish()
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl Program {
+    /// Loads and verifies the object file `elf`.
+    pub fn load(elf: &[u8]) -> Result<Program, ProgError> {
+        let image = object::load(elf, &HELPERS)?;
+        let loader = loader()?;
+        let mut registry = FunctionRegistry::<usize>::default();
+        let mut register = |key: u32, name: &[u8], pc: usize| {
+            if loader.get_function_registry().lookup_by_key(key).is_some() {
+                return Err(ProgError::Verify(format!(
+                    "function at instruction {pc} collides with a helper's key"
+                )));
+            }
+            match registry.register_function(key, name.to_vec(), pc) {
+                Ok(()) => Ok(()),
+                Err(e) => Err(ProgError::Verify(format!("function at {pc}: {e}"))),
+            }
+        };
+        register(
+            ebpf::hash_symbol_name(b"entrypoint"),
+            b"entrypoint",
+            image.entry_pc,
+        )?;
+        for &pc in &image.functions {
+            register(object::function_key(pc), b"", pc)?;
+        }
+        let executable =
+            Executable::from_text_bytes(&image.text, loader, SBPFVersion::V0, registry)
+                .map_err(|e| ProgError::Verify(e.to_string()))?;
+        executable
+            .verify::<RequisiteVerifier>()
+            .map_err(|e| ProgError::Verify(e.to_string()))?;
+        let jit = compile(&executable);
+        Ok(Program {
+            id: *blake3::hash(elf).as_bytes(),
+            instructions: image.text.len() / ebpf::INSN_SIZE,
+            executable,
+            rodata: image.rodata,
+            jit,
+            helpers_used: image.helpers_used,
+        })
+    }
+
+    /// The program's id in hex.
+    pub fn id_hex(&self) -> String {
+        hex(&self.id)
+    }
+
+    /// Runs the program against object bytes `data` with arguments `args`.
+    pub fn run(
+        &self,
+        engine: Engine,
+        data: &[u8],
+        args: &[u8],
+        limits: &Limits,
+    ) -> Result<RunOutput, ProgError> {
+        if engine == Engine::Jit {
+            if let Err(e) = &self.jit {
+                return Err(ProgError::NoJit(e.clone()));
+            }
+        }
+        let config = self.executable.get_config();
+        // The regions: code, stack, scratch, the input header with the arguments, the
+        // object, the constants. Buffers outlive the VM (dropped at the end of this call).
+        let mut stack = AlignedMemory::<{ ebpf::HOST_ALIGN }>::zero_filled(config.stack_size());
+        let stack_len = stack.len();
+        let mut scratch = vec![0u8; limits.scratch_bytes as usize];
+        let mut input = Vec::with_capacity(32 + args.len());
+        input.extend_from_slice(&DATA_VM_ADDR.to_le_bytes());
+        input.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        input.extend_from_slice(&(ebpf::MM_INPUT_START + 32).to_le_bytes());
+        input.extend_from_slice(&(args.len() as u64).to_le_bytes());
+        input.extend_from_slice(args);
+        let regions = vec![
+            self.executable.get_ro_region(),
+            MemoryRegion::new_gapped(
+                &raw mut *stack.as_slice_mut(),
+                ebpf::MM_STACK_START,
+                if config.enable_stack_frame_gaps {
+                    config.stack_frame_size as u64
+                } else {
+                    0
+                },
+            ),
+            MemoryRegion::new(&raw mut *scratch.as_mut_slice(), ebpf::MM_HEAP_START),
+            MemoryRegion::new(&raw const *input.as_slice(), ebpf::MM_INPUT_START),
+            MemoryRegion::new(&raw const *data, DATA_VM_ADDR),
+            MemoryRegion::new(&raw const *self.rodata.as_slice(), object::RODATA_VM_ADDR),
+        ];
+        // SAFETY: every region's buffer lives until the end of this function, after the
+        // VM that uses the mapping; the read-only ones are not written while mapped.
+        let mapping = unsafe {
+            MemoryMapping::new(regions, config, SBPFVersion::V0)
+                .map_err(|e| ProgError::Fault(format!("mapping the program's memory: {e}")))?
+        };
+        let mut ctx = RunContext {
+            remaining: limits.instructions,
+            mapping,
+            output: Vec::new(),
+            output_limit: limits.output_bytes,
+            scratch_next: 0,
+            scratch_len: limits.scratch_bytes,
+            data_len: data.len() as u64,
+            started: Instant::now(),
+            wall: limits.wall,
+            stopped: None,
+        };
+        let (instructions, result) = {
+            let mut vm = EbpfVm::new(
+                self.executable.get_loader().clone(),
+                SBPFVersion::V0,
+                &mut ctx,
+                stack_len,
+            );
+            vm.registers[1] = ebpf::MM_INPUT_START;
+            let mut frames = vec![CallFrame::default(); STACK_FRAMES_MAX];
+            let mut mode = match engine {
+                Engine::Interpreter => ExecutionMode::Interpreted,
+                Engine::Jit => ExecutionMode::Jit,
+            };
+            vm.execute_program(&self.executable, &mut mode, &mut frames)
+        };
+        let ret = match result {
+            ProgramResult::Ok(v) => v,
+            ProgramResult::Err(e) => {
+                return Err(match (ctx.stopped.take(), e) {
+                    (Some(why), _) => why,
+                    (None, EbpfError::ExceededMaxInstructions) => {
+                        ProgError::InstructionLimit(limits.instructions)
+                    }
+                    (None, e) => ProgError::Fault(e.to_string()),
+                })
+            }
+        };
+        if ctx.started.elapsed() > limits.wall {
+            return Err(ProgError::TimeLimit(limits.wall));
+        }
+        Ok(RunOutput {
+            ret,
+            output: ctx.output,
+            instructions,
+        })
+    }
+}
+
+/// JIT-compiles `e` (only on x86_64 Linux, where solana-sbpf's JIT runs).
+fn compile(e: &Executable<RunContext>) -> Result<(), String> {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        e.jit_compile().map_err(|e| e.to_string())
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        let _ = e;
+        Err("no JIT for this architecture".into())
+    }
+}
+
+/// What a run produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunOutput {
+    /// `spindle_main`'s return value.
+    pub ret: u64,
+    /// The bytes emitted.
+    pub output: Vec<u8>,
+    /// Instructions executed (as metered).
+    pub instructions: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_set_bits_and_count_matches() {
+        let col: Vec<u8> = [5u32, 7, 9, 7, 1, 7, 7, 0, 7, 3]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let mut bm = [0u8; 2];
+        assert_eq!(filter_column(&col, 4, 0, 7, 0, &mut bm, None), 5);
+        assert_eq!(bm, [0b0110_1010, 0b01]);
+        let mut r = [0u8; 2];
+        assert_eq!(filter_column(&col, 4, 1, 3, 7, &mut r, Some(&bm)), 5);
+        assert_eq!(filter_column(&col, 4, 1, 3, 7, &mut r, None), 7);
+        assert_eq!(r, [0b0110_1011, 0b11]);
+        assert_eq!(filter_column(&col, 4, 2, 0b10, 0, &mut r, None), 6);
+    }
+}

@@ -1,0 +1,231 @@
+//! Programs compiled from C by Debian's clang (`clang -O2 -target bpf -c`, installed by
+//! scripts/setup.sh) and run in both engines: working programs give the same answers in
+//! the interpreter and the JIT; hostile ones are refused at load or stopped by a limit
+//! with an error that says which.
+
+use spindle_prog::{Engine, Limits, ProgError, Program};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// Compiles `tests/programs/NAME.c` to an object file; its bytes.
+fn build(name: &str) -> Vec<u8> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out: PathBuf =
+        std::env::temp_dir().join(format!("spindle-prog-{}-{name}.o", std::process::id()));
+    let status = Command::new("clang")
+        .args(["-O2", "-target", "bpf", "-Wall", "-Werror", "-I"])
+        .arg(dir.join("include"))
+        .arg("-c")
+        .arg(dir.join(format!("tests/programs/{name}.c")))
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("clang (scripts/setup.sh installs Debian's clang)");
+    assert!(status.success(), "clang failed on {name}.c");
+    let bytes = std::fs::read(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    bytes
+}
+
+fn u32s(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+const BOTH: [Engine; 2] = [Engine::Interpreter, Engine::Jit];
+
+fn small() -> Limits {
+    Limits {
+        instructions: 5_000_000,
+        scratch_bytes: 4 << 20,
+        output_bytes: 1 << 20,
+        wall: Duration::from_secs(10),
+    }
+}
+
+#[test]
+fn a_program_reads_the_object_calls_functions_and_emits() {
+    let p = Program::load(&build("sum")).expect("loads");
+    assert_eq!(p.helpers_used, vec!["spindle_emit".to_string()]);
+    let values: Vec<u32> = (0..10_000u32).map(|i| i.wrapping_mul(2654435761)).collect();
+    let data = u32s(&values);
+    let sum: u64 = values.iter().map(|&v| v as u64).sum();
+    for engine in BOTH {
+        let out = p.run(engine, &data, b"args!", &small()).unwrap();
+        assert_eq!(out.ret, 10_000, "{engine:?}");
+        let mut want = b"sum=".to_vec();
+        want.extend_from_slice(&sum.to_le_bytes());
+        want.extend_from_slice(&(sum * 2).to_le_bytes());
+        want.extend_from_slice(b"args!");
+        assert_eq!(out.output, want, "{engine:?}");
+        assert!(
+            out.instructions > 10_000,
+            "{engine:?}: {}",
+            out.instructions
+        );
+    }
+    // Empty object, no arguments.
+    let out = p.run(Engine::Jit, &[], &[], &small()).unwrap();
+    assert_eq!(out.ret, 0);
+}
+
+#[test]
+fn spindle_read_copies_ranges_into_scratch_memory() {
+    let p = Program::load(&build("read_copy")).unwrap();
+    let data: Vec<u8> = (0..12_345u32).map(|i| (i * 7 % 251) as u8).collect();
+    for engine in BOTH {
+        let out = p.run(engine, &data, &[], &small()).unwrap();
+        assert_eq!(out.ret, data.len() as u64);
+        assert_eq!(out.output, data, "{engine:?}");
+    }
+}
+
+#[test]
+fn the_filter_helper_matches_a_scalar_filter() {
+    let p = Program::load(&build("filter")).unwrap();
+    let values: Vec<u32> = (0..100_003u32)
+        .map(|i| (i.wrapping_mul(40503)) % 1000)
+        .collect();
+    let data = u32s(&values);
+    let args = u32s(&[100, 299]);
+    let mut bits = vec![0u8; values.len().div_ceil(8)];
+    let mut count = 0;
+    for (i, v) in values.iter().enumerate() {
+        if (100..=299).contains(v) {
+            bits[i / 8] |= 1 << (i % 8);
+            count += 1;
+        }
+    }
+    for engine in BOTH {
+        let out = p.run(engine, &data, &args, &small()).unwrap();
+        assert_eq!(out.ret, count, "{engine:?}");
+        assert_eq!(out.output, bits, "{engine:?}");
+    }
+}
+
+/// Runs `name` in both engines expecting an error; returns the interpreter's.
+fn stopped(name: &str, limits: &Limits, data: &[u8]) -> ProgError {
+    let p = Program::load(&build(name)).unwrap_or_else(|e| panic!("{name} loads: {e}"));
+    let mut first = None;
+    for engine in BOTH {
+        let started = Instant::now();
+        let e = p
+            .run(engine, data, &[], limits)
+            .expect_err(&format!("{name} must be stopped ({engine:?})"));
+        eprintln!("{name} ({engine:?}): {e} after {:?}", started.elapsed());
+        first.get_or_insert(e);
+    }
+    first.unwrap()
+}
+
+#[test]
+fn an_infinite_loop_stops_at_the_instruction_budget() {
+    let e = stopped("loop", &small(), &[]);
+    assert_eq!(e, ProgError::InstructionLimit(5_000_000));
+    assert!(e
+        .to_string()
+        .contains("instruction budget of 5000000 exhausted"));
+}
+
+#[test]
+fn reads_and_writes_outside_the_programs_memory_stop_it() {
+    for name in ["oob_read", "oob_write", "wild_write"] {
+        let e = stopped(name, &small(), &[1, 2, 3, 4]);
+        assert!(
+            matches!(&e, ProgError::Fault(m) if m.to_lowercase().contains("access violation")),
+            "{name}: {e}"
+        );
+    }
+    // A helper asked to read memory the program does not have.
+    let e = stopped("bad_helper_args", &small(), &[]);
+    assert!(
+        matches!(&e, ProgError::BadHelperCall(m) if m.contains("outside the program's memory")),
+        "{e}"
+    );
+}
+
+#[test]
+fn unbounded_recursion_stops_at_the_stack_limit() {
+    let e = stopped("deep_stack", &small(), &[]);
+    assert!(
+        matches!(&e, ProgError::Fault(m) if m.to_lowercase().contains("call depth") || m.to_lowercase().contains("stack")),
+        "{e}"
+    );
+}
+
+#[test]
+fn unbounded_allocation_and_output_stop_at_their_limits() {
+    let e = stopped("alloc", &small(), &[]);
+    assert_eq!(
+        e,
+        ProgError::MemoryLimit {
+            limit_bytes: 4 << 20,
+            asked_bytes: 1 << 20
+        }
+    );
+    let e = stopped("flood", &small(), &[]);
+    assert_eq!(e, ProgError::OutputLimit(1 << 20));
+}
+
+#[test]
+fn wall_time_is_enforced_at_helper_calls() {
+    let limits = Limits {
+        instructions: u64::MAX / 2,
+        output_bytes: u64::MAX / 2,
+        wall: Duration::from_millis(200),
+        ..small()
+    };
+    let started = Instant::now();
+    let e = stopped(
+        "flood",
+        &Limits {
+            output_bytes: 1 << 40,
+            ..limits
+        },
+        &[],
+    );
+    assert_eq!(e, ProgError::TimeLimit(Duration::from_millis(200)));
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn bad_programs_are_refused_before_they_run() {
+    let unknown = Program::load(&build("unknown_helper")).unwrap_err();
+    assert_eq!(unknown, ProgError::UnknownHelper("bpf_trace_printk".into()));
+    let by_number = Program::load(&build("helper_by_number")).unwrap_err();
+    assert!(
+        matches!(&by_number, ProgError::UnknownHelper(m) if m.contains("#6")),
+        "{by_number}"
+    );
+    let global = Program::load(&build("global_var")).unwrap_err();
+    assert!(global.to_string().contains("global variables"), "{global}");
+    // Malformed objects: garbage, truncated, an object for another machine.
+    let good = build("sum");
+    for (what, bytes) in [
+        ("empty", Vec::new()),
+        (
+            "garbage",
+            (0..4096u32).map(|i| (i * 31 % 256) as u8).collect(),
+        ),
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("header only", good[..64].to_vec()),
+    ] {
+        let e = Program::load(&bytes).expect_err(what);
+        assert!(matches!(e, ProgError::Object(_)), "{what}: {e}");
+    }
+    // Every single-byte corruption of the code is refused or, if it still verifies, runs
+    // within its limits: never a crash.
+    let text_start = 64; // ELF header; the code follows in clang's objects
+    for i in (text_start..good.len().min(text_start + 512)).step_by(3) {
+        let mut bad = good.clone();
+        bad[i] ^= 0xa5;
+        if let Ok(p) = Program::load(&bad) {
+            for engine in BOTH {
+                let _ = p.run(engine, &[1, 2, 3, 4, 5, 6, 7, 8], &[], &small());
+            }
+        }
+    }
+    let x86 = std::fs::read("/proc/self/exe").unwrap();
+    let e = Program::load(&x86[..x86.len().min(1 << 20)]).unwrap_err();
+    assert!(matches!(e, ProgError::Object(_)), "{e}");
+}
