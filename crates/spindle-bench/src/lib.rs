@@ -24,6 +24,7 @@ pub mod io;
 pub mod metrics_cost;
 pub mod objects;
 pub mod proc_cpu;
+pub mod prog;
 pub mod recovery;
 pub mod soak;
 pub mod stages;

@@ -385,6 +385,9 @@ fn loader() -> Result<Arc<BuiltinProgram<RunContext>>, ProgError> {
         max_call_depth: STACK_FRAMES_MAX,
         enabled_sbpf_versions: SBPFVersion::V0..=SBPFVersion::V0,
         reject_broken_elfs: true,
+        // Regions sit at distinct 4 GiB-aligned addresses: the upper half of an address
+        // picks the region (no search per access).
+        aligned_memory_mapping: true,
         ..Config::default()
     };
     let mut l = BuiltinProgram::new_loader(config);
@@ -568,6 +571,54 @@ impl Program {
         })
     }
 }
+
+/// The header programs include (`include/spindle_prog.h`).
+pub const HEADER: &str = include_str!("../include/spindle_prog.h");
+
+/// Example programs shipped with Spindle (`programs/`): (name, C source).
+pub const EXAMPLES: [(&str, &str); 3] = [
+    ("column_sum", include_str!("../programs/column_sum.c")),
+    ("column_range", include_str!("../programs/column_range.c")),
+    (
+        "column_range_helper",
+        include_str!("../programs/column_range_helper.c"),
+    ),
+];
+
+/// Compiles C `source` with Debian's clang (`clang -O2 -target bpf -c`, the header on the
+/// include path); the object file's bytes.
+pub fn compile_c(source: &str) -> Result<Vec<u8>, String> {
+    let dir = std::env::temp_dir().join(format!(
+        "spindle-prog-{}-{}",
+        std::process::id(),
+        COMPILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = (|| {
+        std::fs::write(dir.join("spindle_prog.h"), HEADER).map_err(|e| e.to_string())?;
+        std::fs::write(dir.join("prog.c"), source).map_err(|e| e.to_string())?;
+        let out = std::process::Command::new("clang")
+            .args(["-O2", "-target", "bpf", "-I"])
+            .arg(&dir)
+            .arg("-c")
+            .arg(dir.join("prog.c"))
+            .arg("-o")
+            .arg(dir.join("prog.o"))
+            .output()
+            .map_err(|e| format!("cannot run clang ({e}): scripts/setup.sh installs it"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "clang failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        std::fs::read(dir.join("prog.o")).map_err(|e| e.to_string())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+static COMPILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// JIT-compiles `e` (only on x86_64 Linux, where solana-sbpf's JIT runs).
 fn compile(e: &Executable<RunContext>) -> Result<(), String> {

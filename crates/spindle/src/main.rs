@@ -184,6 +184,8 @@ enum BenchCommand {
     Soak(spindle_bench::soak::BenchSoakArgs),
     /// Where a block read's time goes, stage by stage (own scratch cluster, stage clocks on).
     Stages(spindle_bench::stages::BenchStagesArgs),
+    /// Pushdown programs: a column scan in the interpreter and the JIT against native code.
+    Prog(spindle_bench::prog::BenchProgArgs),
 }
 
 /// Keeps large buffers (object data, frames) in the heap instead of a fresh mmap per
@@ -305,6 +307,7 @@ fn main() {
             BenchCommand::Fio(args) => spindle_bench::fio::run(args),
             BenchCommand::Soak(args) => spindle_bench::soak::run(args),
             BenchCommand::Stages(args) => spindle_bench::stages::run(args),
+            BenchCommand::Prog(args) => spindle_bench::prog::run(args),
         },
     };
     if let Err(error) = result {
