@@ -193,6 +193,13 @@ struct Inner {
 
 use spindle_proto::tickets::Credentials;
 
+impl Inner {
+    /// The epoch of the map this client uses.
+    fn epoch(&self) -> u64 {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).map.epoch
+    }
+}
+
 fn mon_auth(creds: &Option<Arc<Credentials>>) -> spindle_proto::auth::ConnectAuth {
     creds
         .as_ref()
@@ -362,12 +369,7 @@ impl Client {
             .upgrade()
         {
             Some(inner) => {
-                let epoch = inner
-                    .map
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .map
-                    .epoch;
+                let epoch = inner.epoch();
                 let conns = lock(&inner.osds).len();
                 inner.stats.samples(epoch, conns)
             }
@@ -1243,12 +1245,7 @@ async fn mon_conn(inner: &Arc<Inner>) -> Result<Arc<RpcConn>, ClientError> {
         )
         .await
         .map_err(|e| mon_error(&inner.mons, e))?;
-    let have = inner
-        .map
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .map
-        .epoch;
+    let have = inner.epoch();
     let _ = conn.send_oneway(
         have,
         &Msg::GetMap {
