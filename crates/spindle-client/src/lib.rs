@@ -69,6 +69,10 @@ pub enum ClientError {
     /// newest snapshot (see [`with_snap_guard`]): preserve the object for it, then retry.
     #[error("image snapshot changed: {0}")]
     SnapChanged(String),
+    /// A pushdown program was refused by the daemon (it does not load or verify) or
+    /// stopped by a limit or a fault; the message says which.
+    #[error("program failed: {0}")]
+    Program(String),
 }
 
 tokio::task_local! {
@@ -159,6 +163,52 @@ pub struct ScrubStats {
 pub struct DamagedObject {
     pub pg: spindle_map::PgId,
     pub name: String,
+}
+
+/// A pushdown program (`spindle-prog`): its object file and id (the file's BLAKE3).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProgramCode {
+    pub id: [u8; 32],
+    pub elf: Arc<Vec<u8>>,
+}
+
+impl ProgramCode {
+    pub fn new(elf: Vec<u8>) -> ProgramCode {
+        ProgramCode {
+            id: *blake3::hash(&elf).as_bytes(),
+            elf: Arc::new(elf),
+        }
+    }
+
+    /// The id in hex (how programs are named in a pool: [`PROGRAM_OBJECT_PREFIX`]).
+    pub fn id_hex(&self) -> String {
+        self.id.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Objects holding programs: `.prog.` + the id in hex holds the object file; `.prog.name.`
+/// + a name holds the id in hex of the program loaded under that name.
+pub const PROGRAM_OBJECT_PREFIX: &str = ".prog.";
+const PROGRAM_NAME_PREFIX: &str = ".prog.name.";
+
+/// How a program runs ([`Client::exec`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExecOptions {
+    /// The JIT (else the interpreter).
+    pub jit: bool,
+    /// Read the objects through the daemon's data cache (and fill it).
+    pub cache: bool,
+}
+
+/// What a program run gave back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecResult {
+    /// `spindle_main`'s return value.
+    pub ret: u64,
+    /// The bytes the program emitted.
+    pub output: Vec<u8>,
+    /// The objects it ran against, with the sizes and versions it saw.
+    pub objects: Vec<ObjectListing>,
 }
 
 /// Size and version of an object.
@@ -909,6 +959,7 @@ impl Client {
                 ErrorCode::Fenced => ClientError::Fenced(message),
                 ErrorCode::Denied | ErrorCode::AuthFailed => ClientError::Denied(message),
                 ErrorCode::SnapChanged => ClientError::SnapChanged(message),
+                ErrorCode::ProgramFailed => ClientError::Program(message),
                 _ => ClientError::Daemon(format!("{code:?}: {message}")),
             },
             e @ CallError::Unexpected { .. } => ClientError::Protocol(e.to_string()),
@@ -1102,6 +1153,132 @@ impl Client {
             size_bytes: r.size_bytes,
             version: r.version,
         })
+    }
+
+    /// Runs `program` on the daemon holding `objects` (one object, or up to
+    /// `spindle_types::limits::EXEC_OBJECTS_MAX` of one placement group: names sharing a
+    /// placement key, `{key}`), with `args`. The program's object file travels only to a
+    /// daemon that does not hold it yet.
+    pub async fn exec(
+        &self,
+        pool: &str,
+        objects: &[&str],
+        program: &ProgramCode,
+        args: &[u8],
+        opts: ExecOptions,
+    ) -> Result<ExecResult, ClientError> {
+        let Some((first, more)) = objects.split_first() else {
+            return Err(ClientError::Invalid("a program run needs an object".into()));
+        };
+        for n in objects {
+            check_name(n)?;
+        }
+        if args.len() > spindle_proto::msg::EXEC_ARGS_MAX {
+            return Err(ClientError::Invalid(format!(
+                "program arguments of {} bytes: at most {}",
+                args.len(),
+                spindle_proto::msg::EXEC_ARGS_MAX
+            )));
+        }
+        for send_elf in [false, true] {
+            let op = ObjOp::Exec(spindle_proto::msg::ExecOp {
+                program: program.id,
+                jit: opts.jit,
+                cache: opts.cache,
+                args: args.to_vec(),
+                more: more.iter().map(|n| n.to_string()).collect(),
+                elf: if send_elf {
+                    program.elf.to_vec()
+                } else {
+                    Vec::new()
+                },
+            });
+            let reply = self.op(pool, first, op, None).await?;
+            if !send_elf {
+                if let Msg::Error {
+                    code: ErrorCode::ProgramUnknown,
+                    ..
+                } = reply
+                {
+                    continue;
+                }
+            }
+            let r = Self::reply::<typed::ObjRequest>(reply, first)?;
+            return Ok(ExecResult {
+                ret: r.size_bytes,
+                output: r.data,
+                objects: r.listing,
+            });
+        }
+        Err(ClientError::Daemon(
+            "the daemon does not take the program's object file".into(),
+        ))
+    }
+
+    /// Stores `elf` in `pool` as program `name` (content-addressed: the object file under
+    /// its id, and the name pointing at the id). Check it first with `spindle-prog`: the
+    /// daemons verify it again before running it.
+    pub async fn program_store(
+        &self,
+        pool: &str,
+        name: &str,
+        elf: Vec<u8>,
+    ) -> Result<ProgramCode, ClientError> {
+        if elf.len() > spindle_types::limits::PROGRAM_BYTES_MAX {
+            return Err(ClientError::Invalid(format!(
+                "program object file of {} bytes: at most {}",
+                elf.len(),
+                spindle_types::limits::PROGRAM_BYTES_MAX
+            )));
+        }
+        let code = ProgramCode::new(elf);
+        let id = code.id_hex();
+        self.write_full(
+            pool,
+            &format!("{PROGRAM_OBJECT_PREFIX}{id}"),
+            code.elf.to_vec(),
+        )
+        .await?;
+        self.write_full(
+            pool,
+            &format!("{PROGRAM_NAME_PREFIX}{name}"),
+            id.into_bytes(),
+        )
+        .await?;
+        Ok(code)
+    }
+
+    /// Program `name` (or an id in hex) as stored in `pool` by [`Client::program_store`];
+    /// its object file is checked against its id.
+    pub async fn program(&self, pool: &str, name: &str) -> Result<ProgramCode, ClientError> {
+        let id = match self
+            .read_full(pool, &format!("{PROGRAM_NAME_PREFIX}{name}"))
+            .await
+        {
+            Ok(id) => String::from_utf8(id)
+                .map_err(|_| ClientError::Corrupt(format!("program name {name}: not an id")))?,
+            Err(ClientError::NotFound(_))
+                if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                name.to_ascii_lowercase()
+            }
+            Err(ClientError::NotFound(_)) => {
+                return Err(ClientError::NotFound(format!(
+                    "program {name} in pool {pool} (load it with `spindle prog load`)"
+                )))
+            }
+            Err(e) => return Err(e),
+        };
+        let elf = self
+            .read_full(pool, &format!("{PROGRAM_OBJECT_PREFIX}{id}"))
+            .await?;
+        let code = ProgramCode::new(elf);
+        if code.id_hex() != id {
+            return Err(ClientError::Corrupt(format!(
+                "program {name}: its object file does not hash to its id {id}"
+            )));
+        }
+        Ok(code)
     }
 
     /// Scrubs every placement group of `pool` now: each primary compares all copies of

@@ -14,16 +14,19 @@ pub(crate) enum ReqKind {
     Write,
     Stat,
     List,
+    /// Pushdown program runs.
+    Exec,
     /// Scrub, lock and other group requests.
     Other,
 }
 
 impl ReqKind {
-    pub const ALL: [ReqKind; 5] = [
+    pub const ALL: [ReqKind; 6] = [
         ReqKind::Read,
         ReqKind::Write,
         ReqKind::Stat,
         ReqKind::List,
+        ReqKind::Exec,
         ReqKind::Other,
     ];
 
@@ -34,6 +37,7 @@ impl ReqKind {
                 ObjOp::Mutate(_) => ReqKind::Write,
                 ObjOp::Stat => ReqKind::Stat,
                 ObjOp::List => ReqKind::List,
+                ObjOp::Exec(_) => ReqKind::Exec,
             },
             _ => ReqKind::Other,
         }
@@ -45,6 +49,7 @@ impl ReqKind {
             ReqKind::Write => "write",
             ReqKind::Stat => "stat",
             ReqKind::List => "list",
+            ReqKind::Exec => "exec",
             ReqKind::Other => "other",
         }
     }

@@ -24,7 +24,7 @@ pub mod session;
 pub mod ec;
 pub use codec::MapDecodeError;
 pub use placement::{
-    object_pg, pg_crush_input, shard_pg, split_shard_pg, PgId, PgMapping, Placement,
+    object_pg, pg_crush_input, placement_key, shard_pg, split_shard_pg, PgId, PgMapping, Placement,
 };
 pub use view::{MapRejected, MapView};
 

@@ -15,10 +15,28 @@ fn name_hash(name: &str) -> u32 {
     (h ^ (h >> 32)) as u32
 }
 
-/// Placement group of `name` in a pool of `pg_count` (a power of two) groups.
+/// The part of an object name that decides its placement: the text between the first
+/// `{` and the next `}` when that is not empty (as Redis Cluster's hash tags), else the
+/// whole name. Objects whose names share a placement key share a placement group, so one
+/// program run (`ObjOp::Exec`) can see them together: `ssb.lineorder.{rg7}.revenue` and
+/// `ssb.lineorder.{rg7}.custkey` live on the same daemons. Image, snapshot and pool names
+/// cannot contain braces, so no name Spindle builds itself has a key.
+pub fn placement_key(name: &str) -> &str {
+    if let Some(open) = name.find('{') {
+        if let Some(len) = name[open + 1..].find('}') {
+            if len > 0 {
+                return &name[open + 1..open + 1 + len];
+            }
+        }
+    }
+    name
+}
+
+/// Placement group of `name` in a pool of `pg_count` (a power of two) groups (by its
+/// [`placement_key`]).
 pub fn object_pg(name: &str, pg_count: u32) -> u32 {
     debug_assert!(pg_count.is_power_of_two());
-    name_hash(name) & (pg_count - 1)
+    name_hash(placement_key(name)) & (pg_count - 1)
 }
 
 /// The CRUSH input of a placement group: Ceph's `hashpspool` mixing of the group and the
@@ -386,6 +404,32 @@ mod tests {
         let mut gone = back;
         gone.remove_pool(&pool).unwrap();
         assert!(gone.image_snaps.is_empty());
+    }
+
+    #[test]
+    fn placement_keys_group_objects() {
+        assert_eq!(placement_key("lo.{rg7}.revenue"), "rg7");
+        assert_eq!(placement_key("{a}{b}"), "a");
+        assert_eq!(placement_key("x{}y"), "x{}y");
+        assert_eq!(placement_key("x{y"), "x{y");
+        assert_eq!(placement_key("x}y{"), "x}y{");
+        assert_eq!(placement_key("plain"), "plain");
+        for pg_count in [1u32, 8, 128, 4096] {
+            let groups: std::collections::BTreeSet<u32> = ["revenue", "custkey", "orderdate"]
+                .iter()
+                .map(|c| object_pg(&format!("ssb.{{rg12}}.{c}"), pg_count))
+                .collect();
+            assert_eq!(groups.len(), 1);
+            assert_eq!(
+                object_pg("ssb.{rg12}.x", pg_count),
+                object_pg("rg12", pg_count)
+            );
+        }
+        // Without braces, names are placed as before (the hash is stable).
+        assert_eq!(
+            object_pg("ssb.rg12.x", 4096),
+            name_hash("ssb.rg12.x") & 4095
+        );
     }
 
     #[test]

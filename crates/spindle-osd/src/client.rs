@@ -93,7 +93,7 @@ impl Osd {
                 Some(st) => {
                     let me_only = match &op {
                         ObjOp::Mutate(_) => Some(false),
-                        ObjOp::Read { .. } | ObjOp::Stat => Some(true),
+                        ObjOp::Read { .. } | ObjOp::Stat | ObjOp::Exec(_) => Some(true),
                         ObjOp::List => None,
                     };
                     let missing = me_only.is_some_and(|me_only| {
@@ -135,6 +135,13 @@ impl Osd {
         if adds_data {
             if let Some(why) = self.refuse_for_space(&ms.map, mapping) {
                 reply.send(rid, epoch, &Msg::error(ErrorCode::NoSpace, why));
+                return;
+            }
+        }
+        // A program run: every object it names must be of this group.
+        if let ObjOp::Exec(e) = &op {
+            if let Some(why) = exec_refusal(&ms.map, pgid, &name, e) {
+                reply.send(rid, epoch, &Msg::error(ErrorCode::Invalid, why));
                 return;
             }
         }
@@ -246,6 +253,19 @@ impl Osd {
                         });
                     }
                 }
+            }
+            ObjOp::Exec(exec) => {
+                let peers: Vec<u32> = mapping
+                    .up
+                    .iter()
+                    .copied()
+                    .filter(|&o| o != self.inner.id)
+                    .collect();
+                tokio::spawn(async move {
+                    let source = crate::exec::Source::Replicated { peers };
+                    let msg = osd.exec_op(epoch, pgid, name, exec, source).await;
+                    reply.send_owned(rid, epoch, msg);
+                });
             }
             ObjOp::Read { offset, len } => {
                 let peers: Vec<u32> = mapping
@@ -599,7 +619,7 @@ impl Osd {
 
     /// Reads locally; on a checksum failure reads the object from another copy, repairs
     /// the local one and serves the good data.
-    async fn read(
+    pub(crate) async fn read(
         &self,
         epoch: u64,
         pgid: PgId,
@@ -656,6 +676,37 @@ impl Osd {
             Err(e) => store_error_reply(&e),
         }
     }
+}
+
+/// Why a program run cannot be served by group `pgid`: too many objects, an object of
+/// another group, or an object file that is too large.
+fn exec_refusal(
+    map: &ClusterMap,
+    pgid: PgId,
+    name: &str,
+    e: &spindle_proto::msg::ExecOp,
+) -> Option<String> {
+    let max = spindle_types::limits::EXEC_OBJECTS_MAX;
+    if 1 + e.more.len() > max {
+        return Some(format!("a program run names at most {max} objects"));
+    }
+    if e.elf.len() > spindle_types::limits::PROGRAM_BYTES_MAX {
+        return Some(format!(
+            "program object file of {} bytes: at most {}",
+            e.elf.len(),
+            spindle_types::limits::PROGRAM_BYTES_MAX
+        ));
+    }
+    let pg_count = map.pools.get(&pgid.pool)?.pg_count;
+    e.more
+        .iter()
+        .find(|n| spindle_map::object_pg(n, pg_count) != pgid.pg)
+        .map(|n| {
+            format!(
+                "{n} is not in the placement group of {name}: objects of one run must share a \
+                 placement key ({{key}} in their names)"
+            )
+        })
 }
 
 struct StartedWrite {

@@ -40,6 +40,15 @@ pub(crate) struct OsdCounters {
     /// Reads refused (`Again`) because the primary held no read lease from every other
     /// copy of the group (`lease.rs`).
     pub reads_without_lease: AtomicU64,
+    /// Pushdown program runs asked for, those the program failed (refused, or stopped by
+    /// a limit or a fault), programs loaded, instructions run, object bytes the programs
+    /// read, and objects served from the data cache (`exec.rs`).
+    pub exec_runs: AtomicU64,
+    pub exec_failed: AtomicU64,
+    pub exec_programs_loaded: AtomicU64,
+    pub exec_instructions: AtomicU64,
+    pub exec_bytes_in: AtomicU64,
+    pub exec_cache_hits: AtomicU64,
 }
 
 impl OsdCounters {
@@ -77,6 +86,12 @@ impl OsdCounters {
             ("fenced_writes_refused", g(&self.fenced_writes_refused)),
             ("snap_guard_refused", g(&self.snap_guard_refused)),
             ("reads_without_lease", g(&self.reads_without_lease)),
+            ("exec_runs", g(&self.exec_runs)),
+            ("exec_failed", g(&self.exec_failed)),
+            ("exec_programs_loaded", g(&self.exec_programs_loaded)),
+            ("exec_instructions", g(&self.exec_instructions)),
+            ("exec_bytes_in", g(&self.exec_bytes_in)),
+            ("exec_cache_hits", g(&self.exec_cache_hits)),
         ]
     }
 }

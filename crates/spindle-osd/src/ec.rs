@@ -747,6 +747,19 @@ impl Osd {
             reply.send_owned(rid, epoch, self.ec_list(pgid).await);
             return;
         }
+        // A program runs on a decoded copy of each object (read under its lock, one at a
+        // time), outside the locks.
+        if let ObjOp::Exec(exec) = op {
+            let source = crate::exec::Source::Ec {
+                mapping: mapping.clone(),
+                layout: layout.clone(),
+            };
+            let msg = self
+                .exec_op(epoch, pgid, name.to_string(), exec, source)
+                .await;
+            reply.send_owned(rid, epoch, msg);
+            return;
+        }
         if name.contains('\0') || name.len() > spindle_types::limits::EC_OBJECT_NAME_BYTES_MAX {
             let msg = err(
                 ErrorCode::Invalid,
@@ -797,6 +810,50 @@ impl Osd {
         if Arc::strong_count(&lock) == 2 {
             locks.remove(&(pgid, name.to_string()));
         }
+    }
+
+    /// The current version of an object of an erasure-coded group (as its primary's
+    /// shard knows it), None if it does not exist.
+    pub(crate) fn ec_current_version(&self, pgid: PgId, name: &str) -> Option<Ver> {
+        let own = self.copy_pgid(pgid, self.inner.id);
+        self.current_slot(own, name).map(|c| c.version)
+    }
+
+    /// Reads a whole object of an erasure-coded group, under its lock (a program run's
+    /// input).
+    pub(crate) async fn ec_read_whole(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        mapping: &PgMapping,
+        layout: &EcLayout,
+        name: &str,
+    ) -> Msg {
+        if name.contains('\0') || name.len() > spindle_types::limits::EC_OBJECT_NAME_BYTES_MAX {
+            return err(ErrorCode::NotFound, format!("{name}: no such object"));
+        }
+        let lock = {
+            let mut locks = crate::lock(&self.inner.ec_locks);
+            locks
+                .entry((pgid, name.to_string()))
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+                .clone()
+        };
+        let msg = {
+            let _held = lock.lock().await;
+            let read = ObjOp::Read {
+                offset: 0,
+                len: spindle_types::limits::OBJECT_BYTES_MAX,
+            };
+            self.ec_locked_op(epoch, pgid, mapping, layout, name, read)
+                .await
+                .0
+        };
+        let mut locks = crate::lock(&self.inner.ec_locks);
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(&(pgid, name.to_string()));
+        }
+        msg
     }
 
     async fn ec_locked_op(
@@ -918,6 +975,7 @@ impl Osd {
             }
             // Sender-encoded shards (`EcWrite`) included: the primary encodes, so that
             // the shards it writes are always its own encoding of the bytes it was sent.
+            ObjOp::Exec(_) => err(ErrorCode::Internal, "a program run reached the object lock"),
             ObjOp::Mutate(_) => err(
                 ErrorCode::Invalid,
                 "this pool is erasure-coded: objects take whole writes, writes, truncates \

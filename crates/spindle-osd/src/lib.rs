@@ -30,6 +30,7 @@ mod counters;
 mod metrics;
 use counters::OsdCounters;
 mod ec;
+mod exec;
 mod fanout;
 mod lease;
 mod peering;
@@ -48,7 +49,7 @@ use spindle_pg::rules::IntervalChange;
 use spindle_pg::{CopyId, MemberHistory, RepInterval, ReplicationCore, TxnGate};
 use spindle_proto::msg::typed;
 use spindle_proto::msg::{
-    LogEntryMsg, Mutation as WireMutation, ObjOp, PgReport, PgStateCode, Ver,
+    LogEntryMsg, Mutation as WireMutation, ObjOp, ObjectListing, PgReport, PgStateCode, Ver,
 };
 use spindle_proto::net::{
     accept_loop_via, Incoming, NetError, PendingReply, Prepared, Replier, RpcConn, Service,
@@ -105,7 +106,16 @@ pub struct OsdConfig {
     pub encrypt: bool,
     /// A client operation unanswered this long is slow (`SLOW_OPS` health check).
     pub slow_op_ms: u64,
+    /// Threads that run pushdown programs (`exec.rs`), at a lower priority than I/O.
+    pub exec_threads: usize,
+    /// Bytes of object data kept for repeated program runs (`exec.rs`, `DataCache`).
+    pub exec_cache_bytes: u64,
 }
+
+/// Default `OsdConfig::exec_threads`: one, so programs leave the other cores to I/O.
+pub const EXEC_THREADS_DEFAULT: usize = 1;
+/// Default `OsdConfig::exec_cache_bytes`.
+pub const EXEC_CACHE_BYTES_DEFAULT: u64 = 256 << 20;
 
 impl OsdConfig {
     pub fn new(id: u32, dir: impl Into<PathBuf>, mon_addr: impl Into<String>) -> Self {
@@ -124,6 +134,8 @@ impl OsdConfig {
             metrics_listen: None,
             encrypt: false,
             slow_op_ms: SLOW_OP_MS_DEFAULT,
+            exec_threads: EXEC_THREADS_DEFAULT,
+            exec_cache_bytes: EXEC_CACHE_BYTES_DEFAULT,
         }
     }
 }
@@ -285,6 +297,11 @@ struct Inner {
     /// Per object of an erasure-coded group this daemon is primary of: one operation at a
     /// time.
     ec_locks: Mutex<ec::ObjectLocks>,
+    /// Pushdown programs (`exec.rs`): loaded programs, object data kept for repeated runs,
+    /// and the threads runs go to.
+    exec_programs: Mutex<exec::ProgramCache>,
+    exec_data: Mutex<exec::DataCache>,
+    exec_pool: exec::ExecPool,
 }
 
 /// Counts one in-flight store transaction of a PG until dropped.
@@ -383,7 +400,15 @@ fn client_refusal(peer: &spindle_proto::auth::Peer, msg: &Msg, ms: &MapState) ->
                 _ => Access::Read,
             };
             let p = pool_name(*pool);
-            (!peer.caps.osd_allows(&p, name, access)).then(|| {
+            // A program run reads every object it names.
+            let more: &[String] = match op {
+                ObjOp::Exec(e) => &e.more,
+                _ => &[],
+            };
+            let name = std::iter::once(name)
+                .chain(more)
+                .find(|n| !peer.caps.osd_allows(&p, n, access))?;
+            Some({
                 let what = if matches!(access, Access::Write) {
                     "write"
                 } else {
@@ -487,6 +512,9 @@ impl Osd {
                 counters: OsdCounters::default(),
                 op_metrics,
                 in_flight: slow::InFlight::new(config.slow_op_ms.max(1)),
+                exec_programs: Mutex::new(exec::ProgramCache::default()),
+                exec_data: Mutex::new(exec::DataCache::new(config.exec_cache_bytes)),
+                exec_pool: exec::ExecPool::new(config.exec_threads, config.id),
                 metrics_addr: Default::default(),
                 over_full_ratio: Default::default(),
                 inflight: Mutex::new(TxnGate::new()),
@@ -1009,6 +1037,10 @@ impl Osd {
             ("slow_ops".to_string(), slow.slow_now),
             ("slow_op_oldest_ms".to_string(), slow.oldest_ms),
             ("slow_ops_finished".to_string(), slow.slow_finished),
+            (
+                "exec_cache_bytes".to_string(),
+                lock(&self.inner.exec_data).bytes(),
+            ),
         ]);
         counters
     }

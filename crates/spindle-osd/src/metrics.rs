@@ -21,10 +21,17 @@ pub(crate) enum OpKind {
     Write,
     Stat,
     List,
+    Exec,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 4] = [OpKind::Read, OpKind::Write, OpKind::Stat, OpKind::List];
+    pub const ALL: [OpKind; 5] = [
+        OpKind::Read,
+        OpKind::Write,
+        OpKind::Stat,
+        OpKind::List,
+        OpKind::Exec,
+    ];
 
     pub fn of(op: &ObjOp) -> OpKind {
         match op {
@@ -32,6 +39,7 @@ impl OpKind {
             ObjOp::Mutate(_) => OpKind::Write,
             ObjOp::Stat => OpKind::Stat,
             ObjOp::List => OpKind::List,
+            ObjOp::Exec(_) => OpKind::Exec,
         }
     }
 
@@ -41,6 +49,7 @@ impl OpKind {
             OpKind::Write => "write",
             OpKind::Stat => "stat",
             OpKind::List => "list",
+            OpKind::Exec => "exec",
         }
     }
 
@@ -156,7 +165,7 @@ impl OpMetrics {
 }
 
 /// Counters the heartbeat reports that only grow (the rest are gauges).
-const GAUGES: [(&str, &str); 9] = [
+const GAUGES: [(&str, &str); 10] = [
     ("objects", "Objects in this daemon's store"),
     ("data_bytes", "Object data bytes in this daemon's store"),
     (
@@ -180,6 +189,10 @@ const GAUGES: [(&str, &str); 9] = [
     (
         "slow_op_oldest_ms",
         "Age of the oldest slow operation in flight (0: none)",
+    ),
+    (
+        "exec_cache_bytes",
+        "Object bytes kept for repeated program runs",
     ),
 ];
 
@@ -208,6 +221,12 @@ fn counter_help(name: &str) -> &'static str {
         "checkpoints" => "Store checkpoints",
         "files_reused" => "Freed object files the store reused",
         "slow_ops_finished" => "Client operations answered after the complaint time",
+        "exec_runs" => "Pushdown program runs asked for",
+        "exec_failed" => "Program runs refused or stopped by a limit or fault",
+        "exec_programs_loaded" => "Programs loaded and verified",
+        "exec_instructions" => "Program instructions run",
+        "exec_bytes_in" => "Object bytes programs ran against",
+        "exec_cache_hits" => "Objects programs read from the data cache",
         _ => "A storage daemon counter",
     }
 }

@@ -3,7 +3,8 @@
  * Build:   clang -O2 -target bpf -c prog.c -o prog.o   (Debian's clang)
  * Entry:   uint64_t spindle_main(const struct spindle_input *in)
  *
- * A program runs against one object at a time, on the storage daemon that holds it. It
+ * A program runs against one object (or a few of one placement group) at a time, on the
+ * storage daemon that holds it. It
  * reads the object (mapped read-only: `in->data`, or copied with spindle_read), its
  * arguments (`in->args`), and answers with bytes it emits (spindle_emit) and its return
  * value. Every memory access is checked against the regions it may use (its stack, the
@@ -26,11 +27,20 @@ typedef short int16_t;
 typedef int int32_t;
 typedef long long int64_t;
 
-struct spindle_input {
+struct spindle_object {
     const uint8_t *data;   /* the object's bytes (read-only) */
+    uint64_t len;
+};
+
+struct spindle_input {
+    const uint8_t *data;   /* the (first) object's bytes (read-only) */
     uint64_t data_len;
     const uint8_t *args;   /* the call's arguments (read-only) */
     uint64_t args_len;
+    /* Every object of the run, the first one included: a run may name up to 16 objects of
+     * one placement group (names sharing a placement key, `{key}`). */
+    uint64_t n_objects;
+    const struct spindle_object *objects;
 };
 
 /* Appends `len` bytes to the program's output; 0, or the run stops (output limit). */

@@ -56,6 +56,8 @@ pub enum ProgError {
     BadHelperCall(String),
     #[error("the JIT is not available here: {0}")]
     NoJit(String),
+    #[error("bad run: {0}")]
+    BadInput(String),
 }
 
 /// Interpreter or JIT, chosen per run.
@@ -70,6 +72,24 @@ pub const STACK_FRAMES_MAX: usize = 64;
 
 /// Where the object's bytes are mapped (read-only).
 pub const DATA_VM_ADDR: u64 = ebpf::MM_REGION_SIZE * 5;
+
+/// Most objects one run sees (`spindle_types::limits::EXEC_OBJECTS_MAX`).
+pub const OBJECTS_MAX: usize = 16;
+
+/// Where object `i` of a run is mapped (read-only): the first at [`DATA_VM_ADDR`], the
+/// others after the constants (the VM's aligned mapping wants one region per 4 GiB slot,
+/// in order from slot 0).
+pub fn object_vm_addr(i: usize) -> u64 {
+    if i == 0 {
+        DATA_VM_ADDR
+    } else {
+        ebpf::MM_REGION_SIZE * (6 + i as u64)
+    }
+}
+
+/// Bytes of the input header before the object table: data, data_len, args, args_len,
+/// n_objects, objects.
+const INPUT_HEADER_BYTES: u64 = 48;
 
 /// What one run may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -524,6 +544,29 @@ impl Program {
         args: &[u8],
         limits: &Limits,
     ) -> Result<RunOutput, ProgError> {
+        self.run_objects(engine, &[data], args, limits)
+    }
+
+    /// Runs the program against several objects (`objects[0]` is `in->data`; all are in
+    /// `in->objects`), at most [`OBJECTS_MAX`].
+    pub fn run_objects(
+        &self,
+        engine: Engine,
+        objects: &[&[u8]],
+        args: &[u8],
+        limits: &Limits,
+    ) -> Result<RunOutput, ProgError> {
+        let Some(data) = objects.first().copied() else {
+            return Err(ProgError::BadInput(
+                "a run needs at least one object".into(),
+            ));
+        };
+        if objects.len() > OBJECTS_MAX {
+            return Err(ProgError::BadInput(format!(
+                "{} objects given, at most {OBJECTS_MAX} per run",
+                objects.len()
+            )));
+        }
         if engine == Engine::Jit {
             if let Err(e) = &self.jit {
                 return Err(ProgError::NoJit(e.clone()));
@@ -535,13 +578,26 @@ impl Program {
         let mut stack = AlignedMemory::<{ ebpf::HOST_ALIGN }>::zero_filled(config.stack_size());
         let stack_len = stack.len();
         let mut scratch = vec![0u8; limits.scratch_bytes as usize];
-        let mut input = Vec::with_capacity(32 + args.len());
-        input.extend_from_slice(&DATA_VM_ADDR.to_le_bytes());
-        input.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        input.extend_from_slice(&(ebpf::MM_INPUT_START + 32).to_le_bytes());
-        input.extend_from_slice(&(args.len() as u64).to_le_bytes());
+        let table_bytes = 16 * objects.len() as u64;
+        let mut input =
+            Vec::with_capacity((INPUT_HEADER_BYTES + table_bytes) as usize + args.len());
+        let words = [
+            DATA_VM_ADDR,
+            data.len() as u64,
+            ebpf::MM_INPUT_START + INPUT_HEADER_BYTES + table_bytes,
+            args.len() as u64,
+            objects.len() as u64,
+            ebpf::MM_INPUT_START + INPUT_HEADER_BYTES,
+        ];
+        for w in words {
+            input.extend_from_slice(&w.to_le_bytes());
+        }
+        for (i, o) in objects.iter().enumerate() {
+            input.extend_from_slice(&object_vm_addr(i).to_le_bytes());
+            input.extend_from_slice(&(o.len() as u64).to_le_bytes());
+        }
         input.extend_from_slice(args);
-        let regions = vec![
+        let mut regions = vec![
             self.executable.get_ro_region(),
             MemoryRegion::new_gapped(
                 &raw mut *stack.as_slice_mut(),
@@ -557,6 +613,9 @@ impl Program {
             MemoryRegion::new(&raw const *data, DATA_VM_ADDR),
             MemoryRegion::new(&raw const *self.rodata.as_slice(), object::RODATA_VM_ADDR),
         ];
+        for (i, o) in objects.iter().enumerate().skip(1) {
+            regions.push(MemoryRegion::new(&raw const **o, object_vm_addr(i)));
+        }
         // SAFETY: every region's buffer lives until the end of this function, after the
         // VM that uses the mapping; the read-only ones are not written while mapped.
         let mapping = unsafe {

@@ -128,10 +128,42 @@ impl Mutation {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ObjOp {
     Mutate(Mutation),
-    Read { offset: u64, len: u64 },
+    Read {
+        offset: u64,
+        len: u64,
+    },
     Stat,
     List,
+    /// Run a pushdown program (`spindle-prog`) against the object, and against `more`
+    /// objects of the same placement group (names sharing a placement key: see
+    /// `spindle_map::placement::placement_key`). Answered with `ObjReply`: `version` is the
+    /// object's, `size_bytes` the program's return value, `data` its output, `listing` the
+    /// objects it ran against; a refused or stopped program is `ProgramFailed`, a program
+    /// the daemon does not hold (and `elf` empty) `ProgramUnknown`.
+    Exec(ExecOp),
 }
+
+/// A program run (`ObjOp::Exec`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecOp {
+    /// BLAKE3 of the program's object file.
+    pub program: [u8; 32],
+    /// The JIT (else the interpreter).
+    pub jit: bool,
+    /// Read the objects through the daemon's data cache (and fill it).
+    pub cache: bool,
+    /// The program's arguments (at most [`EXEC_ARGS_MAX`] bytes).
+    pub args: Vec<u8>,
+    /// Other objects the program sees after the first (at most [`EXEC_OBJECTS_MAX`] - 1).
+    pub more: Vec<String>,
+    /// The program's object file (the bulk), or empty when the daemon should hold it.
+    pub elf: Vec<u8>,
+}
+
+/// Largest argument block of a program run.
+pub const EXEC_ARGS_MAX: usize = spindle_types::limits::EXEC_ARGS_BYTES_MAX;
+/// Most objects one program run sees.
+pub const EXEC_OBJECTS_MAX: usize = spindle_types::limits::EXEC_OBJECTS_MAX;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LogEntryMsg {
@@ -365,6 +397,16 @@ mod wire {
                 ObjOp::List => {
                     w.u8(3);
                 }
+                ObjOp::Exec(e) => {
+                    w.u8(4);
+                    w.bytes(&e.program)
+                        .u8(e.jit as u8 | (e.cache as u8) << 1)
+                        .bytes(&e.args)
+                        .u32(e.more.len() as u32);
+                    for n in &e.more {
+                        w.str(n);
+                    }
+                }
             }
         }
         fn get(&self, r: &mut Reader, bulk: &mut Option<Vec<u8>>) -> Result<ObjOp, CodecError> {
@@ -376,6 +418,40 @@ mod wire {
                 },
                 2 => ObjOp::Stat,
                 3 => ObjOp::List,
+                4 => {
+                    let id = r.bytes("program id", 32)?;
+                    let program: [u8; 32] = id.try_into().map_err(|_| CodecError::Invalid {
+                        what: "program id length",
+                        value: id.len() as u64,
+                    })?;
+                    let flags = r.u8("exec flags")?;
+                    if flags > 3 {
+                        return Err(CodecError::Invalid {
+                            what: "exec flags",
+                            value: flags as u64,
+                        });
+                    }
+                    let args = r.bytes("program args", EXEC_ARGS_MAX)?.to_vec();
+                    let count = r.u32("exec object count")?;
+                    if count as usize >= EXEC_OBJECTS_MAX {
+                        return Err(CodecError::Invalid {
+                            what: "exec object count",
+                            value: count as u64,
+                        });
+                    }
+                    let mut more = Vec::with_capacity(count as usize);
+                    for _ in 0..count {
+                        more.push(name(r)?);
+                    }
+                    ObjOp::Exec(ExecOp {
+                        program,
+                        jit: flags & 1 != 0,
+                        cache: flags & 2 != 0,
+                        args,
+                        more,
+                        elf: take_bulk(bulk),
+                    })
+                }
                 v => {
                     return Err(CodecError::Invalid {
                         what: "op",
@@ -387,12 +463,14 @@ mod wire {
         fn bulk<'a>(&self, v: &'a ObjOp) -> Option<&'a [u8]> {
             match v {
                 ObjOp::Mutate(m) => mutation_data(m),
+                ObjOp::Exec(e) => Some(&e.elf),
                 _ => None,
             }
         }
         fn bulk_mut<'a>(&self, v: &'a mut ObjOp) -> Option<&'a mut Vec<u8>> {
             match v {
                 ObjOp::Mutate(m) => mutation_data_mut(m),
+                ObjOp::Exec(e) => Some(&mut e.elf),
                 _ => None,
             }
         }

@@ -144,6 +144,21 @@ fn samples() -> Vec<Msg> {
             client: 0,
             snap_guard: 0,
         },
+        Msg::ObjRequest {
+            pool: 1,
+            pg: 2,
+            name: "t.{rg1}.a".into(),
+            op: ObjOp::Exec(spindle_proto::msg::ExecOp {
+                program: [7; 32],
+                jit: true,
+                cache: false,
+                args: vec![1, 2, 3],
+                more: vec!["t.{rg1}.b".into()],
+                elf: vec![0x7f, b'E', b'L', b'F'],
+            }),
+            client: 5,
+            snap_guard: 0,
+        },
         Msg::ObjReply {
             version: v(1, 2),
             size_bytes: 3,

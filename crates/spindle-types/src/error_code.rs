@@ -66,11 +66,19 @@ pub enum ErrorCode {
     /// layer decides).
     #[error("image snapshot changed")]
     SnapChanged = 18,
+    /// The daemon does not hold the program a run names: send the run again with the
+    /// program's object file (the client library does).
+    #[error("program not loaded")]
+    ProgramUnknown = 19,
+    /// The program was refused (it does not load or verify) or stopped by a limit or a
+    /// fault: the message says which. Final for this run.
+    #[error("program failed")]
+    ProgramFailed = 20,
 }
 
 impl ErrorCode {
     /// Every code, in wire order.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 20] = [
         Self::NotFound,
         Self::StaleMap,
         Self::NeedMap,
@@ -89,6 +97,8 @@ impl ErrorCode {
         Self::AuthFailed,
         Self::Denied,
         Self::SnapChanged,
+        Self::ProgramUnknown,
+        Self::ProgramFailed,
     ];
 
     /// The code with wire value `v`, None for a value no version of Spindle sends.
@@ -117,6 +127,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(*c as u16), Some(*c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(19), None);
+        assert_eq!(ErrorCode::from_u16(21), None);
     }
 }

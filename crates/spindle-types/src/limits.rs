@@ -57,6 +57,8 @@ pub const MESSAGE_DATA_BYTES_MAX: usize = 48 << 20;
 pub const MESSAGE_OVERHEAD_BYTES_MAX: usize = OBJECT_NAME_BYTES_MAX
     + MESSAGE_DATA_BYTES_MAX / CRC_BLOCK_BYTES * 4
     + WRITE_EXTENTS_MAX * 12
+    + EXEC_ARGS_BYTES_MAX
+    + EXEC_OBJECTS_MAX * (OBJECT_NAME_BYTES_MAX + 4)
     + (64 << 10);
 /// Most extents in one multi-extent write (`Mutation::WriteExtents`): a write log
 /// publishing 512-byte sector writes into a 4 MiB object never has more separate
@@ -74,6 +76,19 @@ pub const STORE_MUTATION_BYTES_MAX: usize = 1 << 30;
 /// Bytes covered by one data checksum, on disk and in bulk messages: the page size, so a
 /// 4 KiB random read checks exactly one CRC.
 pub const CRC_BLOCK_BYTES: usize = spindle_crc::CRC_BLOCK_BYTES;
+
+// ---- pushdown programs ----
+
+/// Largest argument block of one program run: arguments are parameters (predicates,
+/// dictionaries of a few values), not data; data is in objects.
+pub const EXEC_ARGS_BYTES_MAX: usize = 1 << 20;
+/// Most objects one program run sees (the object named and others of its placement group:
+/// the columns of one row group). Each is mapped into the program's memory as its own
+/// region: 16 keeps the mapping table small.
+pub const EXEC_OBJECTS_MAX: usize = 16;
+/// Largest program object file: 64 Ki instructions (8 bytes each) and 4 MiB of constants
+/// (`spindle-prog`'s own limits) with room for the ELF's headers and symbols.
+pub const PROGRAM_BYTES_MAX: usize = 8 << 20;
 
 // ---- placement ----
 
@@ -146,6 +161,8 @@ const _: () = assert!(POOL_NAME_BYTES_MAX <= OBJECT_NAME_BYTES_MAX);
 // A whole object, and the shards of a whole object at k + m = 1.5 k, fit one message.
 const _: () = assert!(OBJECT_BYTES_MAX as usize <= MESSAGE_DATA_BYTES_MAX);
 const _: () = assert!(OBJECT_BYTES_MAX as usize * 3 / 2 <= MESSAGE_DATA_BYTES_MAX);
+// A program travels in one message.
+const _: () = assert!(PROGRAM_BYTES_MAX <= MESSAGE_DATA_BYTES_MAX);
 // A message fits a frame.
 const _: () =
     assert!(MESSAGE_DATA_BYTES_MAX + MESSAGE_OVERHEAD_BYTES_MAX <= FRAME_PAYLOAD_BYTES_MAX);

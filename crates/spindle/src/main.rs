@@ -8,6 +8,7 @@ mod daemon;
 mod ec_cmd;
 mod image_cmd;
 mod nbd_cmd;
+mod prog_cmd;
 mod progress;
 mod sim_cmd;
 mod trimmer;
@@ -150,6 +151,13 @@ enum Command {
     /// Deterministic whole-cluster simulation: one seed, simulated network and time,
     /// faults; prints a trace hash per seed and replays failures by seed.
     Sim(sim_cmd::SimArgs),
+    /// Pushdown programs (eBPF from C): load, check, ls, header.
+    Prog {
+        #[command(subcommand)]
+        command: prog_cmd::ProgCommand,
+    },
+    /// Run a loaded program next to objects, on the daemons that hold them.
+    Exec(prog_cmd::ExecArgs),
     /// Benchmarks that print Spindle's figures beside their reference.
     Bench {
         #[command(subcommand)]
@@ -295,6 +303,8 @@ fn main() {
         Command::Nbd(args) => nbd_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
         Command::Sim(args) => sim_cmd::run(args),
+        Command::Prog { command } => prog_cmd::prog(command),
+        Command::Exec(args) => prog_cmd::exec(args),
         Command::Bench { command } => match command {
             BenchCommand::Objects(args) => spindle_bench::objects::run(args),
             BenchCommand::Crush(args) => spindle_bench::crush::run(args),

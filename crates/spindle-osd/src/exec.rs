@@ -1,0 +1,455 @@
+//! Pushdown programs run on a group's primary (`ObjOp::Exec`, issue #23; `docs/pushdown.md`).
+//!
+//! A run names a program by its id (BLAKE3 of its object file), one object and up to
+//! fifteen more of the same placement group (names sharing a placement key), arguments,
+//! the engine and whether to use the data cache. The primary reads every object the way
+//! a client read does (replicated: its own copy, repaired from another on a checksum
+//! failure; erasure-coded: decoded from the shards, with a missing shard rebuilt), then
+//! hands the run to the daemon's execution threads and answers with the program's return
+//! value and output.
+//!
+//! What keeps a program from hurting the daemon:
+//! - the program is verified when loaded and checked at every access while it runs, under
+//!   instruction, memory, output and wall-time limits (`spindle-prog`);
+//! - runs go to [`ExecPool`]: `exec_threads` threads of their own at a lower scheduling
+//!   priority (nice 10), never the runtime's threads, behind a bounded queue (a full queue
+//!   answers `Busy`, which clients retry): a busy program slows other runs, not I/O;
+//! - loaded programs are kept in a bounded cache, and so is object data ([`DataCache`]),
+//!   which holds an object's bytes with their version and serves them only while the
+//!   object is still at that version: a write makes the entry stale at once.
+
+use super::*;
+use spindle_prog::{Engine, Limits, ProgError, Program};
+use std::collections::BTreeMap;
+
+/// Programs one daemon keeps loaded (JIT code included), least recently used out first.
+pub const PROGRAMS_CACHED_MAX: usize = 64;
+/// Runs waiting for an execution thread before new ones are answered `Busy`.
+pub const EXEC_QUEUE_MAX: usize = 64;
+/// Nice value of the execution threads (the runtime's threads keep 0).
+const EXEC_THREAD_NICE: i32 = 10;
+
+/// Bounded cache of object bytes by (group, name), each with the version it was read at.
+pub(crate) struct DataCache {
+    capacity_bytes: u64,
+    bytes: u64,
+    tick: u64,
+    entries: HashMap<(PgId, String), (Ver, Arc<Vec<u8>>, u64)>,
+    /// Least recently used first: tick -> key.
+    order: BTreeMap<u64, (PgId, String)>,
+}
+
+impl DataCache {
+    pub(crate) fn new(capacity_bytes: u64) -> DataCache {
+        DataCache {
+            capacity_bytes,
+            bytes: 0,
+            tick: 0,
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+        }
+    }
+
+    /// The bytes of `name` if cached at `version` (an entry at another version is stale:
+    /// it is dropped).
+    pub(crate) fn get(&mut self, pgid: PgId, name: &str, version: Ver) -> Option<Arc<Vec<u8>>> {
+        let key = (pgid, name.to_string());
+        let (v, data, tick) = self.entries.get(&key)?.clone();
+        if v != version {
+            self.remove(&key);
+            return None;
+        }
+        self.tick += 1;
+        self.order.remove(&tick);
+        self.order.insert(self.tick, key.clone());
+        if let Some(e) = self.entries.get_mut(&key) {
+            e.2 = self.tick;
+        }
+        Some(data)
+    }
+
+    fn remove(&mut self, key: &(PgId, String)) {
+        if let Some((_, data, tick)) = self.entries.remove(key) {
+            self.order.remove(&tick);
+            self.bytes -= data.len() as u64;
+        }
+    }
+
+    /// Keeps `data` as `name` at `version` (evicting the least recently used entries to
+    /// make room; an object larger than the whole cache is not kept).
+    pub(crate) fn put(&mut self, pgid: PgId, name: &str, version: Ver, data: Arc<Vec<u8>>) {
+        let key = (pgid, name.to_string());
+        self.remove(&key);
+        if data.len() as u64 > self.capacity_bytes {
+            return;
+        }
+        while self.bytes + data.len() as u64 > self.capacity_bytes {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some((_, d, _)) = self.entries.remove(&oldest) {
+                self.bytes -= d.len() as u64;
+            }
+        }
+        self.tick += 1;
+        self.bytes += data.len() as u64;
+        self.order.insert(self.tick, key.clone());
+        self.entries.insert(key, (version, data, self.tick));
+        debug_assert!(self.bytes <= self.capacity_bytes);
+        debug_assert_eq!(self.order.len(), self.entries.len());
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+/// Loaded programs by id, least recently used out first.
+#[derive(Default)]
+pub(crate) struct ProgramCache {
+    tick: u64,
+    programs: HashMap<[u8; 32], (Arc<Program>, u64)>,
+}
+
+impl ProgramCache {
+    fn get(&mut self, id: &[u8; 32]) -> Option<Arc<Program>> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.programs.get_mut(id).map(|(p, t)| {
+            *t = tick;
+            p.clone()
+        })
+    }
+
+    fn put(&mut self, p: Arc<Program>) {
+        if self.programs.len() >= PROGRAMS_CACHED_MAX {
+            if let Some(oldest) = self
+                .programs
+                .iter()
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(id, _)| *id)
+            {
+                self.programs.remove(&oldest);
+            }
+        }
+        self.tick += 1;
+        self.programs.insert(p.id, (p, self.tick));
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The execution threads: a bounded queue and `threads` threads at nice
+/// [`EXEC_THREAD_NICE`], started with the daemon, ended when it is dropped.
+pub(crate) struct ExecPool {
+    tx: Mutex<Option<std::sync::mpsc::SyncSender<Job>>>,
+}
+
+impl ExecPool {
+    pub(crate) fn new(threads: usize, osd_id: u32) -> ExecPool {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(EXEC_QUEUE_MAX);
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads.max(1) {
+            let rx = rx.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("osd{osd_id}-exec{i}"))
+                .spawn(move || {
+                    // SAFETY: setpriority on the calling thread (Linux: `who` = 0 is the
+                    // calling thread); no memory is passed.
+                    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, EXEC_THREAD_NICE) };
+                    loop {
+                        let job = match rx.lock() {
+                            Ok(rx) => rx.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!("osd.{osd_id}: cannot start an execution thread: {e}");
+            }
+        }
+        ExecPool {
+            tx: Mutex::new(Some(tx)),
+        }
+    }
+
+    /// Runs `f` on an execution thread; None when the queue is full (or the pool gone).
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<Result<T, tokio::sync::oneshot::error::RecvError>> {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let _ = done_tx.send(f());
+        });
+        {
+            let tx = lock(&self.tx);
+            tx.as_ref()?.try_send(job).ok()?;
+        }
+        Some(done_rx.await)
+    }
+}
+
+/// Where a run's objects are read from.
+pub(crate) enum Source {
+    /// A replicated group: this copy, repaired from `peers` on a checksum failure.
+    Replicated { peers: Vec<u32> },
+    /// An erasure-coded group.
+    Ec {
+        mapping: PgMapping,
+        layout: spindle_map::ec::EcLayout,
+    },
+}
+
+fn failed(e: ProgError) -> Msg {
+    Msg::error(ErrorCode::ProgramFailed, e.to_string())
+}
+
+impl Osd {
+    /// Serves one program run (this daemon is the group's primary, the group active, the
+    /// run's objects checked to be of the group).
+    pub(crate) async fn exec_op(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        name: String,
+        exec: spindle_proto::msg::ExecOp,
+        source: Source,
+    ) -> Msg {
+        let inner = &self.inner;
+        OsdCounters::bump(&inner.counters.exec_runs);
+        let msg = self.exec_inner(epoch, pgid, name, exec, source).await;
+        if let Msg::Error { code, .. } = &msg {
+            if *code == ErrorCode::ProgramFailed {
+                OsdCounters::bump(&inner.counters.exec_failed);
+            }
+        }
+        msg
+    }
+
+    async fn exec_inner(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        name: String,
+        exec: spindle_proto::msg::ExecOp,
+        source: Source,
+    ) -> Msg {
+        let spindle_proto::msg::ExecOp {
+            program: id,
+            jit,
+            cache,
+            args,
+            more,
+            elf,
+        } = exec;
+        // The program: held, or loaded from the object file sent (on an execution thread:
+        // verifying and JIT-compiling a large program takes a while).
+        let held = lock(&self.inner.exec_programs).get(&id);
+        let program = match held {
+            Some(p) => p,
+            None if elf.is_empty() => {
+                return Msg::error(
+                    ErrorCode::ProgramUnknown,
+                    format!(
+                        "osd.{} does not hold program {}: send its object file",
+                        self.inner.id,
+                        hex(&id)
+                    ),
+                )
+            }
+            None => {
+                if *blake3::hash(&elf).as_bytes() != id {
+                    return Msg::error(
+                        ErrorCode::Invalid,
+                        format!("the object file sent is not program {}", hex(&id)),
+                    );
+                }
+                let loaded = match self.inner.exec_pool.run(move || Program::load(&elf)).await {
+                    None => return busy(),
+                    Some(Err(_)) => return internal_gone(),
+                    Some(Ok(loaded)) => loaded,
+                };
+                match loaded {
+                    Ok(p) => {
+                        let p = Arc::new(p);
+                        OsdCounters::bump(&self.inner.counters.exec_programs_loaded);
+                        lock(&self.inner.exec_programs).put(p.clone());
+                        p
+                    }
+                    Err(e) => return failed(e),
+                }
+            }
+        };
+        // The objects, in order.
+        let mut names = Vec::with_capacity(1 + more.len());
+        names.push(name);
+        names.extend(more);
+        let mut objects: Vec<(Ver, Arc<Vec<u8>>)> = Vec::with_capacity(names.len());
+        for n in &names {
+            match self.exec_object(epoch, pgid, n, &source, cache).await {
+                Ok(o) => objects.push(o),
+                Err(m) => return m,
+            }
+        }
+        let listing: Vec<ObjectListing> = names
+            .iter()
+            .zip(&objects)
+            .map(|(n, (v, d))| ObjectListing {
+                name: n.clone(),
+                size_bytes: d.len() as u64,
+                version: *v,
+            })
+            .collect();
+        let version = objects[0].0;
+        let bytes_in: u64 = objects.iter().map(|(_, d)| d.len() as u64).sum();
+        let limits = Limits::default();
+        let engine = if jit {
+            Engine::Jit
+        } else {
+            Engine::Interpreter
+        };
+        let datas: Vec<Arc<Vec<u8>>> = objects.into_iter().map(|(_, d)| d).collect();
+        let run = self
+            .inner
+            .exec_pool
+            .run(move || {
+                let slices: Vec<&[u8]> = datas.iter().map(|d| d.as_slice()).collect();
+                program.run_objects(engine, &slices, &args, &limits)
+            })
+            .await;
+        let out = match run {
+            None => return busy(),
+            Some(Err(_)) => return internal_gone(),
+            Some(Ok(Err(e))) => {
+                tracing::info!("osd.{}: program run in pg {pgid}: {e}", self.inner.id);
+                return failed(e);
+            }
+            Some(Ok(Ok(out))) => out,
+        };
+        let c = &self.inner.counters;
+        OsdCounters::add(&c.exec_instructions, out.instructions);
+        OsdCounters::add(&c.exec_bytes_in, bytes_in);
+        Msg::ObjReply {
+            version,
+            size_bytes: out.ret,
+            data: out.output,
+            listing,
+        }
+    }
+
+    /// One object of a run at its current version: from the data cache when asked and
+    /// still current, else read (and cached when asked).
+    async fn exec_object(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        name: &str,
+        source: &Source,
+        cache: bool,
+    ) -> Result<(Ver, Arc<Vec<u8>>), Msg> {
+        let current = match source {
+            Source::Replicated { .. } => self.inner.store.stat(pgid, name).map(|m| m.version),
+            Source::Ec { .. } => self.ec_current_version(pgid, name),
+        };
+        if cache {
+            if let Some(v) = current {
+                if let Some(d) = lock(&self.inner.exec_data).get(pgid, name, v) {
+                    OsdCounters::bump(&self.inner.counters.exec_cache_hits);
+                    return Ok((v, d));
+                }
+            }
+        }
+        let reply = match source {
+            Source::Replicated { peers } => {
+                if self.object_missing(pgid, name, true) {
+                    let since = self.interval_of(pgid).unwrap_or(0);
+                    self.ensure_recovered(pgid, since, name)
+                        .await
+                        .map_err(|e| Msg::error(ErrorCode::Again, e))?;
+                }
+                self.read(
+                    epoch,
+                    pgid,
+                    name,
+                    0,
+                    spindle_types::limits::OBJECT_BYTES_MAX,
+                    peers,
+                )
+                .await
+            }
+            Source::Ec { mapping, layout } => {
+                self.ec_read_whole(epoch, pgid, mapping, layout, name).await
+            }
+        };
+        match reply {
+            Msg::ObjReply { version, data, .. } => {
+                let data = Arc::new(data);
+                if cache {
+                    lock(&self.inner.exec_data).put(pgid, name, version, data.clone());
+                }
+                Ok((version, data))
+            }
+            other => Err(other),
+        }
+    }
+}
+
+fn busy() -> Msg {
+    Msg::error(
+        ErrorCode::Busy,
+        format!("every execution thread is busy and {EXEC_QUEUE_MAX} runs wait"),
+    )
+}
+
+fn internal_gone() -> Msg {
+    Msg::error(ErrorCode::Internal, "the execution thread went away")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pg(n: u32) -> PgId {
+        PgId { pool: 1, pg: n }
+    }
+
+    fn v(seq: u64) -> Ver {
+        Ver { epoch: 1, seq }
+    }
+
+    #[test]
+    fn data_cache_serves_only_the_current_version_and_stays_bounded() {
+        let mut c = DataCache::new(100);
+        c.put(pg(0), "a", v(1), Arc::new(vec![1; 40]));
+        assert_eq!(c.get(pg(0), "a", v(1)).map(|d| d[0]), Some(1));
+        // A newer version (the object was written): the entry is stale and dropped.
+        assert!(c.get(pg(0), "a", v(2)).is_none());
+        assert!(c.get(pg(0), "a", v(1)).is_none());
+        assert_eq!(c.bytes(), 0);
+        c.put(pg(0), "a", v(2), Arc::new(vec![2; 40]));
+        c.put(pg(0), "b", v(1), Arc::new(vec![3; 40]));
+        // "a" used last: "b" goes first.
+        assert!(c.get(pg(0), "a", v(2)).is_some());
+        c.put(pg(1), "c", v(1), Arc::new(vec![4; 40]));
+        assert!(c.get(pg(0), "b", v(1)).is_none());
+        assert!(c.get(pg(0), "a", v(2)).is_some());
+        assert!(c.get(pg(1), "c", v(1)).is_some());
+        assert_eq!(c.bytes(), 80);
+        // Too large for the whole cache: not kept, nothing evicted.
+        c.put(pg(2), "big", v(1), Arc::new(vec![0; 101]));
+        assert!(c.get(pg(2), "big", v(1)).is_none());
+        assert_eq!(c.bytes(), 80);
+        // Replacing an entry frees its old bytes.
+        c.put(pg(1), "c", v(2), Arc::new(vec![5; 10]));
+        assert_eq!(c.bytes(), 50);
+    }
+}
