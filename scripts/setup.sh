@@ -53,3 +53,20 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
   done
 fi
+
+# Python packages of the SSB benchmark and its tests (`spindle bench ssb`, tests/ssb.rs:
+# DuckDB on Parquet files is the reference answer): a virtual environment in .venv, so the
+# system's Python stays as it is. The bench finds it (or set SPINDLE_PYTHON).
+PY_PACKAGES=(duckdb==2.0.1 pyarrow==26.0.1 numpy==2.4.6)
+VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+if ! "$VENV/bin/python" -c 'import duckdb, pyarrow, numpy' >/dev/null 2>&1; then
+  echo "setup: installing Python packages into $VENV: ${PY_PACKAGES[*]}"
+  if ! python3 -m venv "$VENV" 2>/dev/null; then
+    if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv
+    python3 -m venv "$VENV"
+  fi
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+  "$VENV/bin/python" -c 'import duckdb, pyarrow, numpy'
+fi

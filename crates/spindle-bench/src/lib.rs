@@ -27,4 +27,5 @@ pub mod proc_cpu;
 pub mod prog;
 pub mod recovery;
 pub mod soak;
+pub mod ssb;
 pub mod stages;

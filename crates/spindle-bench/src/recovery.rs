@@ -205,9 +205,9 @@ fn run_in(args: &BenchRecoveryArgs, scratch: &Path) -> anyhow::Result<()> {
             recovery_ops_max: Some(args.recovery_ops_max),
             recovery_bytes_per_sec: Some(0),
             scrub_interval_ms: Some(0),
-            slow_op_ms: None,
             encrypt: None,
             metrics: None,
+            ..SettingsArgs::default()
         },
         target: Target {
             dir: scratch.to_path_buf(),

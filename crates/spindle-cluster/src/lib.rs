@@ -213,6 +213,14 @@ pub struct SettingsArgs {
     /// Default 30000.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub slow_op_ms: Option<u64>,
+    /// Threads each daemon runs pushdown programs on (`spindle exec`), at a lower priority
+    /// than I/O. Default 1.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub exec_threads: Option<u64>,
+    /// MiB of object data each daemon keeps for repeated program runs (`spindle exec
+    /// --cache`). Default 256.
+    #[arg(long)]
+    pub exec_cache_mib: Option<u64>,
     /// Encrypt the payloads of every authenticated connection (ChaCha20-Poly1305), not
     /// only MAC them: `--encrypt` or `--encrypt true`, `--encrypt false` to stop. Default
     /// off. Has no effect on a cluster made with `--no-auth`.
@@ -226,13 +234,15 @@ pub struct SettingsArgs {
 }
 
 /// The stored settings: the first [`MON_SETTINGS`] go to monitors, the rest to daemons.
-pub const SETTING_KEYS: [&str; 6] = [
+pub const SETTING_KEYS: [&str; 8] = [
     "out_after_ms",
     "down_after_ms",
     "recovery_ops_max",
     "recovery_bytes_per_sec",
     "scrub_interval_ms",
     "slow_op_ms",
+    "exec_threads",
+    "exec_cache_mib",
 ];
 
 /// How many of [`SETTING_KEYS`] are monitor settings.
@@ -247,6 +257,8 @@ impl SettingsArgs {
             self.recovery_bytes_per_sec,
             self.scrub_interval_ms,
             self.slow_op_ms,
+            self.exec_threads,
+            self.exec_cache_mib,
         ]
     }
 }

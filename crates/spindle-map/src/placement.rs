@@ -19,7 +19,7 @@ fn name_hash(name: &str) -> u32 {
 /// `{` and the next `}` when that is not empty (as Redis Cluster's hash tags), else the
 /// whole name. Objects whose names share a placement key share a placement group, so one
 /// program run (`ObjOp::Exec`) can see them together: `ssb.lineorder.{rg7}.revenue` and
-/// `ssb.lineorder.{rg7}.custkey` live on the same daemons. Image, snapshot and pool names
+/// `ssb.lineorder.{rg7}.custkey` live on the same daemons. Image and snapshot names
 /// cannot contain braces, so no name Spindle builds itself has a key.
 pub fn placement_key(name: &str) -> &str {
     if let Some(open) = name.find('{') {

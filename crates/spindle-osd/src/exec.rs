@@ -289,13 +289,17 @@ impl Osd {
         let mut names = Vec::with_capacity(1 + more.len());
         names.push(name);
         names.extend(more);
-        let mut objects: Vec<(Ver, Arc<Vec<u8>>)> = Vec::with_capacity(names.len());
-        for n in &names {
-            match self.exec_object(epoch, pgid, n, &source, cache).await {
-                Ok(o) => objects.push(o),
-                Err(m) => return m,
-            }
-        }
+        // Read at once (their disk reads overlap).
+        let objects: Vec<(Ver, Arc<Vec<u8>>)> = match futures::future::try_join_all(
+            names
+                .iter()
+                .map(|n| self.exec_object(epoch, pgid, n, &source, cache)),
+        )
+        .await
+        {
+            Ok(o) => o,
+            Err(m) => return m,
+        };
         let listing: Vec<ObjectListing> = names
             .iter()
             .zip(&objects)

@@ -61,6 +61,8 @@ enum spindle_filter_op {
     SPINDLE_EQ = 0,      /* value == a */
     SPINDLE_RANGE = 1,   /* a <= value <= b */
     SPINDLE_MASK = 2,    /* (value & a) != 0 */
+    SPINDLE_IN = 3,      /* value < b && ((const uint8_t *)a)[value] != 0: a semi-join
+                            against a byte table of b entries (which keys qualify) */
 };
 struct spindle_filter {
     const void *column;

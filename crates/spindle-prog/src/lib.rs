@@ -253,9 +253,9 @@ impl RunContext {
             field(6),
             field(7),
         );
-        if !matches!(width, 1 | 2 | 4 | 8) || op > 2 {
+        if !matches!(width, 1 | 2 | 4 | 8) || op > 3 {
             return self.stop(ProgError::BadHelperCall(format!(
-                "spindle_filter: width {width} (1, 2, 4 or 8) or op {op} (0, 1 or 2)"
+                "spindle_filter: width {width} (1, 2, 4 or 8) or op {op} (0 to 3)"
             )));
         }
         let Some(col_bytes) = n.checked_mul(width) else {
@@ -285,6 +285,21 @@ impl RunContext {
         // SAFETY: checked by the mapping: `col_bytes` readable, `bitmap_bytes` writable.
         let col = unsafe { std::slice::from_raw_parts(col, col_bytes as usize) };
         let bitmap = unsafe { std::slice::from_raw_parts_mut(outp, bitmap_bytes as usize) };
+        if op == 3 {
+            // `a`: the table's address, `b`: its length.
+            let table = match self.host(AccessType::Load, a, b) {
+                // SAFETY: checked readable, `b` bytes long.
+                Ok(p) => unsafe { std::slice::from_raw_parts(p, b as usize) },
+                Err(e) => return self.stop(e),
+            };
+            return Ok(filter_column_in(
+                col,
+                width as usize,
+                table,
+                bitmap,
+                with.as_deref(),
+            ));
+        }
         Ok(filter_column(
             col,
             width as usize,
@@ -336,6 +351,37 @@ pub fn filter_column(
                 // Nothing can match (a value out of the width's range, an empty range).
                 _ => scan::<$t, W>(col, bitmap, with, load, |_| false),
             }
+        }};
+    }
+    match width {
+        1 => by_type!(u8),
+        2 => by_type!(u16),
+        4 => by_type!(u32),
+        _ => by_type!(u64),
+    }
+}
+
+/// Sets bit i of `bitmap` for each value v of `col` (`width`-byte little-endian unsigned)
+/// with `table[v]` non-zero (v within the table), ANDed with `with`; the number of bits
+/// set. A semi-join against a small dimension table: `table` says which keys qualify.
+pub fn filter_column_in(
+    col: &[u8],
+    width: usize,
+    table: &[u8],
+    bitmap: &mut [u8],
+    with: Option<&[u8]>,
+) -> u64 {
+    macro_rules! by_type {
+        ($t:ty) => {{
+            const W: usize = std::mem::size_of::<$t>();
+            let load = |c: &[u8]| {
+                let mut x = [0u8; W];
+                x.copy_from_slice(c);
+                <$t>::from_le_bytes(x)
+            };
+            scan::<$t, W>(col, bitmap, with, load, |v| {
+                table.get(v as usize).is_some_and(|&t| t != 0)
+            })
         }};
     }
     match width {
@@ -577,7 +623,7 @@ impl Program {
         // object, the constants. Buffers outlive the VM (dropped at the end of this call).
         let mut stack = AlignedMemory::<{ ebpf::HOST_ALIGN }>::zero_filled(config.stack_size());
         let stack_len = stack.len();
-        let mut scratch = vec![0u8; limits.scratch_bytes as usize];
+        let mut scratch = Scratch::new(limits.scratch_bytes as usize)?;
         let table_bytes = 16 * objects.len() as u64;
         let mut input =
             Vec::with_capacity((INPUT_HEADER_BYTES + table_bytes) as usize + args.len());
@@ -669,6 +715,58 @@ impl Program {
             output: ctx.output,
             instructions,
         })
+    }
+}
+
+/// A run's scratch memory: an anonymous private mapping, so its pages are zero and cost
+/// nothing until the program touches them (a zeroed buffer from the allocator would be
+/// cleared whole for every run: 64 MiB by default), and go back to the system after it.
+struct Scratch {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Scratch {
+    fn new(len: usize) -> Result<Scratch, ProgError> {
+        if len == 0 {
+            return Ok(Scratch {
+                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                len: 0,
+            });
+        }
+        // SAFETY: a new private anonymous mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(ProgError::Fault(format!(
+                "cannot map {len} bytes of scratch memory: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(Scratch { ptr: p.cast(), len })
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` maps `len` writable bytes (or is dangling with len 0) for as long
+        // as `self` lives, and only `self` hands it out.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: unmaps exactly the mapping `new` made; no slice of it outlives self.
+            unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        }
     }
 }
 

@@ -68,6 +68,14 @@ pub struct OsdRunArgs {
     /// monitors (the `SLOW_OPS` health check). Ceph's `osd_op_complaint_time`.
     #[arg(long, default_value_t = spindle_osd::SLOW_OP_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1..))]
     pub slow_op_ms: u64,
+    /// Threads that run pushdown programs (`spindle exec`), at nice 10: programs never
+    /// run on the threads that serve I/O.
+    #[arg(long, default_value_t = spindle_osd::EXEC_THREADS_DEFAULT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub exec_threads: usize,
+    /// MiB of object data kept for repeated program runs (`spindle exec --cache`); a
+    /// write makes an object's entry stale at once.
+    #[arg(long, default_value_t = spindle_osd::EXEC_CACHE_BYTES_DEFAULT >> 20)]
+    pub exec_cache_mib: u64,
     /// Encrypt every authenticated session's payloads (ChaCha20-Poly1305), not only MAC
     /// them. Clients and other daemons follow the server's choice by themselves.
     #[arg(long)]
@@ -168,6 +176,8 @@ pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
         config.recovery_bytes_per_sec = args.recovery_bytes_per_sec;
         config.scrub_interval_ms = args.scrub_interval_ms;
         config.slow_op_ms = args.slow_op_ms;
+        config.exec_threads = args.exec_threads;
+        config.exec_cache_bytes = args.exec_cache_mib << 20;
         config.encrypt = args.encrypt;
         config.metrics_listen = metrics_listen(&args.metrics_listen);
         // The store's disk reads from this thread go on its own ring (no hand-off to the

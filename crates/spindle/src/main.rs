@@ -194,6 +194,9 @@ enum BenchCommand {
     Stages(spindle_bench::stages::BenchStagesArgs),
     /// Pushdown programs: a column scan in the interpreter and the JIT against native code.
     Prog(spindle_bench::prog::BenchProgArgs),
+    /// SSB Q3.3 pulled, filter-offloaded and fully offloaded to the daemons (interpreter
+    /// and JIT, cached and not), beside DuckDB on local Parquet (own scratch cluster).
+    Ssb(spindle_bench::ssb::BenchSsbArgs),
 }
 
 /// Keeps large buffers (object data, frames) in the heap instead of a fresh mmap per
@@ -307,6 +310,7 @@ fn main() {
         Command::Exec(args) => prog_cmd::exec(args),
         Command::Bench { command } => match command {
             BenchCommand::Objects(args) => spindle_bench::objects::run(args),
+            BenchCommand::Ssb(args) => spindle_bench::ssb::run(args),
             BenchCommand::Crush(args) => spindle_bench::crush::run(args),
             BenchCommand::Ec(args) => spindle_bench::ec::run(args),
             BenchCommand::Io(args) => spindle_bench::io::run(args),
