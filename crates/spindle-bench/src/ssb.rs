@@ -883,7 +883,7 @@ pub fn run(args: BenchSsbArgs) -> anyhow::Result<()> {
             duck.seconds
         ));
         // Each daemon keeps about a third of the columns (primaries): room for all of it.
-        let cache_mib = (data.rows() as u64 * 16 / 3 * 2 >> 20) + 64;
+        let cache_mib = ((data.rows() as u64 * 16 / 3 * 2) >> 20) + 64;
         let target = spindle_cluster::Target {
             dir: scratch.join("cluster"),
             mon: None,

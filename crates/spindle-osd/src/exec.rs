@@ -29,14 +29,19 @@ pub const EXEC_QUEUE_MAX: usize = 64;
 /// Nice value of the execution threads (the runtime's threads keep 0).
 const EXEC_THREAD_NICE: i32 = 10;
 
+/// An object in the cache: (group, name).
+type CacheKey = (PgId, String);
+/// A cached object: the version it was read at, its bytes, and when it was last used.
+type CacheEntry = (Ver, Arc<Vec<u8>>, u64);
+
 /// Bounded cache of object bytes by (group, name), each with the version it was read at.
 pub(crate) struct DataCache {
     capacity_bytes: u64,
     bytes: u64,
     tick: u64,
-    entries: HashMap<(PgId, String), (Ver, Arc<Vec<u8>>, u64)>,
+    entries: HashMap<CacheKey, CacheEntry>,
     /// Least recently used first: tick -> key.
-    order: BTreeMap<u64, (PgId, String)>,
+    order: BTreeMap<u64, CacheKey>,
 }
 
 impl DataCache {
@@ -68,7 +73,7 @@ impl DataCache {
         Some(data)
     }
 
-    fn remove(&mut self, key: &(PgId, String)) {
+    fn remove(&mut self, key: &CacheKey) {
         if let Some((_, data, tick)) = self.entries.remove(key) {
             self.order.remove(&tick);
             self.bytes -= data.len() as u64;

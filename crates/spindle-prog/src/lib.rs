@@ -847,6 +847,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_table_filter_matches_a_scalar_semi_join() {
+        let table: Vec<u8> = (0..300u32).map(|k| (k % 7 == 3) as u8 * 2).collect();
+        for width in [1usize, 2, 4, 8] {
+            for n in [0usize, 1, 8, 13, 1000] {
+                let values: Vec<u64> = (0..n as u64).map(|i| (i * 37 + 5) % 400).collect();
+                let max = if width == 8 {
+                    u64::MAX
+                } else {
+                    (1u64 << (8 * width)) - 1
+                };
+                let col: Vec<u8> = values
+                    .iter()
+                    .flat_map(|&v| (v & max).to_le_bytes()[..width].to_vec())
+                    .collect();
+                let with: Vec<u8> = (0..n.div_ceil(8))
+                    .map(|i| (i as u8).wrapping_mul(151))
+                    .collect();
+                for and_with in [None, Some(with.as_slice())] {
+                    let mut bm = vec![0u8; n.div_ceil(8)];
+                    let count = filter_column_in(&col, width, &table, &mut bm, and_with);
+                    let mut want = vec![0u8; n.div_ceil(8)];
+                    for (i, &v) in values.iter().enumerate() {
+                        let v = (v & max) as usize;
+                        let hit = v < table.len() && table[v] != 0;
+                        let allowed = and_with.is_none_or(|w| w[i / 8] >> (i % 8) & 1 == 1);
+                        if hit && allowed {
+                            want[i / 8] |= 1 << (i % 8);
+                        }
+                    }
+                    assert_eq!(bm, want, "width {width} n {n}");
+                    let ones: u32 = want.iter().map(|b| b.count_ones()).sum();
+                    assert_eq!(count, ones as u64);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn filters_set_bits_and_count_matches() {
         let col: Vec<u8> = [5u32, 7, 9, 7, 1, 7, 7, 0, 7, 3]
             .iter()

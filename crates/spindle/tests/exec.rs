@@ -58,6 +58,15 @@ uint64_t spindle_main(const struct spindle_input *in) {
 }
 "#;
 
+/// Writes into the object, which is mapped read-only.
+const OOB_WRITE: &str = r#"
+#include "spindle_prog.h"
+uint64_t spindle_main(const struct spindle_input *in) {
+    ((volatile uint8_t *)in->data)[7] = 1;
+    return 0;
+}
+"#;
+
 const UNKNOWN_HELPER: &str = r#"
 #include "spindle_prog.h"
 extern uint64_t spindle_format_disk(uint64_t);
@@ -349,9 +358,10 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
     }
 
     // Hostile programs: each refused or stopped with its reason; the daemons serve on.
-    let stopped: [(&str, &[&str]); 5] = [
+    let stopped: [(&str, &[&str]); 6] = [
         (LOOP, &["instruction budget"]),
         (OOB, &["access violation"]),
+        (OOB_WRITE, &["access violation"]),
         (UNKNOWN_HELPER, &["unknown helper spindle_format_disk"]),
         (HUGE_STACK, &["call depth", "stack"]),
         (ALLOC_FOREVER, &["scratch memory limit"]),
@@ -386,7 +396,7 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
         let data = client.read_full(pool, "col1").await.unwrap();
         assert_eq!(data.len(), 4000);
     }
-    wait_counter(&c, "exec_failed", 2 * (5 * 2 + 1)).await;
+    wait_counter(&c, "exec_failed", 2 * (6 * 2 + 1)).await;
 
     // One daemon down: runs still answer (the replicated copy elsewhere; the erasure-coded
     // objects decoded from the shards left).
