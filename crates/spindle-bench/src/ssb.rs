@@ -868,24 +868,12 @@ pub fn run(args: BenchSsbArgs) -> anyhow::Result<()> {
     let programs = Programs::compile()?;
     let mut results = Vec::new();
     in_scratch_cluster("ssb", args.scratch.clone(), args.keep, |scratch| {
-        say("DuckDB on Parquet files of the same data (local disk)");
-        let duck = q33_duckdb(&data, &scratch.join("parquet"), args.rounds.max(1) + 1)?;
-        anyhow::ensure!(
-            duck.rows == reference,
-            "DuckDB's answer differs from this generator's own computation:\nDuckDB {:?}\nhere {:?}",
-            duck.rows,
-            reference
-        );
-        say(&format!(
-            "DuckDB {}: {} rows in {:.3} s",
-            duck.version,
-            duck.rows.len(),
-            duck.seconds
-        ));
         // Each daemon keeps about a third of the columns (primaries): room for all of it.
         let cache_mib = ((data.rows() as u64 * 16 / 3 * 2) >> 20) + 64;
+        // The cluster lives in the scratch directory itself, which `in_scratch_cluster`
+        // stops however this ends.
         let target = spindle_cluster::Target {
-            dir: scratch.join("cluster"),
+            dir: scratch.to_path_buf(),
             mon: None,
             keyring: None,
             entity: "client.admin".into(),
@@ -902,6 +890,20 @@ pub fn run(args: BenchSsbArgs) -> anyhow::Result<()> {
             },
             target: target.clone(),
         })?;
+        say("DuckDB on Parquet files of the same data (local disk)");
+        let duck = q33_duckdb(&data, &scratch.join("parquet"), args.rounds.max(1) + 1)?;
+        anyhow::ensure!(
+            duck.rows == reference,
+            "DuckDB's answer differs from this generator's own computation:\nDuckDB {:?}\nhere {:?}",
+            duck.rows,
+            reference
+        );
+        say(&format!(
+            "DuckDB {}: {} rows in {:.3} s",
+            duck.version,
+            duck.rows.len(),
+            duck.seconds
+        ));
         let rt = spindle_cluster::runtime()?;
         let measured: Vec<Measured> = rt.block_on(async {
             let client = target.client().await?;

@@ -11,9 +11,10 @@
 //! What keeps a program from hurting the daemon:
 //! - the program is verified when loaded and checked at every access while it runs, under
 //!   instruction, memory, output and wall-time limits (`spindle-prog`);
-//! - runs go to [`ExecPool`]: `exec_threads` threads of their own at a lower scheduling
-//!   priority (nice 10), never the runtime's threads, behind a bounded queue (a full queue
-//!   answers `Busy`, which clients retry): a busy program slows other runs, not I/O;
+//! - runs go to [`ExecPool`]: `exec_threads` threads of their own under the `SCHED_IDLE`
+//!   policy (any other thread that wakes preempts them), never the runtime's threads,
+//!   behind a bounded queue (a full queue answers `Busy`, which clients retry): a busy
+//!   program slows other runs, not I/O;
 //! - loaded programs are kept in a bounded cache, and so is object data ([`DataCache`]),
 //!   which holds an object's bytes with their version and serves them only while the
 //!   object is still at that version: a write makes the entry stale at once.
@@ -26,7 +27,8 @@ use std::collections::BTreeMap;
 pub const PROGRAMS_CACHED_MAX: usize = 64;
 /// Runs waiting for an execution thread before new ones are answered `Busy`.
 pub const EXEC_QUEUE_MAX: usize = 64;
-/// Nice value of the execution threads (the runtime's threads keep 0).
+/// Nice value of the execution threads where `SCHED_IDLE` is refused (the runtime's
+/// threads keep 0).
 const EXEC_THREAD_NICE: i32 = 10;
 
 /// An object in the cache: (group, name).
@@ -144,8 +146,27 @@ impl ProgramCache {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// The execution threads: a bounded queue and `threads` threads at nice
-/// [`EXEC_THREAD_NICE`], started with the daemon, ended when it is dropped.
+/// Puts the calling thread (an execution thread) below everything else: the `SCHED_IDLE`
+/// policy, so any other thread that wakes up - a daemon's I/O, the NBD server, fio -
+/// preempts it at once whatever process and session it belongs to (nice alone only ranks
+/// threads within one session's scheduling group: each daemon runs in its own session).
+/// Falls back to nice [`EXEC_THREAD_NICE`] where the policy is refused.
+fn lower_priority(osd_id: u32) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: changes the calling thread's policy (pid 0: this thread on Linux); `param`
+    // is a valid sched_param for the call to read.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        tracing::warn!(
+            "osd.{osd_id}: SCHED_IDLE refused for an execution thread ({}); using nice {EXEC_THREAD_NICE}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: setpriority on the calling thread; no memory is passed.
+        let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, EXEC_THREAD_NICE) };
+    }
+}
+
+/// The execution threads: a bounded queue and `threads` threads under `SCHED_IDLE`
+/// ([`lower_priority`]), started with the daemon, ended when it is dropped.
 pub(crate) struct ExecPool {
     tx: Mutex<Option<std::sync::mpsc::SyncSender<Job>>>,
 }
@@ -159,9 +180,7 @@ impl ExecPool {
             let spawned = std::thread::Builder::new()
                 .name(format!("osd{osd_id}-exec{i}"))
                 .spawn(move || {
-                    // SAFETY: setpriority on the calling thread (Linux: `who` = 0 is the
-                    // calling thread); no memory is passed.
-                    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, EXEC_THREAD_NICE) };
+                    lower_priority(osd_id);
                     loop {
                         let job = match rx.lock() {
                             Ok(rx) => rx.recv(),

@@ -68,7 +68,7 @@ pub struct OsdRunArgs {
     /// monitors (the `SLOW_OPS` health check). Ceph's `osd_op_complaint_time`.
     #[arg(long, default_value_t = spindle_osd::SLOW_OP_MS_DEFAULT, value_parser = clap::value_parser!(u64).range(1..))]
     pub slow_op_ms: u64,
-    /// Threads that run pushdown programs (`spindle exec`), at nice 10: programs never
+    /// Threads that run pushdown programs (`spindle exec`), under `SCHED_IDLE`: programs never
     /// run on the threads that serve I/O.
     #[arg(long, default_value_t = spindle_osd::EXEC_THREADS_DEFAULT, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub exec_threads: usize,
