@@ -801,6 +801,11 @@ pub struct BenchSsbArgs {
     /// Row groups in flight at once.
     #[arg(long, default_value_t = 12)]
     parallel: usize,
+    /// Share of one CPU each daemon's execution threads may use (`spindle up
+    /// --exec-cpu-percent`). Default 100: a cluster whose job is this query gives programs
+    /// a whole CPU per daemon; a cluster also serving I/O keeps the default of 25.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=6400))]
+    exec_cpu_percent: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -868,6 +873,10 @@ pub fn run(args: BenchSsbArgs) -> anyhow::Result<()> {
     let programs = Programs::compile()?;
     let mut results = Vec::new();
     in_scratch_cluster("ssb", args.scratch.clone(), args.keep, |scratch| {
+        say(&format!(
+            "daemons' execution threads: {} % of a CPU each (--exec-cpu-percent)",
+            args.exec_cpu_percent
+        ));
         // Each daemon keeps about a third of the columns (primaries): room for all of it.
         let cache_mib = ((data.rows() as u64 * 16 / 3 * 2) >> 20) + 64;
         // The cluster lives in the scratch directory itself, which `in_scratch_cluster`
@@ -886,6 +895,7 @@ pub fn run(args: BenchSsbArgs) -> anyhow::Result<()> {
             wait_seconds: 90,
             settings: spindle_cluster::SettingsArgs {
                 exec_cache_mib: Some(cache_mib),
+                exec_cpu_percent: Some(u64::from(args.exec_cpu_percent)),
                 ..Default::default()
             },
             target: target.clone(),

@@ -782,8 +782,9 @@ impl Client {
         maybe_applied: &mut bool,
         counted: &mut Option<(stats::ReqKind, u64)>,
     ) -> Result<Msg, ClientError> {
-        let timeout_ms = self.inner.config.op_timeout_ms;
-        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        let mut timeout_ms = self.inner.config.op_timeout_ms;
+        let started = Instant::now();
+        let mut deadline = started + Duration::from_millis(timeout_ms);
         let mut backoff_ms = 5u64;
         // Encoded (and checksummed) once; retries only change the frame header.
         let mut msg: Option<Prepared> = None;
@@ -800,7 +801,14 @@ impl Client {
                 (Some(m), _) => m,
                 (slot, Some(make)) => {
                     let built = make(pool_id, pg);
-                    *counted = Some((stats::ReqKind::of(&built), built.bulk().len() as u64));
+                    let kind = stats::ReqKind::of(&built);
+                    if kind == stats::ReqKind::Exec {
+                        // A program run may take minutes; the daemon stops it at
+                        // EXEC_WALL_MS and answers.
+                        timeout_ms = timeout_ms.max(spindle_types::limits::EXEC_REPLY_TIMEOUT_MS);
+                        deadline = started + Duration::from_millis(timeout_ms);
+                    }
+                    *counted = Some((kind, built.bulk().len() as u64));
                     slot.insert(Prepared::from_msg(built))
                 }
                 (None, None) => {

@@ -221,6 +221,10 @@ pub struct SettingsArgs {
     /// --cache`). Default 256.
     #[arg(long)]
     pub exec_cache_mib: Option<u64>,
+    /// Share of one CPU, in percent, each daemon's execution threads may use together.
+    /// Default 25.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=6400))]
+    pub exec_cpu_percent: Option<u64>,
     /// Encrypt the payloads of every authenticated connection (ChaCha20-Poly1305), not
     /// only MAC them: `--encrypt` or `--encrypt true`, `--encrypt false` to stop. Default
     /// off. Has no effect on a cluster made with `--no-auth`.
@@ -234,7 +238,7 @@ pub struct SettingsArgs {
 }
 
 /// The stored settings: the first [`MON_SETTINGS`] go to monitors, the rest to daemons.
-pub const SETTING_KEYS: [&str; 8] = [
+pub const SETTING_KEYS: [&str; 9] = [
     "out_after_ms",
     "down_after_ms",
     "recovery_ops_max",
@@ -243,6 +247,7 @@ pub const SETTING_KEYS: [&str; 8] = [
     "slow_op_ms",
     "exec_threads",
     "exec_cache_mib",
+    "exec_cpu_percent",
 ];
 
 /// How many of [`SETTING_KEYS`] are monitor settings.
@@ -259,6 +264,7 @@ impl SettingsArgs {
             self.slow_op_ms,
             self.exec_threads,
             self.exec_cache_mib,
+            self.exec_cpu_percent,
         ]
     }
 }

@@ -12,7 +12,8 @@
 //! - the program is verified when loaded and checked at every access while it runs, under
 //!   instruction, memory, output and wall-time limits (`spindle-prog`);
 //! - runs go to [`ExecPool`]: `exec_threads` threads of their own under the `SCHED_IDLE`
-//!   policy (any other thread that wakes preempts them), never the runtime's threads,
+//!   policy, which together may use `exec_cpu_percent` of one CPU (`cpu_budget.rs`:
+//!   paused by a timer on their own CPU clock), never the runtime's threads,
 //!   behind a bounded queue (a full queue answers `Busy`, which clients retry): a busy
 //!   program slows other runs, not I/O;
 //! - loaded programs are kept in a bounded cache, and so is object data ([`DataCache`]),
@@ -166,21 +167,29 @@ fn lower_priority(osd_id: u32) {
 }
 
 /// The execution threads: a bounded queue and `threads` threads under `SCHED_IDLE`
-/// ([`lower_priority`]), started with the daemon, ended when it is dropped.
+/// ([`lower_priority`]) that share a CPU budget (`cpu_budget.rs`), started with the
+/// daemon, ended when it is dropped.
 pub(crate) struct ExecPool {
     tx: Mutex<Option<std::sync::mpsc::SyncSender<Job>>>,
 }
 
 impl ExecPool {
-    pub(crate) fn new(threads: usize, osd_id: u32) -> ExecPool {
+    pub(crate) fn new(threads: usize, cpu_percent: u32, osd_id: u32) -> ExecPool {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(EXEC_QUEUE_MAX);
         let rx = Arc::new(Mutex::new(rx));
-        for i in 0..threads.max(1) {
+        let threads = threads.max(1);
+        let percent = crate::cpu_budget::per_thread_percent(cpu_percent, threads);
+        for i in 0..threads {
             let rx = rx.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("osd{osd_id}-exec{i}"))
                 .spawn(move || {
                     lower_priority(osd_id);
+                    if let Err(e) = crate::cpu_budget::limit_this_thread(percent) {
+                        tracing::warn!(
+                            "osd.{osd_id}: no CPU budget for an execution thread ({e}): programs may take a whole CPU"
+                        );
+                    }
                     loop {
                         let job = match rx.lock() {
                             Ok(rx) => rx.recv(),
@@ -335,7 +344,10 @@ impl Osd {
             .collect();
         let version = objects[0].0;
         let bytes_in: u64 = objects.iter().map(|(_, d)| d.len() as u64).sum();
-        let limits = Limits::default();
+        let limits = Limits {
+            wall: std::time::Duration::from_millis(spindle_types::limits::EXEC_WALL_MS),
+            ..Limits::default()
+        };
         let engine = if jit {
             Engine::Jit
         } else {

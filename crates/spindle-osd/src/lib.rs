@@ -27,6 +27,7 @@
 
 mod client;
 mod counters;
+pub mod cpu_budget;
 mod metrics;
 use counters::OsdCounters;
 mod ec;
@@ -110,6 +111,9 @@ pub struct OsdConfig {
     pub exec_threads: usize,
     /// Bytes of object data kept for repeated program runs (`exec.rs`, `DataCache`).
     pub exec_cache_bytes: u64,
+    /// Share of one CPU the execution threads may use together, in percent
+    /// (`cpu_budget.rs`): a busy program never takes more, so I/O keeps its latency.
+    pub exec_cpu_percent: u32,
 }
 
 /// Default `OsdConfig::exec_threads`: one, so programs leave the other cores to I/O.
@@ -136,6 +140,7 @@ impl OsdConfig {
             slow_op_ms: SLOW_OP_MS_DEFAULT,
             exec_threads: EXEC_THREADS_DEFAULT,
             exec_cache_bytes: EXEC_CACHE_BYTES_DEFAULT,
+            exec_cpu_percent: cpu_budget::EXEC_CPU_PERCENT_DEFAULT,
         }
     }
 }
@@ -514,7 +519,11 @@ impl Osd {
                 in_flight: slow::InFlight::new(config.slow_op_ms.max(1)),
                 exec_programs: Mutex::new(exec::ProgramCache::default()),
                 exec_data: Mutex::new(exec::DataCache::new(config.exec_cache_bytes)),
-                exec_pool: exec::ExecPool::new(config.exec_threads, config.id),
+                exec_pool: exec::ExecPool::new(
+                    config.exec_threads,
+                    config.exec_cpu_percent,
+                    config.id,
+                ),
                 metrics_addr: Default::default(),
                 over_full_ratio: Default::default(),
                 inflight: Mutex::new(TxnGate::new()),

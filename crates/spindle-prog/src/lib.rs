@@ -102,13 +102,14 @@ pub struct Limits {
 
 impl Default for Limits {
     /// About a second of JIT-compiled work per object, 64 MiB of scratch memory, 16 MiB
-    /// of output.
+    /// of output, ten minutes of wall time (a safety net: the instruction budget ends a
+    /// run long before, unless its thread is paused by a CPU budget).
     fn default() -> Limits {
         Limits {
             instructions: 2_000_000_000,
             scratch_bytes: 64 << 20,
             output_bytes: 16 << 20,
-            wall: Duration::from_secs(30),
+            wall: Duration::from_secs(600),
         }
     }
 }

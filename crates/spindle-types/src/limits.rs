@@ -89,6 +89,16 @@ pub const EXEC_OBJECTS_MAX: usize = 16;
 /// Largest program object file: 64 Ki instructions (8 bytes each) and 4 MiB of constants
 /// (`spindle-prog`'s own limits) with room for the ELF's headers and symbols.
 pub const PROGRAM_BYTES_MAX: usize = 8 << 20;
+/// Longest one program run may last on a daemon. A run is bounded by its instruction budget
+/// (2·10⁹ by default); this only catches what that cannot: a run paused by the daemon's CPU
+/// budget for programs (25 % of a CPU by default, so 4x its CPU time) in the interpreter
+/// (about 10x slower than the JIT) may take a minute or more, and a run that goes on for
+/// minutes is allowed; one that goes on for ten is stopped.
+pub const EXEC_WALL_MS: u64 = 600_000;
+/// How long a client waits for a program run's answer (whatever its operation timeout):
+/// longer than [`EXEC_WALL_MS`], so the daemon's answer (the result, or the limit that
+/// stopped the run) always comes first.
+pub const EXEC_REPLY_TIMEOUT_MS: u64 = EXEC_WALL_MS + 60_000;
 
 // ---- placement ----
 
@@ -163,6 +173,7 @@ const _: () = assert!(OBJECT_BYTES_MAX as usize <= MESSAGE_DATA_BYTES_MAX);
 const _: () = assert!(OBJECT_BYTES_MAX as usize * 3 / 2 <= MESSAGE_DATA_BYTES_MAX);
 // A program travels in one message.
 const _: () = assert!(PROGRAM_BYTES_MAX <= MESSAGE_DATA_BYTES_MAX);
+const _: () = assert!(EXEC_REPLY_TIMEOUT_MS > EXEC_WALL_MS);
 // A message fits a frame.
 const _: () =
     assert!(MESSAGE_DATA_BYTES_MAX + MESSAGE_OVERHEAD_BYTES_MAX <= FRAME_PAYLOAD_BYTES_MAX);

@@ -76,6 +76,11 @@ pub struct OsdRunArgs {
     /// write makes an object's entry stale at once.
     #[arg(long, default_value_t = spindle_osd::EXEC_CACHE_BYTES_DEFAULT >> 20)]
     pub exec_cache_mib: u64,
+    /// Share of one CPU, in percent, that the execution threads may use together (a
+    /// timer on their CPU clock pauses them): programs never take the CPUs I/O needs.
+    /// Above 100 on machines with CPUs to spare (e.g. 200 with `--exec-threads 2`).
+    #[arg(long, default_value_t = spindle_osd::cpu_budget::EXEC_CPU_PERCENT_DEFAULT, value_parser = clap::value_parser!(u32).range(1..=spindle_osd::cpu_budget::EXEC_CPU_PERCENT_MAX as i64))]
+    pub exec_cpu_percent: u32,
     /// Encrypt every authenticated session's payloads (ChaCha20-Poly1305), not only MAC
     /// them. Clients and other daemons follow the server's choice by themselves.
     #[arg(long)]
@@ -178,6 +183,7 @@ pub fn osd_run(args: OsdRunArgs) -> anyhow::Result<()> {
         config.slow_op_ms = args.slow_op_ms;
         config.exec_threads = args.exec_threads;
         config.exec_cache_bytes = args.exec_cache_mib << 20;
+        config.exec_cpu_percent = args.exec_cpu_percent;
         config.encrypt = args.encrypt;
         config.metrics_listen = metrics_listen(&args.metrics_listen);
         // The store's disk reads from this thread go on its own ring (no hand-off to the

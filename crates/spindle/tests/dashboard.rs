@@ -9,6 +9,7 @@ mod common;
 
 use common::{content, run_ok, spindle, Cluster, NbdProc};
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -72,7 +73,7 @@ fn the_dashboard_shows_the_cluster_and_a_stopped_daemon_in_a_real_browser() {
     let used = du[0]["used_bytes"].as_u64().expect("used_bytes");
     assert_eq!(used, 6 << 20, "{du}");
     let nbd = NbdProc::start(&c);
-    let mut fio = Command::new("fio")
+    let fio = Command::new("fio")
         .args([
             "--name=dashboard",
             "--ioengine=nbd",
@@ -87,8 +88,12 @@ fn the_dashboard_shows_the_cluster_and_a_stopped_daemon_in_a_real_browser() {
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        // fio forks its job into a child process: a group of its own lets the guard stop
+        // both (killing the parent alone left the job spinning after the test).
+        .process_group(0)
         .spawn()
         .expect("fio (scripts/setup.sh installs it)");
+    let mut fio = FioGroup(fio);
     // `spindle status` names the leader's dashboard.
     let text = run_ok(spindle().args(["status", "--dir"]).arg(&c.dir));
     let url = text
@@ -139,8 +144,7 @@ fn the_dashboard_shows_the_cluster_and_a_stopped_daemon_in_a_real_browser() {
         "the image's chart: {image}"
     );
     eprintln!("{image}");
-    let _ = fio.kill();
-    let _ = fio.wait();
+    fio.stop();
 
     c.kill_osd(2);
     writeln!(node.stdin.as_mut().unwrap(), "stopped").unwrap();
@@ -176,4 +180,24 @@ fn the_dashboard_shows_the_cluster_and_a_stopped_daemon_in_a_real_browser() {
         "dashboard showed osd.2 down after {ms} ms; screenshot {}",
         shot.display()
     );
+}
+
+/// A fio process group, killed whole when stopped or dropped (also on a failed assert).
+struct FioGroup(std::process::Child);
+
+impl FioGroup {
+    fn stop(&mut self) {
+        // SAFETY: kill(2) with a negative pid signals the group fio leads; no memory is
+        // involved.
+        unsafe {
+            libc::kill(-(self.0.id() as i32), libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for FioGroup {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

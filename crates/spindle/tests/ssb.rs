@@ -22,7 +22,8 @@ async fn q33_answers_equal_duckdb_in_every_configuration_on_both_pools_and_with_
     assert_eq!(duck.rows, reference, "DuckDB and the generator's own sums");
     assert!(duck.rows.len() >= 20, "{:?}", duck.rows);
 
-    let c = Cluster::start("ssb", 3, 16);
+    // A whole CPU per daemon for programs, as `spindle bench ssb` gives them.
+    let c = Cluster::start_with("ssb", 3, 16, &["--exec-cpu-percent", "100"]);
     common::ok(
         &c,
         &[
