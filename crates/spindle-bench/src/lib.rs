@@ -10,13 +10,15 @@
 //!   images over NBD with fio against nbdkit memory, the disk and Ceph RBD (`--ceph`: in
 //!   the same sitting); [`recovery`]: recovery speed after a daemon loss; [`soak`]:
 //!   descriptors and memory of long-running processes; [`stages`]: where a block read's
-//!   time goes, stage by stage;
+//!   time goes, stage by stage; [`ssb`]: SSB Q3.3 offloaded against pulled and DuckDB;
+//!   [`exec_io`]: fio's latency while programs run on the daemons, budget by budget;
 //! - [`common`]: the report every benchmark prints; [`proc_cpu`]: CPU time of processes.
 
 pub mod auth_cost;
 pub mod common;
 pub mod crush;
 pub mod ec;
+pub mod exec_io;
 pub mod failover;
 pub mod fio;
 pub mod images;

@@ -197,6 +197,9 @@ enum BenchCommand {
     /// SSB Q3.3 pulled, filter-offloaded and fully offloaded to the daemons (interpreter
     /// and JIT, cached and not), beside DuckDB on local Parquet (own scratch cluster).
     Ssb(spindle_bench::ssb::BenchSsbArgs),
+    /// Programs beside I/O: fio's p99 and IOPS through NBD alone and while programs spin
+    /// on every daemon, for several CPU budgets of the execution threads.
+    ExecIo(spindle_bench::exec_io::BenchExecIoArgs),
 }
 
 /// Keeps large buffers (object data, frames) in the heap instead of a fresh mmap per
@@ -311,6 +314,7 @@ fn main() {
         Command::Bench { command } => match command {
             BenchCommand::Objects(args) => spindle_bench::objects::run(args),
             BenchCommand::Ssb(args) => spindle_bench::ssb::run(args),
+            BenchCommand::ExecIo(args) => spindle_bench::exec_io::run(args),
             BenchCommand::Crush(args) => spindle_bench::crush::run(args),
             BenchCommand::Ec(args) => spindle_bench::ec::run(args),
             BenchCommand::Io(args) => spindle_bench::io::run(args),
