@@ -54,12 +54,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   done
 fi
 
-# Python packages of the SSB benchmark and its tests (`spindle bench ssb`, tests/ssb.rs:
-# DuckDB on Parquet files is the reference answer): a virtual environment in .venv, so the
-# system's Python stays as it is. The bench finds it (or set SPINDLE_PYTHON).
-PY_PACKAGES=(duckdb==2.0.1 pyarrow==26.0.1 numpy==2.4.6)
+# Python packages, in a virtual environment in .venv so the system's Python stays as it is:
+# the SSB benchmark and its tests (`spindle bench ssb`, tests/ssb.rs: DuckDB on Parquet files
+# is the reference answer; the bench finds .venv, or set SPINDLE_PYTHON), and the Python
+# package in python/ (maturin builds it; zarr, pytest and hypothesis test it).
+PY_PACKAGES=(duckdb==2.0.1 pyarrow==26.0.1 numpy==2.4.6 maturin==1.16.0 zarr==3.1.6
+  pytest==9.2.0 pytest-asyncio==1.5.0 hypothesis==6.170.17 dask[array]==2026.8.0
+  distributed==2026.8.0 xarray==2026.9.0)
 VENV="$(cd "$(dirname "$0")/.." && pwd)/.venv"
-if ! "$VENV/bin/python" -c 'import duckdb, pyarrow, numpy' >/dev/null 2>&1; then
+if ! "$VENV/bin/python" -c 'import duckdb, pyarrow, numpy, zarr, pytest, pytest_asyncio, hypothesis, dask.array, distributed, xarray' >/dev/null 2>&1 \
+    || [ ! -x "$VENV/bin/maturin" ]; then
   echo "setup: installing Python packages into $VENV: ${PY_PACKAGES[*]}"
   if ! python3 -m venv "$VENV" 2>/dev/null; then
     if [ "$(id -u)" -eq 0 ]; then SUDO=""; else SUDO="sudo"; fi
@@ -68,5 +72,5 @@ if ! "$VENV/bin/python" -c 'import duckdb, pyarrow, numpy' >/dev/null 2>&1; then
     python3 -m venv "$VENV"
   fi
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
-  "$VENV/bin/python" -c 'import duckdb, pyarrow, numpy'
+  "$VENV/bin/python" -c 'import duckdb, pyarrow, numpy, zarr, pytest, pytest_asyncio, hypothesis, dask.array, distributed, xarray'
 fi

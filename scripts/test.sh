@@ -22,3 +22,17 @@ mkdir -p target
 cargo test --workspace 2>&1 | tee target/test-output.txt
 awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f; if (p == 0) exit 1 }' target/test-output.txt
+
+# The Python package (python/): its Rust side formatted and linted like the rest, then built
+# into .venv with maturin and tested with pytest against real clusters started with the
+# binary built above. Every skipped test is reported (-rs) and fails the run.
+echo "== python package"
+cargo fmt --manifest-path python/Cargo.toml -- --check
+PYO3_PYTHON="$PWD/.venv/bin/python" cargo clippy --manifest-path python/Cargo.toml -- -D warnings
+(cd python && VIRTUAL_ENV="$PWD/../.venv" PATH="$PWD/../.venv/bin:$PATH" maturin develop -q)
+SPINDLE_BIN="$PWD/target/debug/spindle" .venv/bin/python -m pytest python/tests -q -rs \
+  -p no:cacheprovider 2>&1 | tee target/python-test-output.txt
+if grep -Eq '[0-9]+ skipped' target/python-test-output.txt; then
+  echo "test: Python tests were skipped (see above); none may be" >&2
+  exit 1
+fi
