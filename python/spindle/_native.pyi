@@ -4,6 +4,7 @@ from os import PathLike
 from typing import Any, Callable, Optional
 
 OBJECT_BYTES_MAX: int
+REDUCE_PROGRAM: bytes
 
 _Callback = Callable[[Optional[BaseException], Any], None]
 

@@ -301,3 +301,195 @@ class SpindleStore(Store):
             if child and child not in seen:
                 seen.add(child)
                 yield child
+
+
+# -- reductions next to the data ------------------------------------------------------
+
+# NumPy dtype -> `enum spindle_dtype` (crates/spindle-prog/include/spindle_prog.h).
+_DTYPES = {
+    "float32": 1,
+    "float64": 2,
+    "int8": 3,
+    "int16": 4,
+    "int32": 5,
+    "int64": 6,
+    "uint8": 7,
+    "uint16": 8,
+    "uint32": 9,
+    "uint64": 10,
+    "bool": 7,
+}
+_DIMS_MAX = 8
+# Program runs in flight at once for one reduction.
+_IN_FLIGHT = 64
+
+
+class Reduction(dict):
+    """The result of :func:`reduce`: ``count``, ``sum``, ``min``, ``max`` and ``mean``,
+    with how it was computed: ``pushed_down`` chunks reduced by the daemons,
+    ``read`` chunks read and reduced here, ``missing`` chunks never written (their fill
+    value counts), and ``bytes_received`` from the daemons."""
+
+
+def _pushdown_dtype(array) -> Optional[int]:
+    """The dtype code when the daemons can reduce the array's chunks as stored: a regular
+    chunk grid, no sharding, no compressor or filter, little-endian bytes."""
+    import numpy as np
+
+    if array.metadata.zarr_format != 3 or array.shards is not None:
+        return None
+    if array.compressors or array.filters:
+        return None
+    endian = getattr(array.serializer, "endian", None)
+    dt = np.dtype(array.dtype)
+    if dt.itemsize > 1 and (endian is None or endian.value != "little" or dt.byteorder == ">"):
+        return None
+    if array.ndim == 0 or array.ndim > _DIMS_MAX:
+        return None
+    return _DTYPES.get(dt.name)
+
+
+def _boxes(shape, chunks, selection):
+    """(chunk coords, chunk-local start, stop) of every chunk the selection touches."""
+    import itertools
+
+    sel = selection if selection is not None else tuple(slice(None) for _ in shape)
+    if not isinstance(sel, tuple):
+        sel = (sel,)
+    if len(sel) != len(shape):
+        raise ValueError(f"a selection of {len(shape)} slices is needed, got {selection!r}")
+    lo, hi = [], []
+    for s, n in zip(sel, shape):
+        if not isinstance(s, slice):
+            raise TypeError(f"selections are slices with step 1, got {s!r}")
+        a, b, step = s.indices(n)
+        if step != 1:
+            raise ValueError(f"selections are slices with step 1, got {s!r}")
+        lo.append(a)
+        hi.append(max(a, b))
+    ranges = [range(l // c, (h + c - 1) // c) if h > l else range(0) for l, h, c in zip(lo, hi, chunks)]
+    for coords in itertools.product(*ranges):
+        start = [max(l - i * c, 0) for l, i, c in zip(lo, coords, chunks)]
+        stop = [min(h - i * c, c) for h, i, c in zip(hi, coords, chunks)]
+        yield coords, start, stop
+
+
+def _request(dtype_code: int, chunks, start, stop) -> bytes:
+    import struct
+
+    words = [0, 0, dtype_code, len(chunks)]
+    for part in (chunks, start, stop):
+        words += list(part) + [0] * (_DIMS_MAX - len(part))
+    words += [0, 0, 0, 0]
+    return struct.pack("<32Q", *words)
+
+
+def _decode(dt, r: tuple[int, int, int, int]):
+    """(count, sum, min, max) from the program's bits."""
+    import struct
+
+    count, s, lo, hi = r
+    if dt.kind == "f":
+        f = lambda b: struct.unpack("<d", struct.pack("<Q", b))[0]
+        return count, f(s), f(lo), f(hi)
+    if dt.kind == "i":
+        i = lambda b: struct.unpack("<q", struct.pack("<Q", b))[0]
+        return count, i(s), i(lo), i(hi)
+    return count, s, lo, hi
+
+
+async def reduce_async(array, selection=None, *, jit: bool = True) -> Reduction:
+    """Count, sum, min, max and mean of ``array`` (a zarr v3 array in a
+    :class:`SpindleStore`) or of ``selection`` (a tuple of slices with step 1), computed
+    next to the data: each uncompressed chunk is reduced by a program on the daemon that
+    holds it, which answers 32 bytes. Chunks never written count with the fill value;
+    arrays the daemons cannot reduce as stored (compressed, filtered, sharded, big-endian,
+    other dtypes) are read and reduced here. Floats sum in double precision (NaN
+    propagates); integers sum with wraparound in 64 bits, as NumPy's int64 sum does."""
+    import numpy as np
+
+    from . import NotFound
+    from . import _native
+
+    store = array.store_path.store
+    if not isinstance(store, SpindleStore):
+        raise TypeError(f"reduce needs an array in a SpindleStore, not in {type(store).__name__}")
+    dt = np.dtype(array.dtype)
+    code = _pushdown_dtype(array)
+    chunks = tuple(array.chunks)
+    boxes = list(_boxes(array.shape, chunks, selection))
+    result = Reduction(pushed_down=0, read=0, missing=0, bytes_received=0)
+    parts = []
+    fill = array.fill_value
+
+    def fill_part(start, stop):
+        n = int(np.prod([b - a for a, b in zip(start, stop)]))
+        v = dt.type(fill).item()
+        if dt.kind == "b":
+            v = int(v)
+        return (n, v * n if dt.kind == "f" else int(v) * n, v, v) if n else (0, 0, 0, 0)
+
+    if code is None:
+        # Not reducible where it is stored: read the selection here.
+        sel = selection if selection is not None else tuple(slice(None) for _ in array.shape)
+        data = await array._async_array.getitem(sel)
+        data = np.asarray(data)
+        result["read"] = len(boxes)
+        if data.size:
+            acc = data.astype(np.float64) if dt.kind == "f" else data.astype(np.int64 if dt.kind in "ib" else np.uint64)
+            parts.append((int(data.size), acc.sum(), acc.min(), acc.max()))
+    else:
+        client = store.client
+        program = _native.REDUCE_PROGRAM
+        gate = asyncio.Semaphore(_IN_FLIGHT)
+        base = array.path
+
+        async def one(coords, start, stop):
+            key = array.metadata.encode_chunk_key(coords)
+            name = store._name(f"{base}/{key}" if base else key)
+            async with gate:
+                try:
+                    r = await client.exec_async(
+                        store.pool, [name], program, _request(code, chunks, start, stop), jit=jit
+                    )
+                except NotFound:
+                    result["missing"] += 1
+                    return fill_part(start, stop)
+            result["pushed_down"] += 1
+            result["bytes_received"] += len(r["output"])
+            import struct
+
+            return _decode(dt, struct.unpack("<4Q", r["output"]))
+
+        parts = await asyncio.gather(*(one(*b) for b in boxes))
+    count = sum(p[0] for p in parts)
+    live = [p for p in parts if p[0]]
+    if dt.kind == "f":
+        total = float(sum(p[1] for p in live))
+        lo = min((p[2] for p in live), default=float("nan"))
+        hi = max((p[3] for p in live), default=float("nan"))
+        if any(np.isnan(p[2]) for p in live):
+            lo = hi = float("nan")
+    else:
+        total = sum(int(p[1]) for p in live)
+        if dt.kind in "ib":
+            total = (total + (1 << 63)) % (1 << 64) - (1 << 63)
+        else:
+            total %= 1 << 64
+        lo = min((int(p[2]) for p in live), default=None)
+        hi = max((int(p[3]) for p in live), default=None)
+    result.update(
+        count=count,
+        sum=total,
+        min=lo,
+        max=hi,
+        mean=(float(total) / count) if count else float("nan"),
+    )
+    return result
+
+
+def reduce(array, selection=None, *, jit: bool = True) -> Reduction:
+    """:func:`reduce_async`, blocking (zarr's own event loop runs it)."""
+    from zarr.core.sync import sync
+
+    return sync(reduce_async(array, selection, jit=jit))

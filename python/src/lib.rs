@@ -480,5 +480,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_function(wrap_pyfunction!(_register_errors, m)?)?;
     m.add("OBJECT_BYTES_MAX", spindle_client::OBJECT_BYTES_MAX)?;
+    // The reduction program (`crates/spindle-prog/programs/zarr_reduce.c`, built by
+    // build.rs): run by `spindle.zarr.reduce` next to each chunk.
+    m.add(
+        "REDUCE_PROGRAM",
+        PyBytes::new(
+            m.py(),
+            include_bytes!(concat!(env!("OUT_DIR"), "/zarr_reduce.o")),
+        ),
+    )?;
     Ok(())
 }

@@ -12,6 +12,7 @@
 //!   descriptors and memory of long-running processes; [`stages`]: where a block read's
 //!   time goes, stage by stage; [`ssb`]: SSB Q3.3 offloaded against pulled and DuckDB;
 //!   [`exec_io`]: fio's latency while programs run on the daemons, budget by budget;
+//!   [`zarr`]: Zarr arrays through the Python package against zarr's LocalStore;
 //! - [`common`]: the report every benchmark prints; [`proc_cpu`]: CPU time of processes.
 
 pub mod auth_cost;
@@ -31,3 +32,4 @@ pub mod recovery;
 pub mod soak;
 pub mod ssb;
 pub mod stages;
+pub mod zarr;

@@ -76,4 +76,33 @@ struct spindle_filter {
 };
 extern int64_t spindle_filter(const struct spindle_filter *f);
 
+/* Count, sum, min and max of the values of an n-dimensional box of a chunk: `shape` values
+ * of `dtype` (little-endian, C order: an uncompressed Zarr chunk) at `data`, the box being
+ * start[d] <= index[d] < stop[d] for d < ndim (at most 8). Floats sum in double precision
+ * and propagate NaN; integers sum with wraparound in 64 bits. The helper writes `count`
+ * (also returned), and `sum`, `min`, `max` as the bits of a double (f32, f64), an int64
+ * (signed) or a uint64 (unsigned); all 0 when the box is empty. A bad request (an unknown
+ * dtype, a box outside the shape, a shape larger than the data) stops the run. */
+enum spindle_dtype {
+    SPINDLE_F32 = 1, SPINDLE_F64 = 2,
+    SPINDLE_I8 = 3, SPINDLE_I16 = 4, SPINDLE_I32 = 5, SPINDLE_I64 = 6,
+    SPINDLE_U8 = 7, SPINDLE_U16 = 8, SPINDLE_U32 = 9, SPINDLE_U64 = 10,
+};
+#define SPINDLE_DIMS_MAX 8
+struct spindle_reduce {
+    const void *data;
+    uint64_t data_len;
+    uint64_t dtype;
+    uint64_t ndim;
+    uint64_t shape[SPINDLE_DIMS_MAX];
+    uint64_t start[SPINDLE_DIMS_MAX];
+    uint64_t stop[SPINDLE_DIMS_MAX];
+    /* results */
+    uint64_t count;
+    uint64_t sum;
+    uint64_t min;
+    uint64_t max;
+};
+extern int64_t spindle_reduce(struct spindle_reduce *r);
+
 #endif

@@ -18,6 +18,7 @@
 //! and output stop at their limits, and wall time is checked at every helper call.
 
 pub mod object;
+pub mod reduce;
 
 use solana_sbpf::aligned_memory::AlignedMemory;
 use solana_sbpf::declare_builtin_function;
@@ -115,11 +116,12 @@ impl Default for Limits {
 }
 
 /// The helpers programs may call (`include/spindle_prog.h`).
-pub const HELPERS: [&str; 4] = [
+pub const HELPERS: [&str; 5] = [
     "spindle_emit",
     "spindle_read",
     "spindle_alloc",
     "spindle_filter",
+    "spindle_reduce",
 ];
 
 /// A run's state, seen by the VM and the helpers.
@@ -313,6 +315,56 @@ impl RunContext {
     }
 }
 
+impl RunContext {
+    /// `spindle_reduce(spec)`: see `reduce.rs`; the results go back into the request.
+    fn reduce(&mut self, spec: u64) -> HelperResult {
+        use reduce::{REDUCE_DIMS_MAX, REDUCE_RESULT_OFFSET, REDUCE_SPEC_BYTES};
+        self.check_time()?;
+        let p = match self.host(AccessType::Store, spec, REDUCE_SPEC_BYTES as u64) {
+            Ok(p) => p,
+            Err(e) => return self.stop(e),
+        };
+        // SAFETY: REDUCE_SPEC_BYTES writable bytes checked above; nothing else refers to
+        // them during the call.
+        let raw = unsafe { std::slice::from_raw_parts_mut(p, REDUCE_SPEC_BYTES) };
+        let field = |raw: &[u8], i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&raw[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        let (data, data_len, dtype, ndim) =
+            (field(raw, 0), field(raw, 1), field(raw, 2), field(raw, 3));
+        if ndim == 0 || ndim > REDUCE_DIMS_MAX as u64 {
+            return self.stop(ProgError::BadHelperCall(format!(
+                "spindle_reduce: ndim {ndim} (1 to {REDUCE_DIMS_MAX})"
+            )));
+        }
+        let n = ndim as usize;
+        let dims = |k: usize| -> Vec<u64> {
+            (0..n)
+                .map(|d| field(raw, 4 + k * REDUCE_DIMS_MAX + d))
+                .collect()
+        };
+        let (shape, start, stop) = (dims(0), dims(1), dims(2));
+        let chunk = match self.host(AccessType::Load, data, data_len) {
+            // SAFETY: `data_len` readable bytes checked by the mapping.
+            Ok(p) => unsafe { std::slice::from_raw_parts(p, data_len as usize) },
+            Err(e) => return self.stop(e),
+        };
+        let r = match reduce::reduce_box(chunk, dtype, &shape, &start, &stop) {
+            Ok(r) => r,
+            Err(why) => {
+                return self.stop(ProgError::BadHelperCall(format!("spindle_reduce: {why}")))
+            }
+        };
+        for (i, v) in [r.count, r.sum, r.min, r.max].into_iter().enumerate() {
+            let at = REDUCE_RESULT_OFFSET + i * 8;
+            raw[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(r.count)
+    }
+}
+
 /// Sets bit i of `bitmap` for each value of `col` (`width`-byte little-endian unsigned)
 /// matching `op` with `a` and `b`, ANDed with `with`; the number of bits set. Each width
 /// and operation has its own loop of eight values per bitmap byte, one comparison each
@@ -487,6 +539,20 @@ declare_builtin_function!(
     }
 );
 
+declare_builtin_function!(
+    HelperReduce,
+    fn rust(
+        ctx: &mut RunContext,
+        spec: u64,
+        _b: u64,
+        _c: u64,
+        _d: u64,
+        _e: u64,
+    ) -> Result<u64, Box<dyn std::error::Error>> {
+        ctx.reduce(spec)
+    }
+);
+
 /// The loader every program shares: the VM's configuration and the helpers.
 fn loader() -> Result<Arc<BuiltinProgram<RunContext>>, ProgError> {
     let config = Config {
@@ -504,6 +570,7 @@ fn loader() -> Result<Arc<BuiltinProgram<RunContext>>, ProgError> {
         HelperRead::register(&mut l, "spindle_read"),
         HelperAlloc::register(&mut l, "spindle_alloc"),
         HelperFilter::register(&mut l, "spindle_filter"),
+        HelperReduce::register(&mut l, "spindle_reduce"),
     ];
     for (r, name) in registered.into_iter().zip(HELPERS) {
         r.map_err(|e| ProgError::Verify(format!("registering helper {name}: {e}")))?;

@@ -10,6 +10,16 @@ use std::time::{Duration, Instant};
 
 /// Compiles `tests/programs/NAME.c` to an object file; its bytes.
 fn build(name: &str) -> Vec<u8> {
+    build_file(&format!("tests/programs/{name}.c"))
+}
+
+/// Compiles the C file at `rel` (from the crate's directory); the object file's bytes.
+fn build_file(rel: &str) -> Vec<u8> {
+    let name = Path::new(rel)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out: PathBuf =
         std::env::temp_dir().join(format!("spindle-prog-{}-{name}.o", std::process::id()));
@@ -17,7 +27,7 @@ fn build(name: &str) -> Vec<u8> {
         .args(["-O2", "-target", "bpf", "-Wall", "-Werror", "-I"])
         .arg(dir.join("include"))
         .arg("-c")
-        .arg(dir.join(format!("tests/programs/{name}.c")))
+        .arg(dir.join(rel))
         .arg("-o")
         .arg(&out)
         .status()
@@ -228,4 +238,86 @@ fn bad_programs_are_refused_before_they_run() {
     let x86 = std::fs::read("/proc/self/exe").unwrap();
     let e = Program::load(&x86[..x86.len().min(1 << 20)]).unwrap_err();
     assert!(matches!(e, ProgError::Object(_)), "{e}");
+}
+
+/// The request `programs/zarr_reduce.c` takes: a `struct spindle_reduce` (data fields
+/// ignored).
+fn reduce_args(dtype: u64, shape: &[u64], start: &[u64], stop: &[u64]) -> Vec<u8> {
+    let mut w = vec![0u64; 32];
+    w[2] = dtype;
+    w[3] = shape.len() as u64;
+    let n = shape.len();
+    w[4..4 + n].copy_from_slice(shape);
+    w[12..12 + n].copy_from_slice(start);
+    w[20..20 + n].copy_from_slice(stop);
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The reduction program on a 3-d f32 chunk and on an i16 chunk, in both engines: the
+/// results of the native helper, equal to a plain loop's; a box outside the chunk stops
+/// the run with the helper's reason.
+#[test]
+fn the_zarr_reduce_program_reduces_a_box_of_a_chunk() {
+    let p = Program::load(&build_file("programs/zarr_reduce.c")).unwrap();
+    let shape = [6u64, 10, 12];
+    let vals: Vec<f32> = (0..720).map(|i| ((i * 37) % 101) as f32 - 50.5).collect();
+    let data: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (start, stop) = ([1u64, 2, 0], [6u64, 9, 5]);
+    let mut picked = Vec::new();
+    for (i, v) in vals.iter().enumerate() {
+        let (a, b, c) = (i / 120, (i / 12) % 10, i % 12);
+        if (1..6).contains(&a) && (2..9).contains(&b) && (0..5).contains(&c) {
+            picked.push(*v as f64);
+        }
+    }
+    let expect_sum: f64 = picked.iter().sum();
+    for engine in BOTH {
+        let out = p
+            .run(
+                engine,
+                &data,
+                &reduce_args(1, &shape, &start, &stop),
+                &small(),
+            )
+            .unwrap();
+        assert_eq!(out.ret, picked.len() as u64, "{engine:?}");
+        let r: Vec<u64> = out
+            .output
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(r[0], picked.len() as u64);
+        assert!(
+            (f64::from_bits(r[1]) - expect_sum).abs() < 1e-9,
+            "{engine:?}"
+        );
+        assert_eq!(
+            f64::from_bits(r[2]),
+            picked.iter().cloned().fold(f64::INFINITY, f64::min)
+        );
+        assert_eq!(
+            f64::from_bits(r[3]),
+            picked.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+        );
+    }
+    let ints: Vec<u8> = [-7i16, 3, 12, -1]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let out = p
+        .run(
+            Engine::Jit,
+            &ints,
+            &reduce_args(4, &[4], &[0], &[4]),
+            &small(),
+        )
+        .unwrap();
+    assert_eq!(out.output[..8], 4u64.to_le_bytes());
+    assert_eq!(i64::from_le_bytes(out.output[8..16].try_into().unwrap()), 7);
+    for engine in BOTH {
+        let e = p
+            .run(engine, &ints, &reduce_args(4, &[4], &[0], &[5]), &small())
+            .unwrap_err();
+        assert!(e.to_string().contains("spindle_reduce"), "{engine:?}: {e}");
+    }
 }

@@ -200,6 +200,9 @@ enum BenchCommand {
     /// Programs beside I/O: fio's p99 and IOPS through NBD alone and while programs spin
     /// on every daemon, for several CPU budgets of the execution threads.
     ExecIo(spindle_bench::exec_io::BenchExecIoArgs),
+    /// Zarr arrays through the Python package's SpindleStore beside zarr's LocalStore,
+    /// and a whole-array sum pushed down against read-and-sum (own scratch cluster).
+    Zarr(spindle_bench::zarr::BenchZarrArgs),
 }
 
 /// Keeps large buffers (object data, frames) in the heap instead of a fresh mmap per
@@ -315,6 +318,7 @@ fn main() {
             BenchCommand::Objects(args) => spindle_bench::objects::run(args),
             BenchCommand::Ssb(args) => spindle_bench::ssb::run(args),
             BenchCommand::ExecIo(args) => spindle_bench::exec_io::run(args),
+            BenchCommand::Zarr(args) => spindle_bench::zarr::run(args),
             BenchCommand::Crush(args) => spindle_bench::crush::run(args),
             BenchCommand::Ec(args) => spindle_bench::ec::run(args),
             BenchCommand::Io(args) => spindle_bench::io::run(args),

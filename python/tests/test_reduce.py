@@ -1,0 +1,101 @@
+"""Reductions next to the data: each chunk reduced by a program on the daemon holding it,
+against NumPy on the same data. Floats: sums within rtol 1e-9 of NumPy's float64 sum
+(the daemons sum in double precision), min and max exact; integers exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.testing as npt
+import pytest
+import zarr
+
+from spindle.zarr import SpindleStore, reduce
+
+
+def _array(cluster, name, data, chunks, pool="default", **kw):
+    store = SpindleStore(pool=pool, prefix=f"reduce/{name}", dir=str(cluster.dir))
+    a = zarr.create_array(
+        store=store, shape=data.shape, chunks=chunks, dtype=data.dtype, overwrite=True,
+        compressors=kw.pop("compressors", None), **kw
+    )
+    a[...] = data
+    return a
+
+
+def _check(r, data):
+    assert r["count"] == data.size
+    if data.dtype.kind == "f":
+        npt.assert_allclose(r["sum"], data.sum(dtype=np.float64), rtol=1e-9)
+        npt.assert_allclose(r["mean"], data.mean(dtype=np.float64), rtol=1e-9)
+        assert r["min"] == float(data.min()) and r["max"] == float(data.max())
+    else:
+        assert r["sum"] == int(data.sum(dtype=np.int64 if data.dtype.kind in "ib" else np.uint64))
+        assert r["min"] == int(data.min()) and r["max"] == int(data.max())
+
+
+@pytest.mark.parametrize("pool", ["default", "ec"])
+@pytest.mark.parametrize(
+    "dtype,shape,chunks",
+    [
+        ("float32", (300, 170), (64, 64)),   # edge chunks in both dimensions
+        ("float64", (1000,), (128,)),
+        ("int16", (40, 30, 20), (16, 16, 16)),
+        ("uint8", (5000,), (1024,)),
+        ("int64", (64, 64), (64, 64)),
+    ],
+)
+def test_whole_array_reductions_equal_numpy(cluster, pool, dtype, shape, chunks):
+    rng = np.random.default_rng(3)
+    if np.dtype(dtype).kind == "f":
+        data = (rng.standard_normal(shape) * 1000).astype(dtype)
+    else:
+        info = np.iinfo(dtype)
+        data = rng.integers(max(info.min, -10**6), min(info.max, 10**6), size=shape, dtype=dtype)
+    a = _array(cluster, f"{pool}-{dtype}", data, chunks, pool=pool)
+    r = reduce(a)
+    _check(r, data)
+    n_chunks = int(np.prod([-(-s // c) for s, c in zip(shape, chunks)]))
+    assert r["pushed_down"] == n_chunks and r["read"] == 0
+    # 32 bytes per chunk came back, not the chunks.
+    assert r["bytes_received"] == 32 * n_chunks
+
+
+def test_selections_and_missing_chunks(cluster):
+    data = np.full((256, 256), 7.0, dtype="float32")
+    data[:100, :100] = np.random.default_rng(5).standard_normal((100, 100))
+    store = SpindleStore(pool="default", prefix="reduce/sparse", dir=str(cluster.dir))
+    a = zarr.create_array(store=store, shape=data.shape, chunks=(64, 64), dtype="float32",
+                          fill_value=7.0, compressors=None, overwrite=True)
+    a[:100, :100] = data[:100, :100]  # chunks elsewhere stay unwritten: the fill value
+    r = reduce(a)
+    _check(r, data)
+    assert r["missing"] > 0 and r["pushed_down"] == 4
+    for sel in [(slice(10, 90), slice(5, 200)), (slice(63, 65), slice(None)), (slice(200, 256), slice(0, 1))]:
+        _check(reduce(a, sel), data[sel])
+    empty = reduce(a, (slice(5, 5), slice(None)))
+    assert empty["count"] == 0 and np.isnan(empty["mean"])
+    with pytest.raises(ValueError):
+        reduce(a, (slice(0, 10, 2), slice(None)))
+    with pytest.raises(ValueError):
+        reduce(a, (slice(None),))
+
+
+def test_nan_propagates_like_numpy(cluster):
+    data = np.arange(100, dtype="float64")
+    data[37] = np.nan
+    r = reduce(_array(cluster, "nan", data, (16,)))
+    assert np.isnan(r["sum"]) and np.isnan(r["min"]) and np.isnan(r["max"])
+
+
+def test_compressed_arrays_are_read_and_reduced_here(cluster):
+    data = np.random.default_rng(9).standard_normal((200, 50)).astype("float32")
+    a = _array(cluster, "zstd", data, (64, 25), compressors="auto")
+    r = reduce(a)
+    _check(r, data)
+    assert r["pushed_down"] == 0 and r["read"] > 0
+
+
+def test_reduce_needs_a_spindle_store():
+    a = zarr.create_array(store=zarr.storage.MemoryStore(), shape=(4,), dtype="int32")
+    with pytest.raises(TypeError):
+        reduce(a)
