@@ -16,6 +16,11 @@ pub struct BenchZarrArgs {
     /// Chunk sizes in KiB, comma-separated.
     #[arg(long, default_value = "1024,64")]
     chunk_kib: String,
+    /// Share of one CPU each daemon's execution threads may use (`spindle up
+    /// --exec-cpu-percent`). Default 100, as `spindle bench ssb`: a cluster whose job is
+    /// the arrays; a cluster also serving other I/O keeps the default of 25.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=6400))]
+    exec_cpu_percent: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -43,9 +48,16 @@ pub fn run(args: BenchZarrArgs) -> anyhow::Result<()> {
             osds: 3,
             pg_count: 64,
             wait_seconds: 90,
-            settings: Default::default(),
+            settings: spindle_cluster::SettingsArgs {
+                exec_cpu_percent: Some(u64::from(args.exec_cpu_percent)),
+                ..Default::default()
+            },
             target,
         })?;
+        eprintln!(
+            "bench zarr: daemons' execution threads: {} % of a CPU each (--exec-cpu-percent)",
+            args.exec_cpu_percent
+        );
         let local = scratch.join("local");
         std::fs::create_dir_all(&local)?;
         let mut cmd = std::process::Command::new(&python);
