@@ -16,7 +16,7 @@
 //! or the virtual machine. A thread that waits for work uses no CPU and gets no signal.
 
 use std::cell::Cell;
-use std::sync::Once;
+use std::sync::OnceLock;
 
 /// CPU time a throttled thread runs between two pauses: short enough that I/O never
 /// waits long behind a program, long enough that the signals cost nothing measurable
@@ -73,7 +73,7 @@ extern "C" fn on_slice(_signal: libc::c_int) {
     }
 }
 
-static INSTALL: Once = Once::new();
+static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// Limits the calling thread to `percent` of one CPU (100 or more: no limit). Errors say
 /// why the timer could not be set; the caller logs them and runs the thread unthrottled.
@@ -83,8 +83,9 @@ pub fn limit_this_thread(percent: u32) -> std::io::Result<()> {
     if pause == 0 {
         return Ok(());
     }
-    let mut installed = Ok(());
-    INSTALL.call_once(|| {
+    // The handler is installed once per process, and every thread checks that it was: a
+    // timer whose signal has no handler would end the process (the default action).
+    let installed = INSTALL.get_or_init(|| {
         // SAFETY: a zeroed sigaction is valid; the handler is an extern "C" fn that only
         // does async-signal-safe work; SA_RESTART restarts system calls it interrupts.
         unsafe {
@@ -93,11 +94,14 @@ pub fn limit_this_thread(percent: u32) -> std::io::Result<()> {
             act.sa_flags = libc::SA_RESTART;
             libc::sigemptyset(&mut act.sa_mask);
             if libc::sigaction(signal_number(), &act, std::ptr::null_mut()) != 0 {
-                installed = Err(std::io::Error::last_os_error());
+                return Err(std::io::Error::last_os_error().to_string());
             }
         }
+        Ok(())
     });
-    installed?;
+    if let Err(e) = installed {
+        return Err(std::io::Error::other(format!("signal handler: {e}")));
+    }
     // SAFETY: a zeroed sigevent is valid; the timer is created for this thread (its id
     // from gettid) on its own CPU clock and armed with a valid itimerspec. The timer is
     // never deleted: it lives as long as the thread, and the kernel drops it with the
