@@ -141,3 +141,29 @@ pub fn in_scratch_cluster(
     }
     result
 }
+
+/// Starts an embedded cluster of one monitor and three daemons (with authentication) in
+/// `scratch`, with `pg_count` placement groups in its pool and daemon `settings`; the
+/// target to reach it. Pair it with [`in_scratch_cluster`], which stops it.
+pub fn up_scratch(
+    scratch: &std::path::Path,
+    pg_count: u32,
+    settings: spindle_cluster::SettingsArgs,
+) -> anyhow::Result<spindle_cluster::Target> {
+    let target = spindle_cluster::Target {
+        dir: scratch.to_path_buf(),
+        mon: None,
+        keyring: None,
+        entity: "client.admin".into(),
+    };
+    spindle_cluster::up_quiet(spindle_cluster::UpArgs {
+        no_auth: false,
+        mons: Some(1),
+        osds: 3,
+        pg_count,
+        wait_seconds: 90,
+        settings,
+        target: target.clone(),
+    })?;
+    Ok(target)
+}

@@ -10,7 +10,7 @@ use crate::common::{print_report, BenchResult};
 use crate::fio::{fio_json, parse_figures, spindle_nbd_child, Engine, Figures, Point};
 use clap::Args;
 use spindle_client::{ExecOptions, ProgramCode};
-use spindle_cluster::{SettingsArgs, Target, UpArgs};
+use spindle_cluster::SettingsArgs;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,24 +101,14 @@ struct Measured {
 }
 
 fn measure(scratch: &Path, budget: u32, seconds: u64) -> anyhow::Result<Measured> {
-    let target = Target {
-        dir: scratch.to_path_buf(),
-        mon: None,
-        keyring: None,
-        entity: "client.admin".into(),
-    };
-    spindle_cluster::up_quiet(UpArgs {
-        no_auth: false,
-        mons: Some(1),
-        osds: 3,
-        pg_count: 32,
-        wait_seconds: 60,
-        settings: SettingsArgs {
+    let target = crate::common::up_scratch(
+        scratch,
+        32,
+        SettingsArgs {
             exec_cpu_percent: Some(u64::from(budget)),
             ..SettingsArgs::default()
         },
-        target: target.clone(),
-    })?;
+    )?;
     let rt = spindle_cluster::runtime()?;
     let spin = ProgramCode::new(spindle_prog::compile_c(SPIN).map_err(anyhow::Error::msg)?);
     let (client, pids) = rt.block_on(async {

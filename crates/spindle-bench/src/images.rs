@@ -19,7 +19,7 @@
 use crate::common::{print_report, BenchResult};
 use crate::fio::{fio_json, parse_figures, spindle_nbd_child, Engine, Point};
 use clap::Args;
-use spindle_cluster::{SettingsArgs, Target, UpArgs};
+use spindle_cluster::SettingsArgs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -216,21 +216,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn run_in(args: &BenchImagesArgs, scratch: &Path) -> anyhow::Result<Vec<BenchResult>> {
-    let target = Target {
-        dir: scratch.to_path_buf(),
-        mon: None,
-        keyring: None,
-        entity: "client.admin".into(),
-    };
-    spindle_cluster::up_quiet(UpArgs {
-        no_auth: false,
-        mons: Some(1),
-        osds: 3,
-        pg_count: 32,
-        wait_seconds: 60,
-        settings: SettingsArgs::default(),
-        target: target.clone(),
-    })?;
+    let target = crate::common::up_scratch(scratch, 32, SettingsArgs::default())?;
     let size_bytes = args.size_mib << 20;
     let objects = size_bytes / OBJECT_BYTES;
     let rt = spindle_cluster::runtime()?;

@@ -10,7 +10,7 @@ use crate::common::{print_report, BenchResult};
 use crate::fio::{fio_json, parse_figures, spindle_nbd_child, Engine, Point};
 use anyhow::Context;
 use clap::Args;
-use spindle_cluster::{SettingsArgs, Target, UpArgs};
+use spindle_cluster::{SettingsArgs, Target};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -93,24 +93,14 @@ struct Cluster {
 }
 
 fn start(scratch: &Path, metrics: bool) -> anyhow::Result<Cluster> {
-    let target = Target {
-        dir: scratch.to_path_buf(),
-        mon: None,
-        keyring: None,
-        entity: "client.admin".into(),
-    };
-    spindle_cluster::up_quiet(UpArgs {
-        no_auth: false,
-        mons: Some(1),
-        osds: 3,
-        pg_count: 32,
-        wait_seconds: 60,
-        settings: SettingsArgs {
+    let target = crate::common::up_scratch(
+        scratch,
+        32,
+        SettingsArgs {
             metrics: Some(metrics),
             ..SettingsArgs::default()
         },
-        target: target.clone(),
-    })?;
+    )?;
     Ok(Cluster { target })
 }
 

@@ -881,25 +881,15 @@ pub fn run(args: BenchSsbArgs) -> anyhow::Result<()> {
         let cache_mib = ((data.rows() as u64 * 16 / 3 * 2) >> 20) + 64;
         // The cluster lives in the scratch directory itself, which `in_scratch_cluster`
         // stops however this ends.
-        let target = spindle_cluster::Target {
-            dir: scratch.to_path_buf(),
-            mon: None,
-            keyring: None,
-            entity: "client.admin".into(),
-        };
-        spindle_cluster::up_quiet(spindle_cluster::UpArgs {
-            no_auth: false,
-            mons: Some(1),
-            osds: 3,
-            pg_count: 32,
-            wait_seconds: 90,
-            settings: spindle_cluster::SettingsArgs {
+        let target = crate::common::up_scratch(
+            scratch,
+            32,
+            spindle_cluster::SettingsArgs {
                 exec_cache_mib: Some(cache_mib),
                 exec_cpu_percent: Some(u64::from(args.exec_cpu_percent)),
                 ..Default::default()
             },
-            target: target.clone(),
-        })?;
+        )?;
         say("DuckDB on Parquet files of the same data (local disk)");
         let duck = q33_duckdb(&data, &scratch.join("parquet"), args.rounds.max(1) + 1)?;
         anyhow::ensure!(

@@ -36,24 +36,14 @@ pub fn run(args: BenchZarrArgs) -> anyhow::Result<()> {
     );
     let python = crate::ssb::python()?;
     crate::common::in_scratch_cluster("zarr", None, args.keep, |scratch| {
-        let target = spindle_cluster::Target {
-            dir: scratch.to_path_buf(),
-            mon: None,
-            keyring: None,
-            entity: "client.admin".into(),
-        };
-        spindle_cluster::up_quiet(spindle_cluster::UpArgs {
-            no_auth: false,
-            mons: Some(1),
-            osds: 3,
-            pg_count: 64,
-            wait_seconds: 90,
-            settings: spindle_cluster::SettingsArgs {
+        crate::common::up_scratch(
+            scratch,
+            64,
+            spindle_cluster::SettingsArgs {
                 exec_cpu_percent: Some(u64::from(args.exec_cpu_percent)),
                 ..Default::default()
             },
-            target,
-        })?;
+        )?;
         eprintln!(
             "bench zarr: daemons' execution threads: {} % of a CPU each (--exec-cpu-percent)",
             args.exec_cpu_percent
