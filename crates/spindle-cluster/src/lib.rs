@@ -725,14 +725,31 @@ pub fn stop_pid(pid: u32, what: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// True if `pid` has exited: gone, or a zombie whose threads have all exited.
+///
+/// The leader of a killed multi-threaded process turns zombie before its other threads have
+/// finished exiting, and those threads still hold the process's files (and so its `flock`s,
+/// e.g. redb's database lock) until each is gone from `/proc/PID/task`. Counting the process
+/// as dead on the leader's state alone let `spindle up` start a monitor that then found its
+/// database "already open" (CI, 2026-11-28).
 pub fn zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let leader_zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
             s.rsplit(')')
                 .next()
                 .is_some_and(|r| r.trim_start().starts_with('Z'))
         })
-        .unwrap_or(true)
+        .unwrap_or(true);
+    if !leader_zombie {
+        return false;
+    }
+    // Every thread but the leader must be gone (the leader's own entry stays until reaped).
+    match std::fs::read_dir(format!("/proc/{pid}/task")) {
+        Ok(tasks) => tasks
+            .filter_map(Result::ok)
+            .all(|t| t.file_name().to_str() == Some(pid.to_string().as_str())),
+        Err(_) => true,
+    }
 }
 
 pub fn down(target: Target) -> anyhow::Result<()> {

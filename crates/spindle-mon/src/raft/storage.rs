@@ -87,6 +87,9 @@ pub struct Boot {
     pub auth_seed: Option<Vec<u8>>,
 }
 
+/// How long opening the database waits for a lock held by a monitor that is still exiting.
+const DB_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The database shared by the log store and the state machine.
 #[derive(Clone)]
 pub struct RaftDb {
@@ -95,7 +98,26 @@ pub struct RaftDb {
 
 impl RaftDb {
     pub fn open(path: &Path) -> Result<RaftDb, String> {
-        let db = redb::Database::create(path).map_err(|e| e.to_string())?;
+        // A monitor that was just killed can hold the file lock for a moment after its
+        // process is reported gone (its threads still exiting); a supervisor restarting it at
+        // once should not fail for that. A live second monitor still fails, after the wait.
+        let deadline = std::time::Instant::now() + DB_LOCK_WAIT;
+        let db = loop {
+            match redb::Database::create(path) {
+                Ok(db) => break db,
+                Err(redb::DatabaseError::DatabaseAlreadyOpen)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{e} ({}; is another monitor running on this directory?)",
+                        path.display()
+                    ))
+                }
+            }
+        };
         let tx = db.begin_write().map_err(|e| e.to_string())?;
         {
             tx.open_table(LOG).map_err(|e| e.to_string())?;

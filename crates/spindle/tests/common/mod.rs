@@ -225,14 +225,8 @@ impl Cluster {
         unsafe { libc::kill(pid, libc::SIGKILL) };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            let gone = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .map(|s| {
-                    s.rsplit(')')
-                        .next()
-                        .is_some_and(|r| r.trim_start().starts_with('Z'))
-                })
-                .unwrap_or(true);
-            if gone {
+            // Gone, or a zombie with every thread exited (so its file locks are released).
+            if spindle_cluster::zombie(pid as u32) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(10));
