@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence
 from . import _native
 from .errors import (
     ALL as _ALL_ERRORS,
+    AlreadyExists,
     ClientClosed,
     Conflict,
     ConnectionFailed,
@@ -29,8 +30,10 @@ from .errors import (
     InvalidArgument,
     NoSpace,
     NotFound,
+    Locked,
     PermissionDenied,
     ProgramFailed,
+    ReadOnly,
     SpindleError,
     Timeout,
 )
@@ -41,6 +44,7 @@ OBJECT_BYTES_MAX: int = _native.OBJECT_BYTES_MAX
 
 __all__ = [
     "Client",
+    "Image",
     "OBJECT_BYTES_MAX",
     "SpindleError",
     "NotFound",
@@ -54,6 +58,9 @@ __all__ = [
     "Conflict",
     "Fenced",
     "ClientClosed",
+    "AlreadyExists",
+    "Locked",
+    "ReadOnly",
 ]
 
 
@@ -69,6 +76,14 @@ def _as_bytes(data: Any) -> bytes:
     if isinstance(data, (bytearray, memoryview)):
         return bytes(data)
     raise TypeError(f"data must be bytes-like, not {type(data).__name__}")
+
+
+def _check_uint(what: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{what} must not be negative, not {value}")
+    return value
 
 
 def _future_callback(loop: asyncio.AbstractEventLoop, fut: asyncio.Future):
@@ -193,6 +208,76 @@ class Client:
             _check_str("pool", pool), list(objects), _as_bytes(program), _as_bytes(args), jit, cache
         )
 
+    # -- images -----------------------------------------------------------------------
+
+    def image_create(
+        self, pool: str, name: str, size: int, *, object_size: Optional[int] = None
+    ) -> dict:
+        """Creates image ``name`` of ``size`` bytes (a multiple of 512) in ``pool``: thin
+        (no data is written), in objects of ``object_size`` bytes (default: the pool's).
+        Returns its description; :class:`AlreadyExists` if the name is taken."""
+        return self._c.image_create(
+            _check_str("pool", pool),
+            _check_str("name", name),
+            _check_uint("size", size),
+            None if object_size is None else _check_uint("object_size", object_size),
+        )
+
+    def image_open(
+        self,
+        pool: str,
+        name: str,
+        *,
+        read_only: bool = False,
+        snapshot: Optional[str] = None,
+        take_over: bool = False,
+    ) -> "Image":
+        """Opens image ``name``. For writing (the default) it takes the image's exclusive
+        lock, as ``spindle nbd`` does: :class:`Locked` while another live client holds it,
+        unless ``take_over`` (which fences the other writer). ``read_only`` or a
+        ``snapshot`` name opens it without the lock; writes then raise :class:`ReadOnly`."""
+        if snapshot is not None:
+            _check_str("snapshot", snapshot)
+        return Image(
+            self._c.image_open(
+                _check_str("pool", pool),
+                _check_str("name", name),
+                bool(read_only),
+                snapshot,
+                bool(take_over),
+            )
+        )
+
+    def image_list(self, pool: str) -> list[dict]:
+        """The images of ``pool``, sorted by name, as dicts (``name``, ``size``, ...)."""
+        return self._c.image_list(_check_str("pool", pool))
+
+    def image_remove(self, pool: str, name: str) -> None:
+        """Removes image ``name`` and its data; refused (:class:`Locked`) while someone
+        serves it, and while it has snapshots."""
+        self._c.image_remove(_check_str("pool", pool), _check_str("name", name))
+
+    async def image_open_async(
+        self,
+        pool: str,
+        name: str,
+        *,
+        read_only: bool = False,
+        snapshot: Optional[str] = None,
+        take_over: bool = False,
+    ) -> "Image":
+        if snapshot is not None:
+            _check_str("snapshot", snapshot)
+        native = await self._start(
+            "image_open_cb",
+            _check_str("pool", pool),
+            _check_str("name", name),
+            bool(read_only),
+            snapshot,
+            bool(take_over),
+        )
+        return Image(native)
+
     # -- asyncio ----------------------------------------------------------------------
 
     def _start(self, method: str, *args: Any) -> asyncio.Future:
@@ -252,3 +337,99 @@ class Client:
             jit,
             cache,
         )
+
+
+def _start_native(obj: Any, method: str, *args: Any) -> asyncio.Future:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    getattr(obj, method)(*args, _future_callback(loop, fut))
+    return fut
+
+
+class Image:
+    """A block image of the cluster, from :meth:`Client.image_open`.
+
+    Offsets and lengths are in bytes; reads of never-written ranges give zeros; a write
+    returns once it is durable on every up replica. Open for writing, the image holds its
+    exclusive lock until :meth:`close` (or the end of a ``with`` block); if another client
+    takes the lock over, writes raise :class:`Fenced`.
+
+    >>> with c.image_open("default", "disk") as img:
+    ...     img.write(4096, b"x" * 4096)
+    ...     img.read(4096, 4)
+    b'xxxx'
+    """
+
+    def __init__(self, native: Any) -> None:
+        self._i = native
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<spindle.Image (closed)>"
+        i = self.info()
+        mode = "read-only" if self.read_only else "read-write"
+        return f"<spindle.Image {i['pool']}/{i['name']} {i['size']} bytes {mode}>"
+
+    @property
+    def closed(self) -> bool:
+        return self._i.closed
+
+    @property
+    def size(self) -> int:
+        """The image's size in bytes."""
+        return self._i.size
+
+    @property
+    def read_only(self) -> bool:
+        return self._i.read_only
+
+    def info(self) -> dict:
+        """``name``, ``pool``, ``size``, ``object_size``, ``object_count``, ``parent``..."""
+        return self._i.info()
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self._i.read(_check_uint("offset", offset), _check_uint("length", length))
+
+    def write(self, offset: int, data: bytes) -> None:
+        self._i.write(_check_uint("offset", offset), _as_bytes(data))
+
+    def discard(self, offset: int, length: int) -> None:
+        """Makes the range read as zeros and frees its space."""
+        self._i.discard(_check_uint("offset", offset), _check_uint("length", length))
+
+    def flush(self) -> None:
+        """Waits for every write started before it."""
+        self._i.flush()
+
+    def resize(self, size: int) -> None:
+        self._i.resize(_check_uint("size", size))
+
+    def close(self) -> None:
+        """Flushes and gives the lock back. Later calls raise :class:`ClientClosed`."""
+        self._i.close()
+
+    def __enter__(self) -> "Image":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def read_async(self, offset: int, length: int) -> bytes:
+        return await _start_native(
+            self._i, "read_cb", _check_uint("offset", offset), _check_uint("length", length)
+        )
+
+    async def write_async(self, offset: int, data: bytes) -> None:
+        await _start_native(self._i, "write_cb", _check_uint("offset", offset), _as_bytes(data))
+
+    async def flush_async(self) -> None:
+        await _start_native(self._i, "flush_cb")
+
+    async def close_async(self) -> None:
+        await _start_native(self._i, "close_cb")
+
+    async def __aenter__(self) -> "Image":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close_async()

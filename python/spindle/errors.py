@@ -54,7 +54,19 @@ class Fenced(SpindleError):
 
 
 class ClientClosed(SpindleError):
-    """The client was closed."""
+    """The client (or the image) was closed."""
+
+
+class AlreadyExists(SpindleError, FileExistsError):
+    """An image of that name exists already."""
+
+
+class Locked(Conflict):
+    """Another client holds the image's exclusive lock (it serves the image)."""
+
+
+class ReadOnly(SpindleError, PermissionError):
+    """A write to an image opened read-only or at a snapshot."""
 
 
 ALL = {
@@ -72,5 +84,8 @@ ALL = {
         Conflict,
         Fenced,
         ClientClosed,
+        AlreadyExists,
+        Locked,
+        ReadOnly,
     )
 }

@@ -13,6 +13,8 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use spindle_client::{ClientError, ExecOptions, ProgramCode};
+use spindle_image::lock::{holder_description, holder_has_write_log, ImageLock, LockOptions};
+use spindle_image::{ImageError, ImageInfo};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -47,8 +49,10 @@ fn _register_errors(classes: Bound<'_, PyDict>) -> PyResult<()> {
 #[derive(Debug)]
 enum Failure {
     Client(ClientError),
+    Image(ImageError),
     Closed,
     Setup(String),
+    ReadOnly(String),
 }
 
 impl From<ClientError> for Failure {
@@ -57,11 +61,36 @@ impl From<ClientError> for Failure {
     }
 }
 
+impl From<ImageError> for Failure {
+    fn from(e: ImageError) -> Failure {
+        match e {
+            ImageError::Backend(c) => Failure::Client(c),
+            e => Failure::Image(e),
+        }
+    }
+}
+
 impl Failure {
     fn class(&self) -> &'static str {
         match self {
             Failure::Closed => "ClientClosed",
             Failure::Setup(_) => "ConnectionFailed",
+            Failure::ReadOnly(_) => "ReadOnly",
+            Failure::Image(e) => match e {
+                ImageError::NotFound(_) | ImageError::NoSnapshot(_) => "NotFound",
+                ImageError::Exists(_) => "AlreadyExists",
+                ImageError::OutOfRange { .. }
+                | ImageError::InvalidName(_)
+                | ImageError::InvalidSize(_)
+                | ImageError::InvalidObjectSize(_)
+                | ImageError::InvalidConfig(_)
+                | ImageError::InvalidSetting(_) => "InvalidArgument",
+                ImageError::CorruptHeader { .. } => "Corrupt",
+                ImageError::Locked(_) => "Locked",
+                ImageError::Fenced(_) => "Fenced",
+                ImageError::ReadOnly(_) => "ReadOnly",
+                _ => "SpindleError",
+            },
             Failure::Client(e) => match e {
                 ClientError::NotFound(_) | ClientError::NoSuchPool(_) => "NotFound",
                 ClientError::Invalid(_) => "InvalidArgument",
@@ -72,6 +101,8 @@ impl Failure {
                 ClientError::Auth(_) | ClientError::Denied(_) => "PermissionDenied",
                 ClientError::Program(_) => "ProgramFailed",
                 ClientError::Fenced(_) => "Fenced",
+                // The monitors refuse a fenced client's lock requests as a command.
+                ClientError::Command(m) if m.contains("is fenced") => "Fenced",
                 ClientError::Conflict(_) | ClientError::SnapChanged(_) => "Conflict",
                 _ => "SpindleError",
             },
@@ -81,7 +112,8 @@ impl Failure {
     fn message(&self) -> String {
         match self {
             Failure::Closed => "the client is closed".into(),
-            Failure::Setup(m) => m.clone(),
+            Failure::Setup(m) | Failure::ReadOnly(m) => m.clone(),
+            Failure::Image(e) => e.to_string(),
             Failure::Client(e) => e.to_string(),
         }
     }
@@ -107,6 +139,21 @@ enum Value {
     Stat { size_bytes: u64, version: String },
     Listing(Vec<(String, u64)>),
     Exec { ret: u64, output: Vec<u8> },
+    Image(Arc<OpenImage>),
+    Images(Vec<ImageInfo>),
+}
+
+/// An image's description as a dict (the fields of `spindle image info --json`).
+fn info_dict<'py>(py: Python<'py>, i: &ImageInfo) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", &i.name)?;
+    d.set_item("pool", &i.pool)?;
+    d.set_item("size", i.size_bytes)?;
+    d.set_item("object_size", i.object_size_bytes)?;
+    d.set_item("object_count", i.object_count)?;
+    d.set_item("created_unix_secs", i.created_unix_secs)?;
+    d.set_item("parent", i.parent.clone())?;
+    Ok(d)
 }
 
 impl Value {
@@ -130,11 +177,53 @@ impl Value {
                 d.set_item("output", PyBytes::new(py, &output))?;
                 d.into_any().unbind()
             }
+            Value::Image(open) => Py::new(
+                py,
+                Image {
+                    inner: Mutex::new(Some(open)),
+                },
+            )?
+            .into_any(),
+            Value::Images(infos) => {
+                let list = pyo3::types::PyList::empty(py);
+                for i in &infos {
+                    list.append(info_dict(py, i)?)?;
+                }
+                list.into_any().unbind()
+            }
         })
     }
 }
 
 type Op = std::pin::Pin<Box<dyn Future<Output = Result<Value, Failure>> + Send>>;
+
+/// Runs `op` to its end with the GIL released.
+fn block(py: Python<'_>, op: Op) -> PyResult<Py<PyAny>> {
+    let rt = runtime()?;
+    match py.detach(|| rt.block_on(op)) {
+        Ok(v) => v.into_py(py),
+        Err(f) => Err(f.into_pyerr(py)),
+    }
+}
+
+/// Starts `op` on the runtime; `callback(error, value)` gets its end.
+fn start(op: Op, callback: Py<PyAny>) -> PyResult<()> {
+    let rt = runtime()?;
+    rt.spawn(async move {
+        let r = op.await;
+        Python::attach(|py| {
+            let (err, val) = match r.map(|v| v.into_py(py)) {
+                Ok(Ok(v)) => (py.None(), v),
+                Ok(Err(e)) => (e.into_value(py).into_any(), py.None()),
+                Err(f) => (f.into_pyerr(py).into_value(py).into_any(), py.None()),
+            };
+            if let Err(e) = callback.call1(py, (err, val)) {
+                e.print(py);
+            }
+        });
+    });
+    Ok(())
+}
 
 /// A connection to a cluster. Made by `Client.connect`; thread-safe; `close()` ends it.
 #[pyclass(module = "spindle._native", frozen)]
@@ -149,34 +238,6 @@ impl Client {
             .map_err(|_| Failure::Closed)?
             .clone()
             .ok_or(Failure::Closed)
-    }
-
-    /// Runs `op` to its end with the GIL released.
-    fn block(&self, py: Python<'_>, op: Op) -> PyResult<Py<PyAny>> {
-        let rt = runtime()?;
-        match py.detach(|| rt.block_on(op)) {
-            Ok(v) => v.into_py(py),
-            Err(f) => Err(f.into_pyerr(py)),
-        }
-    }
-
-    /// Starts `op` on the runtime; `callback(error, value)` gets its end.
-    fn start(&self, op: Op, callback: Py<PyAny>) -> PyResult<()> {
-        let rt = runtime()?;
-        rt.spawn(async move {
-            let r = op.await;
-            Python::attach(|py| {
-                let (err, val) = match r.map(|v| v.into_py(py)) {
-                    Ok(Ok(v)) => (py.None(), v),
-                    Ok(Err(e)) => (e.into_value(py).into_any(), py.None()),
-                    Err(f) => (f.into_pyerr(py).into_value(py).into_any(), py.None()),
-                };
-                if let Err(e) = callback.call1(py, (err, val)) {
-                    e.print(py);
-                }
-            });
-        });
-        Ok(())
     }
 
     fn op_get(&self, pool: String, name: String, offset: u64, length: Option<u64>) -> Op {
@@ -258,6 +319,334 @@ impl Client {
                 output: r.output,
             })
         })
+    }
+}
+
+impl Client {
+    fn op_image_create(
+        &self,
+        pool: String,
+        name: String,
+        size_bytes: u64,
+        object_size_bytes: Option<u64>,
+    ) -> Op {
+        let c = self.client();
+        Box::pin(async move {
+            let c = c?;
+            let object_size_bytes = match object_size_bytes {
+                Some(b) => b,
+                None => spindle_image::image::default_object_size(&c.map(), &pool)
+                    .ok_or_else(|| ClientError::NoSuchPool(pool.clone()))?,
+            };
+            let img = spindle_image::Image::create(c, &pool, &name, size_bytes, object_size_bytes)
+                .await?;
+            Ok(Value::Images(vec![img.info()]))
+        })
+    }
+
+    fn op_image_open(
+        &self,
+        pool: String,
+        name: String,
+        read_only: bool,
+        snapshot: Option<String>,
+        take_over: bool,
+    ) -> Op {
+        let c = self.client();
+        Box::pin(async move {
+            let c = c?;
+            if let Some(snap) = &snapshot {
+                let image = spindle_image::Image::open_snap(c, &pool, &name, snap).await?;
+                return Ok(Value::Image(Arc::new(OpenImage {
+                    image,
+                    lock: Mutex::new(None),
+                    label: format!("{pool}/{name}@{snap}"),
+                })));
+            }
+            let label = format!("{pool}/{name}");
+            if read_only {
+                let image = spindle_image::Image::open(c, &pool, &name).await?;
+                return Ok(Value::Image(Arc::new(OpenImage {
+                    image,
+                    lock: Mutex::new(None),
+                    label,
+                })));
+            }
+            // A holder that acknowledged writes from a client write log (`spindle nbd
+            // --write-log`) may have some only in its log: writing around it would lose
+            // or reorder them. Its log is replayed by serving the image again that way.
+            let holder = {
+                let map = c.map();
+                map.pool_by_name(&pool)
+                    .and_then(|p| map.image_locks.get(&(p.id, name.clone())))
+                    .map(|l| l.holder.clone())
+            };
+            if let Some(h) = holder.filter(|h| holder_has_write_log(h)) {
+                return Err(ImageError::Locked(format!(
+                    "image {label} is held by a writer with a client write log ({h}): \
+                     serve it with `spindle nbd --write-log` (which replays the log) and \
+                     stop that server before writing to it from here"
+                ))
+                .into());
+            }
+            // The lock first: nothing is read for writing or written without it.
+            let options = LockOptions {
+                take_over,
+                ..LockOptions::default()
+            };
+            let lock = ImageLock::acquire(
+                c.clone(),
+                &pool,
+                &name,
+                &holder_description("python"),
+                &options,
+            )
+            .await?;
+            let image = match spindle_image::Image::open(c, &pool, &name).await {
+                Ok(i) => i,
+                Err(e) => {
+                    lock.release().await;
+                    return Err(e.into());
+                }
+            };
+            image.set_sole_writer();
+            Ok(Value::Image(Arc::new(OpenImage {
+                image,
+                lock: Mutex::new(Some(lock)),
+                label,
+            })))
+        })
+    }
+
+    fn op_image_list(&self, pool: String) -> Op {
+        let c = self.client();
+        Box::pin(async move {
+            let c = c?;
+            Ok(Value::Images(spindle_image::Image::list(&*c, &pool).await?))
+        })
+    }
+
+    fn op_image_remove(&self, pool: String, name: String) -> Op {
+        let c = self.client();
+        Box::pin(async move {
+            let c = c?;
+            spindle_image::admin::remove(&c, &pool, &name, "python (image_remove)", |_, _| {})
+                .await?;
+            Ok(Value::None)
+        })
+    }
+}
+
+/// Largest single image read or write from Python (the buffer is built in memory).
+const IMAGE_IO_BYTES_MAX: u64 = 1 << 30;
+
+fn check_io_len(len: u64) -> PyResult<()> {
+    if len > IMAGE_IO_BYTES_MAX {
+        return Err(PyValueError::new_err(format!(
+            "{len} bytes in one call: at most {IMAGE_IO_BYTES_MAX} (split it)"
+        )));
+    }
+    Ok(())
+}
+
+/// An open image: its handle and, when open for writing, its exclusive lock.
+struct OpenImage {
+    image: spindle_image::Image<spindle_client::Client>,
+    /// None when read-only, and once closed.
+    lock: Mutex<Option<ImageLock>>,
+    /// `POOL/NAME` or `POOL/NAME@SNAP`, for messages.
+    label: String,
+}
+
+impl OpenImage {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<ImageLock>> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// May this handle write now? (Open for writing and still holding its lock.)
+    fn writer(&self) -> Result<(), Failure> {
+        match self.lock().as_ref() {
+            Some(l) => l.check().map_err(Failure::from),
+            None => Err(Failure::ReadOnly(format!(
+                "{} is open read-only (a snapshot, or read_only=True)",
+                self.label
+            ))),
+        }
+    }
+
+    /// A write's result, noting a fencing refusal on the lock (later writes fail at once).
+    fn observe<T>(&self, r: Result<T, ImageError>) -> Result<T, Failure> {
+        match self.lock().as_ref() {
+            Some(l) => l.observe(r).map_err(Failure::from),
+            None => r.map_err(Failure::from),
+        }
+    }
+}
+
+impl Drop for OpenImage {
+    /// An image dropped without `close()` still gives its lock back (in the background).
+    fn drop(&mut self) {
+        let lock = self.lock.get_mut().ok().and_then(|l| l.take());
+        if let (Some(lock), Ok(rt)) = (lock, runtime()) {
+            rt.spawn(async move { lock.release().await });
+        }
+    }
+}
+
+/// An image open for reading and writing (holding its exclusive lock), read-only, or at
+/// a snapshot. Made by `Client.image_open`; thread-safe; `close()` flushes and unlocks.
+#[pyclass(module = "spindle._native", frozen)]
+struct Image {
+    inner: Mutex<Option<Arc<OpenImage>>>,
+}
+
+impl Image {
+    fn open(&self) -> Result<Arc<OpenImage>, Failure> {
+        self.inner
+            .lock()
+            .map_err(|_| Failure::Closed)?
+            .clone()
+            .ok_or(Failure::Closed)
+    }
+
+    fn op_read(&self, offset: u64, length: u64) -> Op {
+        let o = self.open();
+        Box::pin(async move { Ok(Value::Bytes(o?.image.read(offset, length).await?)) })
+    }
+
+    fn op_write(&self, offset: u64, data: Vec<u8>) -> Op {
+        let o = self.open();
+        Box::pin(async move {
+            let o = o?;
+            o.writer()?;
+            let r = o.image.write_owned(offset, data).await;
+            o.observe(r)?;
+            Ok(Value::None)
+        })
+    }
+
+    fn op_discard(&self, offset: u64, length: u64) -> Op {
+        let o = self.open();
+        Box::pin(async move {
+            let o = o?;
+            o.writer()?;
+            let r = o.image.discard(offset, length).await;
+            o.observe(r)?;
+            Ok(Value::None)
+        })
+    }
+
+    fn op_flush(&self) -> Op {
+        let o = self.open();
+        Box::pin(async move {
+            let o = o?;
+            o.image.flush().await?;
+            // A flush answers for the writes before it: they were all acknowledged
+            // durable, and this handle still held the lock when they were.
+            if o.lock().is_some() {
+                o.writer()?;
+            }
+            Ok(Value::None)
+        })
+    }
+
+    fn op_close(&self) -> Op {
+        let o = self.inner.lock().ok().and_then(|mut g| g.take());
+        Box::pin(async move {
+            let Some(o) = o else { return Ok(Value::None) };
+            let flushed = o.image.flush().await;
+            let lock = o.lock().take();
+            if let Some(lock) = lock {
+                lock.release().await;
+            }
+            flushed?;
+            Ok(Value::None)
+        })
+    }
+}
+
+#[pymethods]
+impl Image {
+    /// Reads `length` bytes at `offset` (never-written bytes read as zeros).
+    fn read(&self, py: Python<'_>, offset: u64, length: u64) -> PyResult<Py<PyAny>> {
+        check_io_len(length)?;
+        block(py, self.op_read(offset, length))
+    }
+
+    fn read_cb(&self, offset: u64, length: u64, callback: Py<PyAny>) -> PyResult<()> {
+        check_io_len(length)?;
+        start(self.op_read(offset, length), callback)
+    }
+
+    /// Writes `data` at `offset`; returns once it is durable on every up replica.
+    fn write(&self, py: Python<'_>, offset: u64, data: &[u8]) -> PyResult<Py<PyAny>> {
+        check_io_len(data.len() as u64)?;
+        block(py, self.op_write(offset, data.to_vec()))
+    }
+
+    fn write_cb(&self, offset: u64, data: &[u8], callback: Py<PyAny>) -> PyResult<()> {
+        check_io_len(data.len() as u64)?;
+        start(self.op_write(offset, data.to_vec()), callback)
+    }
+
+    /// Makes `[offset, offset + length)` read as zeros and frees its space.
+    fn discard(&self, py: Python<'_>, offset: u64, length: u64) -> PyResult<Py<PyAny>> {
+        block(py, self.op_discard(offset, length))
+    }
+
+    /// Waits for every write started before it (each is durable once acknowledged).
+    fn flush(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        block(py, self.op_flush())
+    }
+
+    fn flush_cb(&self, callback: Py<PyAny>) -> PyResult<()> {
+        start(self.op_flush(), callback)
+    }
+
+    /// Changes the size (shrinking drops the data past the end; growing reads as zeros).
+    fn resize(&self, py: Python<'_>, size: u64) -> PyResult<Py<PyAny>> {
+        let o = self.open();
+        let op: Op = Box::pin(async move {
+            let o = o?;
+            o.writer()?;
+            let r = o.image.resize(size).await;
+            o.observe(r)?;
+            Ok(Value::None)
+        });
+        block(py, op)
+    }
+
+    /// Flushes and gives the lock back; later calls raise `ClientClosed`. Idempotent.
+    fn close(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        block(py, self.op_close())
+    }
+
+    fn close_cb(&self, callback: Py<PyAny>) -> PyResult<()> {
+        start(self.op_close(), callback)
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.lock().map(|g| g.is_none()).unwrap_or(true)
+    }
+
+    /// The image's description (`name`, `pool`, `size`, `object_size`, ...).
+    fn info(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let o = self.open().map_err(|f| f.into_pyerr(py))?;
+        Ok(info_dict(py, &o.image.info())?.into_any().unbind())
+    }
+
+    #[getter]
+    fn size(&self, py: Python<'_>) -> PyResult<u64> {
+        let o = self.open().map_err(|f| f.into_pyerr(py))?;
+        Ok(o.image.size_bytes())
+    }
+
+    #[getter]
+    fn read_only(&self, py: Python<'_>) -> PyResult<bool> {
+        let o = self.open().map_err(|f| f.into_pyerr(py))?;
+        let read_only = o.lock().is_none();
+        Ok(read_only)
     }
 }
 
@@ -346,7 +735,7 @@ impl Client {
         length: Option<u64>,
     ) -> PyResult<Py<PyAny>> {
         check_name("name", &name)?;
-        self.block(py, self.op_get(pool, name, offset, length))
+        block(py, self.op_get(pool, name, offset, length))
     }
 
     #[pyo3(signature = (pool, name, offset, length, callback))]
@@ -359,7 +748,7 @@ impl Client {
         callback: Py<PyAny>,
     ) -> PyResult<()> {
         check_name("name", &name)?;
-        self.start(self.op_get(pool, name, offset, length), callback)
+        start(self.op_get(pool, name, offset, length), callback)
     }
 
     /// Writes `data` as the whole object (`offset` None) or at `offset` in it.
@@ -374,7 +763,7 @@ impl Client {
     ) -> PyResult<Py<PyAny>> {
         check_name("name", &name)?;
         let data = data.to_vec();
-        self.block(py, self.op_put(pool, name, data, offset))
+        block(py, self.op_put(pool, name, data, offset))
     }
 
     #[pyo3(signature = (pool, name, data, offset, callback))]
@@ -387,7 +776,7 @@ impl Client {
         callback: Py<PyAny>,
     ) -> PyResult<()> {
         check_name("name", &name)?;
-        self.start(self.op_put(pool, name, data.to_vec(), offset), callback)
+        start(self.op_put(pool, name, data.to_vec(), offset), callback)
     }
 
     #[pyo3(signature = (pool, name, missing_ok=false))]
@@ -399,7 +788,7 @@ impl Client {
         missing_ok: bool,
     ) -> PyResult<Py<PyAny>> {
         check_name("name", &name)?;
-        self.block(py, self.op_delete(pool, name, missing_ok))
+        block(py, self.op_delete(pool, name, missing_ok))
     }
 
     fn delete_cb(
@@ -410,28 +799,28 @@ impl Client {
         callback: Py<PyAny>,
     ) -> PyResult<()> {
         check_name("name", &name)?;
-        self.start(self.op_delete(pool, name, missing_ok), callback)
+        start(self.op_delete(pool, name, missing_ok), callback)
     }
 
     /// `{"size": bytes, "version": str}` of object `name`.
     fn stat(&self, py: Python<'_>, pool: String, name: String) -> PyResult<Py<PyAny>> {
         check_name("name", &name)?;
-        self.block(py, self.op_stat(pool, name))
+        block(py, self.op_stat(pool, name))
     }
 
     fn stat_cb(&self, pool: String, name: String, callback: Py<PyAny>) -> PyResult<()> {
         check_name("name", &name)?;
-        self.start(self.op_stat(pool, name), callback)
+        start(self.op_stat(pool, name), callback)
     }
 
     /// `[(name, size)]` of the pool's objects whose names start with `prefix`, sorted.
     #[pyo3(signature = (pool, prefix=String::new()))]
     fn list(&self, py: Python<'_>, pool: String, prefix: String) -> PyResult<Py<PyAny>> {
-        self.block(py, self.op_list(pool, prefix))
+        block(py, self.op_list(pool, prefix))
     }
 
     fn list_cb(&self, pool: String, prefix: String, callback: Py<PyAny>) -> PyResult<()> {
-        self.start(self.op_list(pool, prefix), callback)
+        start(self.op_list(pool, prefix), callback)
     }
 
     /// Runs the eBPF object file `program` on the daemon holding `objects` (one, or up to
@@ -451,7 +840,7 @@ impl Client {
         if objects.is_empty() {
             return Err(PyValueError::new_err("exec needs at least one object"));
         }
-        self.block(py, self.op_exec(pool, objects, program, args, jit, cache))
+        block(py, self.op_exec(pool, objects, program, args, jit, cache))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -468,16 +857,79 @@ impl Client {
         if objects.is_empty() {
             return Err(PyValueError::new_err("exec needs at least one object"));
         }
-        self.start(
+        start(
             self.op_exec(pool, objects, program, args, jit, cache),
             callback,
         )
+    }
+
+    /// Creates image `name` of `size` bytes (a multiple of 512) in `pool`, thin, with
+    /// data objects of `object_size` bytes (default: the pool's); returns its description.
+    #[pyo3(signature = (pool, name, size, object_size=None))]
+    fn image_create(
+        &self,
+        py: Python<'_>,
+        pool: String,
+        name: String,
+        size: u64,
+        object_size: Option<u64>,
+    ) -> PyResult<Py<PyAny>> {
+        let infos = block(py, self.op_image_create(pool, name, size, object_size))?;
+        Ok(infos.bind(py).get_item(0)?.unbind())
+    }
+
+    /// Opens image `name`: for writing (taking its exclusive lock; `take_over` takes it
+    /// from a live holder, which is then fenced), `read_only`, or at `snapshot`.
+    #[pyo3(signature = (pool, name, read_only=false, snapshot=None, take_over=false))]
+    fn image_open(
+        &self,
+        py: Python<'_>,
+        pool: String,
+        name: String,
+        read_only: bool,
+        snapshot: Option<String>,
+        take_over: bool,
+    ) -> PyResult<Py<PyAny>> {
+        check_name("name", &name)?;
+        block(
+            py,
+            self.op_image_open(pool, name, read_only, snapshot, take_over),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn image_open_cb(
+        &self,
+        pool: String,
+        name: String,
+        read_only: bool,
+        snapshot: Option<String>,
+        take_over: bool,
+        callback: Py<PyAny>,
+    ) -> PyResult<()> {
+        check_name("name", &name)?;
+        start(
+            self.op_image_open(pool, name, read_only, snapshot, take_over),
+            callback,
+        )
+    }
+
+    /// The images of `pool`, sorted by name, as dicts.
+    fn image_list(&self, py: Python<'_>, pool: String) -> PyResult<Py<PyAny>> {
+        block(py, self.op_image_list(pool))
+    }
+
+    /// Removes image `name` and its data (refused while it has snapshots or is served).
+    fn image_remove(&self, py: Python<'_>, pool: String, name: String) -> PyResult<Py<PyAny>> {
+        check_name("name", &name)?;
+        block(py, self.op_image_remove(pool, name))
     }
 }
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
+    m.add_class::<Image>()?;
     m.add_function(wrap_pyfunction!(_register_errors, m)?)?;
     m.add("OBJECT_BYTES_MAX", spindle_client::OBJECT_BYTES_MAX)?;
     // The reduction program (`crates/spindle-prog/programs/zarr_reduce.c`, built by

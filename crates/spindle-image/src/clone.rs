@@ -287,7 +287,7 @@ pub fn children(
     let snaps = client.image_snaps(pool, image).unwrap_or_default();
     let (_, info) = snaps
         .by_name(snap)
-        .ok_or_else(|| ImageError::Snapshot(format!("no snapshot {image}@{snap}")))?;
+        .ok_or_else(|| ImageError::NoSnapshot(format!("{image}@{snap}")))?;
     Ok(info
         .children
         .iter()

@@ -129,9 +129,12 @@ pub enum ImageError {
     /// A write to a read-only view (a snapshot).
     #[error("read-only: {0}")]
     ReadOnly(String),
-    /// A snapshot operation was refused (no such snapshot, a bad name, ...).
+    /// A snapshot operation was refused (a bad name, a protected snapshot, ...).
     #[error("{0}")]
     Snapshot(String),
+    /// No snapshot of that name (`IMAGE@SNAP`).
+    #[error("no snapshot {0}")]
+    NoSnapshot(String),
     /// An image setting is refused (`spindle image config`).
     #[error("invalid setting: {0}")]
     InvalidSetting(String),
@@ -163,6 +166,7 @@ impl ImageError {
             ImageError::WriteLog(s) => ImageError::WriteLog(s.clone()),
             ImageError::ReadOnly(s) => ImageError::ReadOnly(s.clone()),
             ImageError::Snapshot(s) => ImageError::Snapshot(s.clone()),
+            ImageError::NoSnapshot(s) => ImageError::NoSnapshot(s.clone()),
             ImageError::InvalidSetting(s) => ImageError::InvalidSetting(s.clone()),
         }
     }

@@ -1,5 +1,7 @@
 //! `spindle-image`: block images on the object store.
 //!
+//! - [`admin`]: whole-image operations with the cluster's bookkeeping (lock, snapshot
+//!   record, clone lists): removal, work under the image's lock.
 //! - [`image`]: an image is a header object and data objects of a fixed size
 //!   (`img.NAME.header`, `img.NAME.%016x`), thin, resizable; [`Image`] is generic over an
 //!   [`ObjectBackend`] (the cluster client, or `MemoryBackend` in tests).
@@ -21,6 +23,7 @@
 //! Layering: above `spindle-client` (objects) and `spindle-nbd` (the NBD server, generic
 //! over a block-device trait); the `spindle` binary uses it.
 
+pub mod admin;
 pub mod block;
 pub mod clone;
 pub mod diff;

@@ -271,7 +271,7 @@ impl SnapView {
         let snaps = backend.image_snaps(pool, image).unwrap_or_default();
         let (id, info) = snaps
             .by_name(snap)
-            .ok_or_else(|| ImageError::Snapshot(format!("no snapshot {image}@{snap}")))?;
+            .ok_or_else(|| ImageError::NoSnapshot(format!("{image}@{snap}")))?;
         let listing = list_copies(backend, pool, image).await?;
         Ok(SnapView {
             id,

@@ -485,8 +485,7 @@ async fn run_snap(client: Arc<spindle_client::Client>, command: SnapCommand) -> 
     Ok(())
 }
 
-/// Runs `work` holding `image`'s exclusive lock as `program` (refused while a live holder
-/// has it: someone serves the image), then releases the lock, whatever `work` returned.
+/// [`spindle_image::admin::with_lock`], as an `anyhow` result.
 async fn with_image_lock<T>(
     client: &Arc<spindle_client::Client>,
     pool: &str,
@@ -494,17 +493,7 @@ async fn with_image_lock<T>(
     program: &str,
     work: impl std::future::Future<Output = T>,
 ) -> anyhow::Result<T> {
-    let lock = spindle_image::lock::ImageLock::acquire(
-        client.clone(),
-        pool,
-        image,
-        &spindle_image::lock::holder_description(program),
-        &spindle_image::lock::LockOptions::default(),
-    )
-    .await?;
-    let out = work.await;
-    lock.release().await;
-    Ok(out)
+    Ok(spindle_image::admin::with_lock(client, pool, image, program, work).await?)
 }
 
 /// Frees the copies of `image` no live snapshot reads, in the foreground, and records it
@@ -1028,50 +1017,15 @@ pub fn run(command: ImageCommand, target: Target) -> anyhow::Result<()> {
                 }
             }
             ImageCommand::Rm { name, obj } => {
-                let snaps = spindle_image::snap::list(&client, &obj.pool, &name);
-                if !snaps.is_empty() {
-                    bail!(
-                        "image {name} has {} snapshots: remove them first (`spindle image snap rm {name}@{}`)",
-                        snaps.len(),
-                        snaps[0].name
-                    );
-                }
-                // A clone leaves its parent snapshot's list once it is gone.
-                let parent = match spindle_image::image::read_header_of(&*client, &obj.pool, &name).await {
-                    Ok(h) => h.parent,
-                    Err(spindle_image::ImageError::NotFound(_)) => None,
-                    Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {name}"))),
-                };
-                // Removing an image someone serves would pull its data from under it:
-                // take the lock first (refused while a live holder has it).
-                let work = Image::remove(
-                    client.clone(),
+                spindle_image::admin::remove(
+                    &client,
                     &obj.pool,
                     &name,
+                    "spindle image rm",
                     crate::progress::bar(format!("removing {name}:"), Unit::Objects),
-                );
-                let removed = with_image_lock(&client, &obj.pool, &name, "spindle image rm", work)
-                    .await
-                    .with_context(|| format!("cannot remove image {name}"))?;
-                removed.with_context(|| format!("removing image {name}"))?;
-                // Copies left by removed snapshots, then the image's snapshot entry.
-                if client.image_snaps(&obj.pool, &name).is_some() {
-                    spindle_image::snap::trim(&*client, &obj.pool, &name, |_, _| {}).await?;
-                    client
-                        .snap_command("forget", &obj.pool, &name, "", 0)
-                        .await
-                        .with_context(|| format!("forgetting the snapshots of {name}"))?;
-                }
-                if let Some(parent) = parent {
-                    spindle_image::clone::unregister(&client, &parent, &obj.pool, &name)
-                        .await
-                        .with_context(|| {
-                            format!(
-                                "dropping {name} from the clones of {}@{}",
-                                parent.image, parent.snap
-                            )
-                        })?;
-                }
+                )
+                .await
+                .with_context(|| format!("cannot remove image {name}"))?;
                 println!("removed image {name}");
             }
         }
