@@ -331,14 +331,32 @@ class Reduction(dict):
     value counts), and ``bytes_received`` from the daemons."""
 
 
+# Codecs the reduction program decodes on the daemons (`zarr_reduce.c`).
+_CODEC_RAW = 0
+_CODEC_ZSTD = 1
+
+
+def _pushdown_codec(array) -> Optional[int]:
+    """How the daemons decode the array's chunks: raw, or zarr's zstd codec (its default
+    for numbers); None when they cannot (other compressors, filters)."""
+    if array.filters:
+        return None
+    compressors = tuple(array.compressors)
+    if not compressors:
+        return _CODEC_RAW
+    if len(compressors) == 1 and type(compressors[0]).__name__ == "ZstdCodec":
+        return _CODEC_ZSTD
+    return None
+
+
 def _pushdown_dtype(array) -> Optional[int]:
     """The dtype code when the daemons can reduce the array's chunks as stored: a regular
-    chunk grid, no sharding, no compressor or filter, little-endian bytes."""
+    chunk grid, no sharding, no filter, no compressor but zstd, little-endian bytes."""
     import numpy as np
 
     if array.metadata.zarr_format != 3 or array.shards is not None:
         return None
-    if array.compressors or array.filters:
+    if _pushdown_codec(array) is None:
         return None
     endian = getattr(array.serializer, "endian", None)
     dt = np.dtype(array.dtype)
@@ -374,14 +392,19 @@ def _boxes(shape, chunks, selection):
         yield coords, start, stop
 
 
-def _request(dtype_code: int, chunks, start, stop) -> bytes:
+def _request(dtype_code: int, chunks, start, stop, codec: int = _CODEC_RAW, itemsize: int = 0) -> bytes:
+    """A `struct spindle_reduce`, followed for a compressed chunk by `struct zarr_codec`
+    (the codec and the decoded chunk's length)."""
+    import math
     import struct
 
     words = [0, 0, dtype_code, len(chunks)]
     for part in (chunks, start, stop):
         words += list(part) + [0] * (_DIMS_MAX - len(part))
     words += [0, 0, 0, 0]
-    return struct.pack("<32Q", *words)
+    if codec != _CODEC_RAW:
+        words += [codec, math.prod(chunks) * itemsize]
+    return struct.pack(f"<{len(words)}Q", *words)
 
 
 def _decode(dt, r: tuple[int, int, int, int]):
@@ -401,10 +424,10 @@ def _decode(dt, r: tuple[int, int, int, int]):
 async def reduce_async(array, selection=None, *, jit: bool = True) -> Reduction:
     """Count, sum, min, max and mean of ``array`` (a zarr v3 array in a
     :class:`SpindleStore`) or of ``selection`` (a tuple of slices with step 1), computed
-    next to the data: each uncompressed chunk is reduced by a program on the daemon that
-    holds it, which answers 32 bytes. Chunks never written count with the fill value;
-    arrays the daemons cannot reduce as stored (compressed, filtered, sharded, big-endian,
-    other dtypes) are read and reduced here. Floats sum in double precision (NaN
+    next to the data: each chunk, raw or zstd-compressed, is decoded and reduced by a
+    program on the daemon that holds it, which answers 32 bytes. Chunks never written count
+    with the fill value; arrays the daemons cannot reduce as stored (other compressors,
+    filters, sharded, big-endian, other dtypes) are read and reduced here. Floats sum in double precision (NaN
     propagates); integers sum with wraparound in 64 bits, as NumPy's int64 sum does."""
     import numpy as np
 
@@ -416,6 +439,7 @@ async def reduce_async(array, selection=None, *, jit: bool = True) -> Reduction:
         raise TypeError(f"reduce needs an array in a SpindleStore, not in {type(store).__name__}")
     dt = np.dtype(array.dtype)
     code = _pushdown_dtype(array)
+    codec = _pushdown_codec(array)
     chunks = tuple(array.chunks)
     boxes = list(_boxes(array.shape, chunks, selection))
     result = Reduction(pushed_down=0, read=0, missing=0, bytes_received=0)
@@ -450,7 +474,11 @@ async def reduce_async(array, selection=None, *, jit: bool = True) -> Reduction:
             async with gate:
                 try:
                     r = await client.exec_async(
-                        store.pool, [name], program, _request(code, chunks, start, stop), jit=jit
+                        store.pool,
+                        [name],
+                        program,
+                        _request(code, chunks, start, stop, codec, dt.itemsize),
+                        jit=jit,
                     )
                 except NotFound:
                     result["missing"] += 1

@@ -87,12 +87,36 @@ def test_nan_propagates_like_numpy(cluster):
     assert np.isnan(r["sum"]) and np.isnan(r["min"]) and np.isnan(r["max"])
 
 
-def test_compressed_arrays_are_read_and_reduced_here(cluster):
-    data = np.random.default_rng(9).standard_normal((200, 50)).astype("float32")
-    a = _array(cluster, "zstd", data, (64, 25), compressors="auto")
+@pytest.mark.parametrize("pool", ["default", "ec"])
+def test_zstd_chunks_are_decoded_and_reduced_next_to_the_data(cluster, pool):
+    # zarr's default codecs for numbers: bytes (little-endian) then zstd.
+    data = np.random.default_rng(9).integers(-1000, 1000, (200, 50)).astype("int32")
+    a = _array(cluster, f"zstd-{pool}", data, (64, 25), pool=pool, compressors="auto")
+    assert [type(c).__name__ for c in a.compressors] == ["ZstdCodec"]
     r = reduce(a)
     _check(r, data)
-    assert r["pushed_down"] == 0 and r["read"] > 0
+    assert r["pushed_down"] == 8 and r["read"] == 0
+    assert r["bytes_received"] == 32 * 8
+    # A selection cutting chunks, and a checksummed zstd frame.
+    f = np.random.default_rng(10).standard_normal((130, 70)).astype("float64")
+    from zarr.codecs import ZstdCodec
+
+    b = _array(cluster, f"zstd-ck-{pool}", f, (32, 32), pool=pool,
+               compressors=ZstdCodec(level=5, checksum=True))
+    r = reduce(b, (slice(10, 101), slice(3, 64)))
+    _check(r, f[10:101, 3:64])
+    assert r["pushed_down"] == 4 * 2 and r["read"] == 0
+
+
+def test_other_codecs_are_read_and_reduced_here(cluster):
+    from zarr.codecs import BloscCodec, GzipCodec
+
+    data = np.random.default_rng(9).standard_normal((200, 50)).astype("float32")
+    for name, codec in (("gzip", GzipCodec()), ("blosc", BloscCodec())):
+        a = _array(cluster, name, data, (64, 25), compressors=codec)
+        r = reduce(a)
+        _check(r, data)
+        assert r["pushed_down"] == 0 and r["read"] > 0, name
 
 
 def test_reduce_needs_a_spindle_store():

@@ -105,4 +105,10 @@ struct spindle_reduce {
 };
 extern int64_t spindle_reduce(struct spindle_reduce *r);
 
+/* Decodes the zstd frame(s) of src_len bytes at src into dst (room for dst_cap bytes) and
+ * returns the decoded length; a corrupt frame, or one larger than dst_cap, stops the run
+ * with the decoder's reason. src and dst must not overlap. */
+extern uint64_t spindle_zstd_decompress(const void *src, uint64_t src_len, void *dst,
+                                        uint64_t dst_cap);
+
 #endif

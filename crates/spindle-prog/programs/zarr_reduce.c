@@ -1,12 +1,25 @@
-/* Reductions next to the data (issue #24): count, sum, min and max of one uncompressed
- * Zarr chunk, or of a box of it (the part of an edge chunk inside the array, or the part
- * of a chunk inside a selection). The arguments are a struct spindle_reduce whose data
- * fields are ignored: the chunk is the object this program runs on. Emits the 32 bytes of
- * results (count, sum, min, max); the client merges them across chunks. */
+/* Reductions next to the data (issue #24): count, sum, min and max of one Zarr chunk,
+ * or of a box of it (the part of an edge chunk inside the array, or the part of a chunk
+ * inside a selection). The chunk is the object this program runs on, stored raw or
+ * zstd-compressed (zarr's `zstd` codec, its default for numbers).
+ *
+ * Arguments: a struct spindle_reduce (its data fields are ignored), optionally followed by
+ * struct zarr_codec. Emits the 32 bytes of results (count, sum, min, max); the client
+ * merges them across chunks. */
 #include "spindle_prog.h"
 
+#define CODEC_RAW 0
+#define CODEC_ZSTD 1
+
+struct zarr_codec {
+    uint64_t codec;
+    /* The decoded chunk's length in bytes (for zstd: the room to decode into). */
+    uint64_t decoded_len;
+};
+
 uint64_t spindle_main(const struct spindle_input *in) {
-    if (in->args_len != sizeof(struct spindle_reduce))
+    uint64_t base = sizeof(struct spindle_reduce);
+    if (in->args_len != base && in->args_len != base + sizeof(struct zarr_codec))
         return (uint64_t)-1;
     struct spindle_reduce *r = spindle_alloc(sizeof(struct spindle_reduce));
     const uint64_t *from = (const uint64_t *)in->args;
@@ -15,6 +28,17 @@ uint64_t spindle_main(const struct spindle_input *in) {
         to[i] = from[i];
     r->data = in->data;
     r->data_len = in->data_len;
+    if (in->args_len > base) {
+        const struct zarr_codec *c = (const struct zarr_codec *)(in->args + base);
+        if (c->codec == CODEC_ZSTD) {
+            void *decoded = spindle_alloc(c->decoded_len);
+            r->data = decoded;
+            r->data_len = spindle_zstd_decompress(in->data, in->data_len, decoded,
+                                                  c->decoded_len);
+        } else if (c->codec != CODEC_RAW) {
+            return (uint64_t)-2;
+        }
+    }
     spindle_reduce(r);
     spindle_emit(&r->count, 32);
     return r->count;

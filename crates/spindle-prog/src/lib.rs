@@ -116,12 +116,13 @@ impl Default for Limits {
 }
 
 /// The helpers programs may call (`include/spindle_prog.h`).
-pub const HELPERS: [&str; 5] = [
+pub const HELPERS: [&str; 6] = [
     "spindle_emit",
     "spindle_read",
     "spindle_alloc",
     "spindle_filter",
     "spindle_reduce",
+    "spindle_zstd_decompress",
 ];
 
 /// A run's state, seen by the VM and the helpers.
@@ -324,9 +325,13 @@ impl RunContext {
             Ok(p) => p,
             Err(e) => return self.stop(e),
         };
-        // SAFETY: REDUCE_SPEC_BYTES writable bytes checked above; nothing else refers to
-        // them during the call.
-        let raw = unsafe { std::slice::from_raw_parts_mut(p, REDUCE_SPEC_BYTES) };
+        // A copy of the request: the data it names may overlap it (both in scratch
+        // memory), so no reference to the request lives while the data is read.
+        let mut raw = [0u8; REDUCE_SPEC_BYTES];
+        // SAFETY: REDUCE_SPEC_BYTES readable bytes checked above (writable implies
+        // readable); copied out before anything else is mapped.
+        raw.copy_from_slice(unsafe { std::slice::from_raw_parts(p, REDUCE_SPEC_BYTES) });
+        let raw = &mut raw[..];
         let field = |raw: &[u8], i: usize| {
             let mut b = [0u8; 8];
             b.copy_from_slice(&raw[i * 8..i * 8 + 8]);
@@ -357,11 +362,54 @@ impl RunContext {
                 return self.stop(ProgError::BadHelperCall(format!("spindle_reduce: {why}")))
             }
         };
+        let mut results = [0u8; 32];
         for (i, v) in [r.count, r.sum, r.min, r.max].into_iter().enumerate() {
-            let at = REDUCE_RESULT_OFFSET + i * 8;
-            raw[at..at + 8].copy_from_slice(&v.to_le_bytes());
+            results[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
         }
+        let at = spec + REDUCE_RESULT_OFFSET as u64;
+        let to = match self.host(AccessType::Store, at, 32) {
+            Ok(p) => p,
+            Err(e) => return self.stop(e),
+        };
+        // SAFETY: 32 writable bytes checked above; `results` is on the host stack.
+        unsafe { std::ptr::copy_nonoverlapping(results.as_ptr(), to, 32) };
         Ok(r.count)
+    }
+
+    /// `spindle_zstd_decompress(src, src_len, dst, dst_cap)`: decodes the zstd frame(s)
+    /// at `src` into `dst`, returning the decoded length. A corrupt frame, or one that
+    /// does not fit in `dst_cap` bytes, stops the run with the decoder's reason (the work
+    /// is bounded by `dst_cap`, itself bounded by the run's scratch memory).
+    fn zstd_decompress(&mut self, src: u64, src_len: u64, dst: u64, dst_cap: u64) -> HelperResult {
+        self.check_time()?;
+        // Disjoint in the VM's address space means disjoint on the host (each region is
+        // one host buffer, mapped linearly).
+        let overlap = src < dst.saturating_add(dst_cap) && dst < src.saturating_add(src_len);
+        if overlap && src_len > 0 && dst_cap > 0 {
+            return self.stop(ProgError::BadHelperCall(
+                "spindle_zstd_decompress: source and destination overlap".into(),
+            ));
+        }
+        let (from, to) = match (
+            self.host(AccessType::Load, src, src_len),
+            self.host(AccessType::Store, dst, dst_cap),
+        ) {
+            (Ok(f), Ok(t)) => (f, t),
+            (Err(e), _) | (_, Err(e)) => return self.stop(e),
+        };
+        // SAFETY: both ranges checked by the mapping and disjoint (above).
+        let (from, to) = unsafe {
+            (
+                std::slice::from_raw_parts(from, src_len as usize),
+                std::slice::from_raw_parts_mut(to, dst_cap as usize),
+            )
+        };
+        match zstd::bulk::decompress_to_buffer(from, to) {
+            Ok(n) => Ok(n as u64),
+            Err(e) => self.stop(ProgError::BadHelperCall(format!(
+                "spindle_zstd_decompress: {e} ({src_len} bytes in, room for {dst_cap})"
+            ))),
+        }
     }
 }
 
@@ -553,6 +601,20 @@ declare_builtin_function!(
     }
 );
 
+declare_builtin_function!(
+    HelperZstd,
+    fn rust(
+        ctx: &mut RunContext,
+        src: u64,
+        src_len: u64,
+        dst: u64,
+        dst_cap: u64,
+        _e: u64,
+    ) -> Result<u64, Box<dyn std::error::Error>> {
+        ctx.zstd_decompress(src, src_len, dst, dst_cap)
+    }
+);
+
 /// The loader every program shares: the VM's configuration and the helpers.
 fn loader() -> Result<Arc<BuiltinProgram<RunContext>>, ProgError> {
     let config = Config {
@@ -571,6 +633,7 @@ fn loader() -> Result<Arc<BuiltinProgram<RunContext>>, ProgError> {
         HelperAlloc::register(&mut l, "spindle_alloc"),
         HelperFilter::register(&mut l, "spindle_filter"),
         HelperReduce::register(&mut l, "spindle_reduce"),
+        HelperZstd::register(&mut l, "spindle_zstd_decompress"),
     ];
     for (r, name) in registered.into_iter().zip(HELPERS) {
         r.map_err(|e| ProgError::Verify(format!("registering helper {name}: {e}")))?;

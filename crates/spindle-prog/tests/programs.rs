@@ -21,8 +21,11 @@ fn build_file(rel: &str) -> Vec<u8> {
         .to_string_lossy()
         .to_string();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // One file per build: tests run in parallel and may build the same source.
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let out: PathBuf =
-        std::env::temp_dir().join(format!("spindle-prog-{}-{name}.o", std::process::id()));
+        std::env::temp_dir().join(format!("spindle-prog-{}-{n}-{name}.o", std::process::id()));
     let status = Command::new("clang")
         .args(["-O2", "-target", "bpf", "-Wall", "-Werror", "-I"])
         .arg(dir.join("include"))
@@ -319,5 +322,81 @@ fn the_zarr_reduce_program_reduces_a_box_of_a_chunk() {
             .run(engine, &ints, &reduce_args(4, &[4], &[0], &[5]), &small())
             .unwrap_err();
         assert!(e.to_string().contains("spindle_reduce"), "{engine:?}: {e}");
+    }
+}
+
+/// The request for a zstd-compressed chunk: `reduce_args` and `struct zarr_codec`.
+fn reduce_args_zstd(dtype: u64, shape: &[u64], decoded_len: u64) -> Vec<u8> {
+    let stop = shape.to_vec();
+    let mut a = reduce_args(dtype, shape, &vec![0; shape.len()], &stop);
+    a.extend_from_slice(&1u64.to_le_bytes());
+    a.extend_from_slice(&decoded_len.to_le_bytes());
+    a
+}
+
+/// A zstd-compressed chunk (zarr's default codec) is decoded next to the data by the
+/// `spindle_zstd_decompress` helper and reduced to the same results as the raw chunk; a
+/// corrupt frame, too little room, an absurd decoded size and overlapping buffers each stop
+/// the run with a reason.
+#[test]
+fn the_zarr_reduce_program_decodes_zstd_chunks() {
+    let p = Program::load(&build_file("programs/zarr_reduce.c")).unwrap();
+    assert!(p
+        .helpers_used
+        .contains(&"spindle_zstd_decompress".to_string()));
+    let vals: Vec<f64> = (0..32_768)
+        .map(|i| ((i * 7919) % 1000) as f64 / 8.0)
+        .collect();
+    let raw: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let packed = zstd::bulk::compress(&raw, 3).unwrap();
+    assert!(packed.len() < raw.len() / 2, "compressible test data");
+    let shape = [256u64, 128];
+    let plain = p
+        .run(
+            Engine::Jit,
+            &raw,
+            &reduce_args(2, &shape, &[0, 0], &shape),
+            &small(),
+        )
+        .unwrap();
+    for engine in BOTH {
+        let out = p
+            .run(
+                engine,
+                &packed,
+                &reduce_args_zstd(2, &shape, raw.len() as u64),
+                &small(),
+            )
+            .unwrap();
+        assert_eq!(out.output, plain.output, "{engine:?}");
+        assert_eq!(out.ret, 32_768);
+    }
+    let sum = f64::from_bits(u64::from_le_bytes(plain.output[8..16].try_into().unwrap()));
+    assert_eq!(sum, vals.iter().sum::<f64>());
+    let stops = |data: &[u8], args: &[u8], what: &str| {
+        for engine in BOTH {
+            let e = p.run(engine, data, args, &small()).unwrap_err();
+            assert!(e.to_string().contains(what), "{engine:?}: {e}");
+        }
+    };
+    let mut corrupt = packed.clone();
+    let mid = corrupt.len() / 2;
+    corrupt[mid] ^= 0xff;
+    corrupt.truncate(corrupt.len() - 3);
+    stops(
+        &corrupt,
+        &reduce_args_zstd(2, &shape, raw.len() as u64),
+        "spindle_zstd_decompress",
+    );
+    stops(
+        &packed,
+        &reduce_args_zstd(2, &shape, raw.len() as u64 / 2),
+        "spindle_zstd_decompress",
+    );
+    stops(&packed, &reduce_args_zstd(2, &shape, 1 << 40), "memory");
+    let overlap = Program::load(&build("zstd_overlap")).unwrap();
+    for engine in BOTH {
+        let e = overlap.run(engine, &packed, &[], &small()).unwrap_err();
+        assert!(e.to_string().contains("overlap"), "{engine:?}: {e}");
     }
 }
