@@ -15,6 +15,7 @@ complete an ``asyncio`` future, so many can be in flight at once. Errors are
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 from typing import Any, Optional, Sequence
 
@@ -39,6 +40,8 @@ from .errors import (
 )
 
 _native._register_errors(dict(_ALL_ERRORS))
+# Runtime threads must not enter Python while the interpreter finalizes.
+atexit.register(_native._at_exit)
 
 OBJECT_BYTES_MAX: int = _native.OBJECT_BYTES_MAX
 
@@ -317,6 +320,31 @@ class Client:
 
     async def list_async(self, pool: str, prefix: str = "") -> list[tuple[str, int]]:
         return await self._start("list_cb", _check_str("pool", pool), _check_str("prefix", prefix))
+
+    async def exec_batch_async(
+        self,
+        pool: str,
+        items: Sequence[tuple[str, bytes]],
+        program: bytes,
+        *,
+        jit: bool = True,
+        cache: bool = False,
+        in_flight: int = 256,
+    ) -> list[Optional[tuple[int, bytes]]]:
+        """Runs ``program`` once per ``(object, args)`` item, up to ``in_flight`` runs at
+        a time, all scheduled by the client's runtime (one Python callback for the whole
+        batch). Returns, in the items' order, ``(ret, output)`` per run, or ``None`` where
+        the object does not exist; any other failure raises."""
+        batch = [(_check_str("object", n), _as_bytes(a)) for n, a in items]
+        return await self._start(
+            "exec_batch_cb",
+            _check_str("pool", pool),
+            batch,
+            _as_bytes(program),
+            jit,
+            cache,
+            _check_uint("in_flight", in_flight),
+        )
 
     async def exec_async(
         self,

@@ -132,15 +132,26 @@ impl Failure {
     }
 }
 
+/// One program run's return value and output.
+type Run = (u64, Vec<u8>);
+
 /// What an operation gives back, turned into a Python value with the GIL held.
 enum Value {
     None,
     Bytes(Vec<u8>),
-    Stat { size_bytes: u64, version: String },
+    Stat {
+        size_bytes: u64,
+        version: String,
+    },
     Listing(Vec<(String, u64)>),
-    Exec { ret: u64, output: Vec<u8> },
+    Exec {
+        ret: u64,
+        output: Vec<u8>,
+    },
     Image(Arc<OpenImage>),
     Images(Vec<ImageInfo>),
+    /// A batch of runs: each `(ret, output)`, or None where the object does not exist.
+    Runs(Vec<Option<Run>>),
 }
 
 /// An image's description as a dict (the fields of `spindle image info --json`).
@@ -184,6 +195,16 @@ impl Value {
                 },
             )?
             .into_any(),
+            Value::Runs(runs) => {
+                let list = pyo3::types::PyList::empty(py);
+                for r in runs {
+                    match r {
+                        None => list.append(py.None())?,
+                        Some((ret, output)) => list.append((ret, PyBytes::new(py, &output)))?,
+                    }
+                }
+                list.into_any().unbind()
+            }
             Value::Images(infos) => {
                 let list = pyo3::types::PyList::empty(py);
                 for i in &infos {
@@ -206,11 +227,42 @@ fn block(py: Python<'_>, op: Op) -> PyResult<Py<PyAny>> {
     }
 }
 
+/// Callbacks running (or about to) on runtime threads.
+static CALLBACKS_ACTIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Set at interpreter exit: no callback enters Python any more.
+static EXITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Called at interpreter exit (`atexit`, registered by the package): stops runtime threads
+/// from entering Python and waits (up to a second, the GIL released) for callbacks that
+/// already did. Without it a runtime thread could still be giving the GIL back after a
+/// callback while the interpreter finalizes, which aborts the process.
+#[pyfunction]
+fn _at_exit(py: Python<'_>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    EXITING.store(true, SeqCst);
+    py.detach(|| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while CALLBACKS_ACTIVE.load(SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    });
+}
+
 /// Starts `op` on the runtime; `callback(error, value)` gets its end.
 fn start(op: Op, callback: Py<PyAny>) -> PyResult<()> {
+    use std::sync::atomic::Ordering::SeqCst;
     let rt = runtime()?;
     rt.spawn(async move {
         let r = op.await;
+        // Counted before the check, so `_at_exit` either sees this callback or this
+        // callback sees the flag.
+        CALLBACKS_ACTIVE.fetch_add(1, SeqCst);
+        if EXITING.load(SeqCst) {
+            CALLBACKS_ACTIVE.fetch_sub(1, SeqCst);
+            // Nobody waits any more; the callback is let go without touching Python.
+            std::mem::forget(callback);
+            return;
+        }
         Python::attach(|py| {
             let (err, val) = match r.map(|v| v.into_py(py)) {
                 Ok(Ok(v)) => (py.None(), v),
@@ -220,7 +272,9 @@ fn start(op: Op, callback: Py<PyAny>) -> PyResult<()> {
             if let Err(e) = callback.call1(py, (err, val)) {
                 e.print(py);
             }
+            drop(callback);
         });
+        CALLBACKS_ACTIVE.fetch_sub(1, SeqCst);
     });
     Ok(())
 }
@@ -323,6 +377,42 @@ impl Client {
 }
 
 impl Client {
+    /// Runs `program` once per `(object, args)` item, `in_flight` at a time, in order.
+    fn op_exec_batch(
+        &self,
+        pool: String,
+        items: Vec<(String, Vec<u8>)>,
+        program: Vec<u8>,
+        options: ExecOptions,
+        in_flight: usize,
+    ) -> Op {
+        use futures::StreamExt;
+        let c = self.client();
+        Box::pin(async move {
+            let c = c?;
+            let code = Arc::new(ProgramCode::new(program));
+            let pool: Arc<str> = pool.into();
+            // Each run owns what it uses (a stream of borrowing futures is not `Send`
+            // for every lifetime, which the boxed operation needs).
+            let runs: Vec<Result<Option<Run>, ClientError>> =
+                futures::stream::iter(items.into_iter().map(move |(name, args)| {
+                    let (c, code, pool) = (c.clone(), code.clone(), pool.clone());
+                    async move {
+                        match c.exec(&pool, &[name.as_str()], &code, &args, options).await {
+                            Ok(r) => Ok(Some((r.ret, r.output))),
+                            Err(ClientError::NotFound(_)) => Ok(None),
+                            Err(e) => Err(e),
+                        }
+                    }
+                }))
+                .buffered(in_flight)
+                .collect()
+                .await;
+            let runs: Result<Vec<_>, ClientError> = runs.into_iter().collect();
+            Ok(Value::Runs(runs?))
+        })
+    }
+
     fn op_image_create(
         &self,
         pool: String,
@@ -436,6 +526,9 @@ impl Client {
         })
     }
 }
+
+/// Most runs of one batch in flight at once (each holds a request and its reply).
+const EXEC_BATCH_IN_FLIGHT_MAX: usize = 1024;
 
 /// Largest single image read or write from Python (the buffer is built in memory).
 const IMAGE_IO_BYTES_MAX: u64 = 1 << 30;
@@ -863,6 +956,31 @@ impl Client {
         )
     }
 
+    /// Runs `program` once per `(object, args)` item of `items`, up to `in_flight` at a
+    /// time, and calls back with a list in the items' order: `(ret, output)` per run, or
+    /// None where the object does not exist. Any other failure fails the batch.
+    #[allow(clippy::too_many_arguments)]
+    fn exec_batch_cb(
+        &self,
+        pool: String,
+        items: Vec<(String, Vec<u8>)>,
+        program: Vec<u8>,
+        jit: bool,
+        cache: bool,
+        in_flight: usize,
+        callback: Py<PyAny>,
+    ) -> PyResult<()> {
+        if in_flight == 0 || in_flight > EXEC_BATCH_IN_FLIGHT_MAX {
+            return Err(PyValueError::new_err(format!(
+                "in_flight {in_flight}: 1 to {EXEC_BATCH_IN_FLIGHT_MAX}"
+            )));
+        }
+        start(
+            self.op_exec_batch(pool, items, program, ExecOptions { jit, cache }, in_flight),
+            callback,
+        )
+    }
+
     /// Creates image `name` of `size` bytes (a multiple of 512) in `pool`, thin, with
     /// data objects of `object_size` bytes (default: the pool's); returns its description.
     #[pyo3(signature = (pool, name, size, object_size=None))]
@@ -931,6 +1049,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Image>()?;
     m.add_function(wrap_pyfunction!(_register_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(_at_exit, m)?)?;
     m.add("OBJECT_BYTES_MAX", spindle_client::OBJECT_BYTES_MAX)?;
     // The reduction program (`crates/spindle-prog/programs/zarr_reduce.c`, built by
     // build.rs): run by `spindle.zarr.reduce` next to each chunk.
