@@ -415,4 +415,6 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
         }
     }
     let _ = run_ok(spindle().args(["down", "--dir"]).arg(&c.dir));
+    // The compiled programs' directory (the cluster's own is removed with `c`).
+    let _ = std::fs::remove_dir_all(&dir);
 }
