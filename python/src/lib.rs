@@ -13,7 +13,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use spindle_client::{ClientError, ExecOptions, ProgramCode};
-use spindle_image::lock::{holder_description, holder_has_write_log, ImageLock, LockOptions};
+use spindle_image::lock::{holder_description, ImageLock, LockOptions};
 use spindle_image::{ImageError, ImageInfo};
 use std::future::Future;
 use std::path::PathBuf;
@@ -101,8 +101,6 @@ impl Failure {
                 ClientError::Auth(_) | ClientError::Denied(_) => "PermissionDenied",
                 ClientError::Program(_) => "ProgramFailed",
                 ClientError::Fenced(_) => "Fenced",
-                // The monitors refuse a fenced client's lock requests as a command.
-                ClientError::Command(m) if m.contains("is fenced") => "Fenced",
                 ClientError::Conflict(_) | ClientError::SnapChanged(_) => "Conflict",
                 _ => "SpindleError",
             },
@@ -445,40 +443,27 @@ impl Client {
         let c = self.client();
         Box::pin(async move {
             let c = c?;
-            if let Some(snap) = &snapshot {
-                let image = spindle_image::Image::open_snap(c, &pool, &name, snap).await?;
-                return Ok(Value::Image(Arc::new(OpenImage {
-                    image,
-                    lock: Mutex::new(None),
-                    label: format!("{pool}/{name}@{snap}"),
-                })));
-            }
-            let label = format!("{pool}/{name}");
-            if read_only {
-                let image = spindle_image::Image::open(c, &pool, &name).await?;
+            // Views without the lock: a snapshot, or the head read-only.
+            if snapshot.is_some() || read_only {
+                let (image, label) = match &snapshot {
+                    Some(snap) => (
+                        spindle_image::Image::open_snap(c, &pool, &name, snap).await?,
+                        format!("{pool}/{name}@{snap}"),
+                    ),
+                    None => (
+                        spindle_image::Image::open(c, &pool, &name).await?,
+                        format!("{pool}/{name}"),
+                    ),
+                };
                 return Ok(Value::Image(Arc::new(OpenImage {
                     image,
                     lock: Mutex::new(None),
                     label,
                 })));
             }
-            // A holder that acknowledged writes from a client write log (`spindle nbd
-            // --write-log`) may have some only in its log: writing around it would lose
-            // or reorder them. Its log is replayed by serving the image again that way.
-            let holder = {
-                let map = c.map();
-                map.pool_by_name(&pool)
-                    .and_then(|p| map.image_locks.get(&(p.id, name.clone())))
-                    .map(|l| l.holder.clone())
-            };
-            if let Some(h) = holder.filter(|h| holder_has_write_log(h)) {
-                return Err(ImageError::Locked(format!(
-                    "image {label} is held by a writer with a client write log ({h}): \
-                     serve it with `spindle nbd --write-log` (which replays the log) and \
-                     stop that server before writing to it from here"
-                ))
-                .into());
-            }
+            let label = format!("{pool}/{name}");
+            // `ImageLock::acquire` refuses a lock held by a writer with a client write
+            // log (its acknowledged writes may be only in that log).
             // The lock first: nothing is read for writing or written without it.
             let options = LockOptions {
                 take_over,

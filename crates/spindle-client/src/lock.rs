@@ -54,7 +54,8 @@ impl Client {
     /// Takes `image`'s exclusive lock for this client with a lease of `lease_ms` (renew it
     /// with [`Client::lock_renew`] every third of that). A lock another client holds is
     /// taken over, and that client fenced, only if its lease ran out or `take_over` is set;
-    /// otherwise the monitor's refusal names the holder ([`ClientError::Command`]).
+    /// otherwise the monitor's refusal names the holder ([`ClientError::Command`]). A
+    /// fenced client gets [`ClientError::Fenced`].
     pub async fn lock_acquire(
         &self,
         pool: &str,
@@ -64,7 +65,13 @@ impl Client {
         take_over: bool,
     ) -> Result<LockGrant, ClientError> {
         let args = lock_acquire_args(pool, image, self.client_id(), lease_ms, holder, take_over);
-        let grant: LockGrant = self.command_as(args).await?;
+        let grant: LockGrant = match self.command_as(args).await {
+            // The monitors refuse every lock to a fenced client; say so as the type.
+            Err(ClientError::Command(m)) if self.map().fenced.contains_key(&self.client_id()) => {
+                return Err(ClientError::Fenced(m))
+            }
+            r => r?,
+        };
         // Our requests must carry the epoch that holds the lock (and the fence): a daemon
         // serves none of them before it has that map.
         if !self.wait_for_epoch(grant.epoch, 10_000).await {

@@ -55,6 +55,16 @@ pub fn holder_has_write_log(holder: &str) -> bool {
 /// Who this process is, as a lock holder: `host H pid P start S PROGRAM`. `start` is the
 /// process start time in clock ticks since boot (`/proc/PID/stat` field 22), so a reused
 /// pid is not mistaken for the holder.
+/// The holder of `image`'s lock when it acknowledges writes from a client write log
+/// (live or crashed): acknowledged writes may be only in that log until it is replayed.
+pub fn write_log_holder(client: &Client, pool: &str, image: &str) -> Option<String> {
+    let map = client.map();
+    map.pool_by_name(pool)
+        .and_then(|p| map.image_locks.get(&(p.id, image.to_string())))
+        .map(|l| l.holder.clone())
+        .filter(|h| holder_has_write_log(h))
+}
+
 pub fn holder_description(program: &str) -> String {
     let pid = std::process::id();
     format!(
@@ -139,6 +149,19 @@ impl ImageLock {
         holder: &str,
         options: &LockOptions,
     ) -> Result<ImageLock, ImageError> {
+        // Taking the lock from a writer with a client write log, without a log of our own
+        // to replay it into the image, would lose the writes acknowledged only in its log
+        // (whether that writer is alive, stalled or gone).
+        if !holder_has_write_log(holder) {
+            if let Some(h) = write_log_holder(&client, pool, image) {
+                return Err(ImageError::Locked(format!(
+                    "image {pool}/{image} is held by a writer with a client write log ({h}): \
+                     acknowledged writes may be only in its log; serve the image with \
+                     `spindle nbd --write-log` (which replays the log) and stop that server \
+                     before using it otherwise"
+                )));
+            }
+        }
         let first = client
             .lock_acquire(pool, image, options.lease_ms, holder, options.take_over)
             .await;

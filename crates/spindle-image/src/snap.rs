@@ -408,13 +408,7 @@ pub async fn create(
     let img = crate::Image::open(client.clone(), pool, image).await?;
     // A writer that acknowledges from a client write log may hold acknowledged writes
     // only in its log: the snapshot would miss them.
-    let holder = {
-        let map = client.map();
-        map.pool_by_name(pool)
-            .and_then(|p| map.image_locks.get(&(p.id, image.to_string())))
-            .map(|l| l.holder.clone())
-    };
-    if let Some(h) = holder.filter(|h| crate::lock::holder_has_write_log(h)) {
+    if let Some(h) = crate::lock::write_log_holder(client, pool, image) {
         return Err(ImageError::Snapshot(format!(
             "{image} is served with a client write log ({h}): a snapshot would miss the \
              acknowledged writes still in the log; serve it without --write-log (or stop \

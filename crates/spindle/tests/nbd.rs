@@ -981,6 +981,9 @@ fn the_write_log_publishes_and_replays_on_an_erasure_coded_image() {
     write.push("--do_verify=0".into());
     fio(&write);
     nbd.kill9();
+    // The killed server's log may hold acknowledged writes: nothing but a server with a
+    // write log (which replays it) takes the image's lock until then.
+    common::fails(&c, &["image", "rm", "disk", "--pool", "ec"], "write log");
     c.kill_osd(2);
     c.start_osd(2);
     let nbd = NbdProc::start_with(&c, &args);
