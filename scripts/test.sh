@@ -19,6 +19,15 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test"
 mkdir -p target
+cargo test --workspace --no-run -q
+# The test clusters' daemons refuse writes once their file system is 95 % full (the full
+# ratio, as Ceph's). Say so before the tests run rather than through a failed write.
+used_pct=$(df --output=pcent target | tail -1 | tr -dc '0-9')
+if [ "${used_pct:-0}" -ge 90 ]; then
+  echo "test: the file system holding target/ is ${used_pct}% full; the test clusters refuse" \
+    "writes at 95%: free some space (e.g. cargo clean in old checkouts)" >&2
+  exit 1
+fi
 cargo test --workspace 2>&1 | tee target/test-output.txt
 awk '/^test result:/ { for (i = 1; i < NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f; if (p == 0) exit 1 }' target/test-output.txt

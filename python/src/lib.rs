@@ -364,7 +364,17 @@ impl Client {
             let code = ProgramCode::new(program);
             let names: Vec<&str> = objects.iter().map(|s| s.as_str()).collect();
             let r = c
-                .exec(&pool, &names, &code, &args, ExecOptions { jit, cache })
+                .exec(
+                    &pool,
+                    &names,
+                    &code,
+                    &args,
+                    ExecOptions {
+                        jit,
+                        cache,
+                        shards: false,
+                    },
+                )
                 .await?;
             Ok(Value::Exec {
                 ret: r.ret,
@@ -961,7 +971,17 @@ impl Client {
             )));
         }
         start(
-            self.op_exec_batch(pool, items, program, ExecOptions { jit, cache }, in_flight),
+            self.op_exec_batch(
+                pool,
+                items,
+                program,
+                ExecOptions {
+                    jit,
+                    cache,
+                    shards: false,
+                },
+                in_flight,
+            ),
             callback,
         )
     }

@@ -142,6 +142,7 @@ fn measure(scratch: &Path, budget: u32, seconds: u64) -> anyhow::Result<Measured
                             ExecOptions {
                                 jit: true,
                                 cache: true,
+                                shards: false,
                             },
                         )
                         .await;

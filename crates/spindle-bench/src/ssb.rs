@@ -461,13 +461,14 @@ pub enum Config {
 
 impl Config {
     /// Every configuration: pull, then filter and full offload in the interpreter and the
-    /// JIT, each without and with the daemons' data cache.
-    pub fn all() -> Vec<Config> {
+    /// JIT, each without and with the daemons' data cache; offloaded runs shard-local if
+    /// `shards` (on an erasure-coded pool: on each data shard's daemon).
+    pub fn all(shards: bool) -> Vec<Config> {
         let mut v = vec![Config::Pull];
         for full in [false, true] {
             for jit in [false, true] {
                 for cache in [false, true] {
-                    let o = ExecOptions { jit, cache };
+                    let o = ExecOptions { jit, cache, shards };
                     v.push(if full {
                         Config::Full(o)
                     } else {
@@ -482,9 +483,10 @@ impl Config {
     pub fn label(&self) -> String {
         let o = |o: &ExecOptions| {
             format!(
-                "{}{}",
+                "{}{}{}",
                 if o.jit { "jit" } else { "interpreter" },
-                if o.cache { ", cached" } else { "" }
+                if o.cache { ", cached" } else { "" },
+                if o.shards { ", shard-local" } else { "" }
             )
         };
         match self {
@@ -607,12 +609,15 @@ pub async fn q33(
             GroupResult::Sums(partial, out) => {
                 sent += out;
                 received += partial.len() as u64;
+                // One partial aggregate, or one per data shard (shard-local runs).
+                let cells = ncities * ncities * nyears;
                 anyhow::ensure!(
-                    partial.len() == ncities * ncities * nyears * 8,
+                    !partial.is_empty() && partial.len() % (cells * 8) == 0,
                     "a partial aggregate of {} bytes",
                     partial.len()
                 );
                 for (i, v) in partial.chunks_exact(8).enumerate() {
+                    let i = i % cells;
                     let v = u64::from_le_bytes(v.try_into().expect("8 bytes"));
                     if v == 0 {
                         continue;
@@ -816,6 +821,11 @@ pub struct BenchSsbArgs {
     /// Keep the scratch directory.
     #[arg(long)]
     keep: bool,
+    /// Load the columns into an erasure-coded pool of this profile (`k=2,m=1`) instead of
+    /// the replicated default, and run the offloaded configurations both shard-local (on
+    /// each data shard's daemon) and on a decoded copy on the primary.
+    #[arg(long, value_name = "PROFILE")]
+    erasure: Option<String>,
 }
 
 /// Bytes the loopback interface received (every byte between the client, the daemons
@@ -907,7 +917,20 @@ pub fn run(args: BenchSsbArgs) -> anyhow::Result<()> {
         let rt = spindle_cluster::runtime()?;
         let measured: Vec<Measured> = rt.block_on(async {
             let client = target.client().await?;
-            let pool = "default";
+            let pool = match &args.erasure {
+                None => "default",
+                Some(profile) => {
+                    let p = spindle_cluster::parse_erasure_profile(profile, None)?;
+                    spindle_cluster::create_ec_pool(&client, "ssbec", &p, 32).await?;
+                    spindle_cluster::wait_clean(&client, std::time::Duration::from_secs(90))
+                        .await?;
+                    say(&format!(
+                        "erasure-coded pool ssbec: k={}, m={}, stripe unit {} B",
+                        p.k, p.m, p.stripe_unit
+                    ));
+                    "ssbec"
+                }
+            };
             let names = Names {
                 prefix: "ssb".into(),
                 sf,
@@ -925,12 +948,16 @@ pub fn run(args: BenchSsbArgs) -> anyhow::Result<()> {
             })
             .await?;
             say(&format!(
-                "loaded {} MB of columns, 3 copies, in {:.1} s",
+                "loaded {} MB of columns into pool {pool} in {:.1} s",
                 total >> 20,
                 t.elapsed().as_secs_f64()
             ));
             let mut out = Vec::new();
-            for config in Config::all() {
+            let mut configs = Config::all(false);
+            if args.erasure.is_some() {
+                configs.extend(Config::all(true).into_iter().filter(|c| *c != Config::Pull));
+            }
+            for config in configs {
                 // A cached configuration starts warm (one run fills the daemons' caches).
                 if matches!(config, Config::Filter(o) | Config::Full(o) if o.cache) {
                     q33(&client, pool, &names, config, &programs, args.parallel).await?;

@@ -198,17 +198,38 @@ pub struct ExecOptions {
     pub jit: bool,
     /// Read the objects through the daemon's data cache (and fill it).
     pub cache: bool,
+    /// On an erasure-coded pool, run once per data shard, on the daemon holding it, over
+    /// that shard's part of the objects (`in->part` of `in->parts`; a missing shard's part
+    /// is decoded and run on the primary); the result has one part per shard. Ignored on
+    /// replicated pools (one run over whole objects).
+    pub shards: bool,
 }
 
 /// What a program run gave back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecResult {
-    /// `spindle_main`'s return value.
+    /// `spindle_main`'s return value (of a shard-local run: the sum of the parts').
     pub ret: u64,
-    /// The bytes the program emitted.
+    /// The bytes the program emitted (of a shard-local run: the parts' back to back).
     pub output: Vec<u8>,
     /// The objects it ran against, with the sizes and versions it saw.
     pub objects: Vec<ObjectListing>,
+    /// A shard-local run's result per data shard, in shard order: (return value, output
+    /// bytes as a range of `output`). Empty for a whole-object run.
+    pub parts: Vec<(u64, std::ops::Range<usize>)>,
+}
+
+impl ExecResult {
+    /// Each part's (return value, output): one for a whole-object run.
+    pub fn each_part(&self) -> Vec<(u64, &[u8])> {
+        if self.parts.is_empty() {
+            return vec![(self.ret, &self.output[..])];
+        }
+        self.parts
+            .iter()
+            .map(|(ret, r)| (*ret, &self.output[r.clone()]))
+            .collect()
+    }
 }
 
 /// Size and version of an object.
@@ -1193,6 +1214,7 @@ impl Client {
                 program: program.id,
                 jit: opts.jit,
                 cache: opts.cache,
+                shards: opts.shards,
                 args: args.to_vec(),
                 more: more.iter().map(|n| n.to_string()).collect(),
                 elf: if send_elf {
@@ -1211,11 +1233,44 @@ impl Client {
                     continue;
                 }
             }
+            if let Msg::ExecParts {
+                rets,
+                lens,
+                data,
+                listing,
+                ..
+            } = reply
+            {
+                let mut parts = Vec::with_capacity(rets.len());
+                let mut at = 0usize;
+                for (ret, len) in rets.iter().zip(&lens) {
+                    let end = at.saturating_add(*len as usize);
+                    parts.push((*ret, at..end));
+                    at = end;
+                }
+                if rets.len() != lens.len() || at != data.len() {
+                    return Err(ClientError::Daemon(format!(
+                        "a shard-local run's answer does not add up: {} returns, {} lengths \
+                         for {} of {} bytes",
+                        rets.len(),
+                        lens.len(),
+                        at,
+                        data.len()
+                    )));
+                }
+                return Ok(ExecResult {
+                    ret: rets.iter().fold(0u64, |a, r| a.wrapping_add(*r)),
+                    output: data,
+                    objects: listing,
+                    parts,
+                });
+            }
             let r = Self::reply::<typed::ObjRequest>(reply, first)?;
             return Ok(ExecResult {
                 ret: r.size_bytes,
                 output: r.data,
                 objects: r.listing,
+                parts: Vec::new(),
             });
         }
         Err(ClientError::Daemon(

@@ -635,6 +635,78 @@ fn up_impl(args: UpArgs, quiet: bool) -> anyhow::Result<()> {
 }
 
 /// Runs an administrative command on the monitor and returns its typed answer.
+/// An erasure-coded pool's shape.
+#[derive(Debug, PartialEq)]
+pub struct ErasureProfile {
+    pub k: u32,
+    pub m: u32,
+    pub matrix: String,
+    pub stripe_unit: u32,
+    pub min_size: u32,
+}
+
+/// Parses `k=4,m=2[,matrix=..][,stripe-unit=..][,min-size=..]` (`spindle pool create
+/// --erasure`, `spindle bench ssb --erasure`).
+pub fn parse_erasure_profile(text: &str, min_size: Option<u32>) -> anyhow::Result<ErasureProfile> {
+    let (mut k, mut m, mut matrix, mut stripe_unit, mut ms) =
+        (None, None, "isal-rs".to_string(), 4096u32, min_size);
+    for part in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = part
+            .split_once('=')
+            .with_context(|| format!("'{part}' in the erasure profile is not key=value"))?;
+        let num = |v: &str| {
+            v.parse::<u32>()
+                .with_context(|| format!("{key} must be a number, got '{v}'"))
+        };
+        match key.trim() {
+            "k" => k = Some(num(value)?),
+            "m" => m = Some(num(value)?),
+            "matrix" => matrix = value.to_string(),
+            "stripe-unit" | "stripe_unit" => stripe_unit = num(value)?,
+            "min-size" | "min_size" => ms = Some(num(value)?),
+            other => anyhow::bail!(
+                "unknown erasure profile key '{other}' (k, m, matrix, stripe-unit, min-size)"
+            ),
+        }
+    }
+    let k = k.context("the erasure profile needs k=<data shards>")?;
+    let m = m.context("the erasure profile needs m=<parity shards>")?;
+    Ok(ErasureProfile {
+        k,
+        m,
+        matrix,
+        stripe_unit,
+        min_size: ms.unwrap_or((k + 1).min(k + m)),
+    })
+}
+
+/// Creates erasure-coded pool `name` of profile `p` (the matrix goes by name: the monitor
+/// names the known ones if it is not one).
+pub async fn create_ec_pool(
+    client: &Client,
+    name: &str,
+    p: &ErasureProfile,
+    pg_count: u32,
+) -> anyhow::Result<spindle_mon::PoolCreated> {
+    Ok(client
+        .command_as(
+            [
+                "pool",
+                "create-ec",
+                name,
+                &p.k.to_string(),
+                &p.m.to_string(),
+                &p.min_size.to_string(),
+                &p.matrix,
+                &p.stripe_unit.to_string(),
+                &pg_count.to_string(),
+            ]
+            .map(String::from)
+            .to_vec(),
+        )
+        .await?)
+}
+
 pub async fn admin<R: serde::de::DeserializeOwned>(
     client: &Client,
     req: Admin<R>,

@@ -49,6 +49,10 @@ pub(crate) struct OsdCounters {
     pub exec_instructions: AtomicU64,
     pub exec_bytes_in: AtomicU64,
     pub exec_cache_hits: AtomicU64,
+    /// Shard-local runs (`ExecOp::shards`): parts run on a data shard this daemon holds,
+    /// and parts run on a decoded copy because the shard's daemon was down or failed.
+    pub exec_shard_runs: AtomicU64,
+    pub exec_shard_decoded: AtomicU64,
 }
 
 impl OsdCounters {
@@ -92,6 +96,8 @@ impl OsdCounters {
             ("exec_instructions", g(&self.exec_instructions)),
             ("exec_bytes_in", g(&self.exec_bytes_in)),
             ("exec_cache_hits", g(&self.exec_cache_hits)),
+            ("exec_shard_runs", g(&self.exec_shard_runs)),
+            ("exec_shard_decoded", g(&self.exec_shard_decoded)),
         ]
     }
 }

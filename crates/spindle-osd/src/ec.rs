@@ -772,13 +772,7 @@ impl Osd {
             return;
         }
         // One operation per object at a time.
-        let lock = {
-            let mut locks = crate::lock(&self.inner.ec_locks);
-            locks
-                .entry((pgid, name.to_string()))
-                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-                .clone()
-        };
+        let lock = self.ec_object_lock(pgid, name);
         {
             let wait_start = spindle_trace::now();
             let _held = lock.lock().await;
@@ -806,10 +800,7 @@ impl Osd {
                 spindle_trace::record(Stage::EcTrim, trim_start);
             }
         }
-        let mut locks = crate::lock(&self.inner.ec_locks);
-        if Arc::strong_count(&lock) == 2 {
-            locks.remove(&(pgid, name.to_string()));
-        }
+        self.ec_object_unlock(pgid, name, lock);
     }
 
     /// The current version of an object of an erasure-coded group (as its primary's
@@ -832,13 +823,7 @@ impl Osd {
         if name.contains('\0') || name.len() > spindle_types::limits::EC_OBJECT_NAME_BYTES_MAX {
             return err(ErrorCode::NotFound, format!("{name}: no such object"));
         }
-        let lock = {
-            let mut locks = crate::lock(&self.inner.ec_locks);
-            locks
-                .entry((pgid, name.to_string()))
-                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
-                .clone()
-        };
+        let lock = self.ec_object_lock(pgid, name);
         let msg = {
             let _held = lock.lock().await;
             let read = ObjOp::Read {
@@ -849,11 +834,67 @@ impl Osd {
                 .await
                 .0
         };
+        self.ec_object_unlock(pgid, name, lock);
+        msg
+    }
+
+    /// For a shard-local program run: the object's current slot object (its stored
+    /// name), size and version, looked at under the object's lock (so never a write in
+    /// progress), the group active and the object recovered on every copy.
+    pub(crate) async fn ec_exec_slot(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        mapping: &PgMapping,
+        layout: &EcLayout,
+        name: &str,
+    ) -> Result<(String, u64, Ver), Msg> {
+        if name.contains('\0') || name.len() > spindle_types::limits::EC_OBJECT_NAME_BYTES_MAX {
+            return Err(err(ErrorCode::NotFound, format!("{name}: no such object")));
+        }
+        let lock = self.ec_object_lock(pgid, name);
+        let r = {
+            let _held = lock.lock().await;
+            match self
+                .ec_locked_op(epoch, pgid, mapping, layout, name, ObjOp::Stat)
+                .await
+                .0
+            {
+                Msg::ObjReply {
+                    version,
+                    size_bytes,
+                    ..
+                } => {
+                    let own = self.copy_pgid(pgid, self.inner.id);
+                    match self.current_slot(own, name) {
+                        Some(c) if c.version == version => {
+                            Ok((c.stored(name), size_bytes, version))
+                        }
+                        _ => Err(err(ErrorCode::Again, format!("{name}: changed, try again"))),
+                    }
+                }
+                other => Err(other),
+            }
+        };
+        self.ec_object_unlock(pgid, name, lock);
+        r
+    }
+
+    /// The primary's operation lock of an object (made on first use).
+    fn ec_object_lock(&self, pgid: PgId, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = crate::lock(&self.inner.ec_locks);
+        locks
+            .entry((pgid, name.to_string()))
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
+            .clone()
+    }
+
+    /// Gives `lock` back, dropping the entry when no one else holds or waits for it.
+    fn ec_object_unlock(&self, pgid: PgId, name: &str, lock: Arc<tokio::sync::Mutex<()>>) {
         let mut locks = crate::lock(&self.inner.ec_locks);
         if Arc::strong_count(&lock) == 2 {
             locks.remove(&(pgid, name.to_string()));
         }
-        msg
     }
 
     async fn ec_locked_op(

@@ -21,7 +21,7 @@
 //!   object is still at that version: a write makes the entry stale at once.
 
 use super::*;
-use spindle_prog::{Engine, Limits, ProgError, Program};
+use spindle_prog::{Engine, Limits, Part, ProgError, Program};
 use std::collections::BTreeMap;
 
 /// Programs one daemon keeps loaded (JIT code included), least recently used out first.
@@ -227,6 +227,17 @@ impl ExecPool {
     }
 }
 
+/// What a shard-local run runs, shared by its parts.
+pub(crate) struct ShardRun {
+    program: Arc<Program>,
+    /// The program's object file if the client sent it (else empty): passed on to the
+    /// daemons holding the shards.
+    elf: Arc<Vec<u8>>,
+    engine: Engine,
+    cache: bool,
+    args: Arc<Vec<u8>>,
+}
+
 /// Where a run's objects are read from.
 pub(crate) enum Source {
     /// A replicated group: this copy, repaired from `peers` on a checksum failure.
@@ -276,52 +287,38 @@ impl Osd {
             program: id,
             jit,
             cache,
+            shards,
             args,
             more,
             elf,
         } = exec;
-        // The program: held, or loaded from the object file sent (on an execution thread:
-        // verifying and JIT-compiling a large program takes a while).
-        let held = lock(&self.inner.exec_programs).get(&id);
-        let program = match held {
-            Some(p) => p,
-            None if elf.is_empty() => {
-                return Msg::error(
-                    ErrorCode::ProgramUnknown,
-                    format!(
-                        "osd.{} does not hold program {}: send its object file",
-                        self.inner.id,
-                        hex(&id)
-                    ),
-                )
-            }
-            None => {
-                if *blake3::hash(&elf).as_bytes() != id {
-                    return Msg::error(
-                        ErrorCode::Invalid,
-                        format!("the object file sent is not program {}", hex(&id)),
-                    );
-                }
-                let loaded = match self.inner.exec_pool.run(move || Program::load(&elf)).await {
-                    None => return busy(),
-                    Some(Err(_)) => return internal_gone(),
-                    Some(Ok(loaded)) => loaded,
-                };
-                match loaded {
-                    Ok(p) => {
-                        let p = Arc::new(p);
-                        OsdCounters::bump(&self.inner.counters.exec_programs_loaded);
-                        lock(&self.inner.exec_programs).put(p.clone());
-                        p
-                    }
-                    Err(e) => return failed(e),
-                }
-            }
+        let elf = Arc::new(elf);
+        let program = match self.resolve_program(id, elf.clone()).await {
+            Ok(p) => p,
+            Err(m) => return m,
         };
         // The objects, in order.
         let mut names = Vec::with_capacity(1 + more.len());
         names.push(name);
         names.extend(more);
+        if shards {
+            if let Source::Ec { mapping, layout } = &source {
+                let run = ShardRun {
+                    program,
+                    elf,
+                    engine: if jit {
+                        Engine::Jit
+                    } else {
+                        Engine::Interpreter
+                    },
+                    cache,
+                    args: Arc::new(args),
+                };
+                return self
+                    .exec_shards(epoch, pgid, mapping, layout, &names, run)
+                    .await;
+            }
+        }
         // Read at once (their disk reads overlap).
         let objects: Vec<(Ver, Arc<Vec<u8>>)> = match futures::future::try_join_all(
             names
@@ -379,6 +376,377 @@ impl Osd {
             size_bytes: out.ret,
             data: out.output,
             listing,
+        }
+    }
+
+    /// The program with id `id`: held, or loaded from its object file `elf` if sent (on
+    /// an execution thread: verifying and JIT-compiling a large program takes a while).
+    async fn resolve_program(&self, id: [u8; 32], elf: Arc<Vec<u8>>) -> Result<Arc<Program>, Msg> {
+        if let Some(p) = lock(&self.inner.exec_programs).get(&id) {
+            return Ok(p);
+        }
+        if elf.is_empty() {
+            return Err(Msg::error(
+                ErrorCode::ProgramUnknown,
+                format!(
+                    "osd.{} does not hold program {}: send its object file",
+                    self.inner.id,
+                    hex(&id)
+                ),
+            ));
+        }
+        if *blake3::hash(&elf).as_bytes() != id {
+            return Err(Msg::error(
+                ErrorCode::Invalid,
+                format!("the object file sent is not program {}", hex(&id)),
+            ));
+        }
+        let loaded = match self.inner.exec_pool.run(move || Program::load(&elf)).await {
+            None => return Err(busy()),
+            Some(Err(_)) => return Err(internal_gone()),
+            Some(Ok(loaded)) => loaded,
+        };
+        match loaded {
+            Ok(p) => {
+                let p = Arc::new(p);
+                OsdCounters::bump(&self.inner.counters.exec_programs_loaded);
+                lock(&self.inner.exec_programs).put(p.clone());
+                Ok(p)
+            }
+            Err(e) => Err(failed(e)),
+        }
+    }
+
+    /// A shard-local run on an erasure-coded group (`ExecOp::shards`): each object's
+    /// settled version and size, read under its lock, then data shard i's part of them
+    /// run on the daemon holding shard i, all k at once. A part whose daemon is down, or
+    /// fails for any reason but the program's own failure, a full queue or an unknown
+    /// program, is run here on a decoded copy (the objects read whole, as a client read
+    /// does, at the same versions, and the part's stripe units taken out). Answers
+    /// `ExecParts` (`Again` if an object changed meanwhile: the client retries).
+    async fn exec_shards(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        mapping: &PgMapping,
+        layout: &spindle_map::ec::EcLayout,
+        names: &[String],
+        run: ShardRun,
+    ) -> Msg {
+        let mut slots = Vec::with_capacity(names.len());
+        let mut listing = Vec::with_capacity(names.len());
+        for name in names {
+            match self.ec_exec_slot(epoch, pgid, mapping, layout, name).await {
+                Ok((stored, size_bytes, version)) => {
+                    slots.push(ObjectListing {
+                        name: stored,
+                        size_bytes,
+                        version,
+                    });
+                    listing.push(ObjectListing {
+                        name: name.clone(),
+                        size_bytes,
+                        version,
+                    });
+                }
+                Err(m) => return m,
+            }
+        }
+        let k = layout.k;
+        let part_of = |i: usize| Part {
+            index: i as u64,
+            count: k as u64,
+            unit_bytes: layout.stripe_unit_bytes,
+        };
+        let one = |i: usize| {
+            let run = &run;
+            let slots = &slots;
+            async move {
+                let copy = PgId {
+                    pool: pgid.pool,
+                    pg: spindle_map::shard_pg(pgid.pg, Some(i as u8)),
+                };
+                let part = part_of(i);
+                let reply = match mapping.shards.get(i).copied().flatten() {
+                    None => Msg::error(ErrorCode::Again, format!("shard {i} is down")),
+                    Some(d) if d == self.inner.id => {
+                        self.shard_part_run(copy, slots, run, part).await
+                    }
+                    Some(d) => self.shard_part_call(epoch, d, copy, slots, run, part).await,
+                };
+                match reply {
+                    Msg::ObjReply {
+                        size_bytes, data, ..
+                    } => Ok((size_bytes, data)),
+                    Msg::Error { code, message, .. }
+                        if matches!(
+                            code,
+                            ErrorCode::ProgramFailed | ErrorCode::ProgramUnknown | ErrorCode::Busy
+                        ) =>
+                    {
+                        Err(Msg::error(code, message))
+                    }
+                    other => {
+                        tracing::debug!(
+                            "osd.{}: part {i} of a run in pg {pgid}: {other:?}; running it on a decoded copy",
+                            self.inner.id
+                        );
+                        OsdCounters::bump(&self.inner.counters.exec_shard_decoded);
+                        self.decoded_part_run(epoch, pgid, mapping, layout, names, slots, run, part)
+                            .await
+                    }
+                }
+            }
+        };
+        let results = futures::future::join_all((0..k).map(one)).await;
+        let mut rets = Vec::with_capacity(k);
+        let mut lens = Vec::with_capacity(k);
+        let mut data = Vec::new();
+        for r in results {
+            match r {
+                Ok((ret, out)) => {
+                    rets.push(ret);
+                    lens.push(out.len() as u64);
+                    data.extend_from_slice(&out);
+                }
+                Err(m) => return m,
+            }
+        }
+        Msg::ExecParts {
+            version: listing[0].version,
+            rets,
+            lens,
+            data,
+            listing,
+        }
+    }
+
+    /// Sends part `part` of a shard-local run to daemon `osd` (with the program's object
+    /// file when this daemon was sent it).
+    async fn shard_part_call(
+        &self,
+        epoch: u64,
+        osd: u32,
+        copy: PgId,
+        slots: &[ObjectListing],
+        run: &ShardRun,
+        part: Part,
+    ) -> Msg {
+        let msg = Msg::ShardExec {
+            pool: copy.pool,
+            pg: copy.pg,
+            objects: slots.to_vec(),
+            program: run.program.id.to_vec(),
+            jit: run.engine == Engine::Jit,
+            cache: run.cache,
+            args: run.args.to_vec(),
+            part: part.index as u32,
+            parts: part.count as u32,
+            stripe_unit: part.unit_bytes,
+            elf: run.elf.to_vec(),
+        };
+        let conn = match self.peer_conn(osd).await {
+            Ok(c) => c,
+            Err(e) => return Msg::error(ErrorCode::Again, e),
+        };
+        let timeout_ms = spindle_types::limits::EXEC_WALL_MS + self.inner.config.replica_timeout_ms;
+        tokio::select! {
+            r = conn.call(epoch, &msg, timeout_ms) => match r {
+                Ok(inc) => inc.msg,
+                Err(e) => Msg::error(ErrorCode::Again, format!("osd.{osd}: {e}")),
+            },
+            why = self.until_marked_down(osd) => Msg::error(ErrorCode::Again, why),
+        }
+    }
+
+    /// `ShardExec`: runs a part of a shard-local run on this daemon's shard.
+    pub(crate) fn serve_shard_exec(&self, msg: Msg, rid: u64, epoch: u64, reply: Replier) {
+        let Msg::ShardExec {
+            pool,
+            pg,
+            objects,
+            program,
+            jit,
+            cache,
+            args,
+            part,
+            parts,
+            stripe_unit,
+            elf,
+        } = msg
+        else {
+            return crate::not_handled(&reply, rid, epoch, &msg);
+        };
+        let osd = self.clone();
+        tokio::spawn(async move {
+            let bad = |m: String| Msg::error(ErrorCode::Invalid, m);
+            let msg = if objects.is_empty() || objects.len() > spindle_prog::OBJECTS_MAX {
+                bad(format!("{} objects in a shard run", objects.len()))
+            } else if parts == 0
+                || part >= parts
+                || parts > spindle_types::limits::POOL_SIZE_MAX
+                || stripe_unit == 0
+                || stripe_unit > spindle_types::limits::STRIPE_UNIT_BYTES_MAX as u64
+                || spindle_map::split_shard_pg(pg).1 != Some(part as u8)
+            {
+                bad(format!(
+                    "part {part} of {parts} (stripe unit {stripe_unit}) of pg {pg}: not a data shard"
+                ))
+            } else {
+                match <[u8; 32]>::try_from(program.as_slice()) {
+                    Err(_) => bad("a program id is 32 bytes".into()),
+                    Ok(id) => match osd.resolve_program(id, Arc::new(elf)).await {
+                        Err(m) => m,
+                        Ok(program) => {
+                            let run = ShardRun {
+                                program,
+                                elf: Arc::new(Vec::new()),
+                                engine: if jit {
+                                    Engine::Jit
+                                } else {
+                                    Engine::Interpreter
+                                },
+                                cache,
+                                args: Arc::new(args),
+                            };
+                            let part = Part {
+                                index: part as u64,
+                                count: parts as u64,
+                                unit_bytes: stripe_unit,
+                            };
+                            osd.shard_part_run(PgId { pool, pg }, &objects, &run, part)
+                                .await
+                        }
+                    },
+                }
+            };
+            reply.send_owned(rid, epoch, msg);
+        });
+    }
+
+    /// Runs `part` of `slots` (slot objects of shard copy `copy`, at their versions) here:
+    /// each slot's part read (or taken from the data cache), then the program on an
+    /// execution thread.
+    async fn shard_part_run(
+        &self,
+        copy: PgId,
+        slots: &[ObjectListing],
+        run: &ShardRun,
+        part: Part,
+    ) -> Msg {
+        let mut datas = Vec::with_capacity(slots.len());
+        for s in slots {
+            let want = part.len_of(s.size_bytes);
+            if run.cache {
+                if let Some(d) = lock(&self.inner.exec_data).get(copy, &s.name, s.version) {
+                    OsdCounters::bump(&self.inner.counters.exec_cache_hits);
+                    datas.push(d);
+                    continue;
+                }
+            }
+            let d = match self.shard_read(copy, &s.name, s.version, 0, want).await {
+                Msg::ObjReply { data, .. } if data.len() as u64 == want => Arc::new(data),
+                Msg::ObjReply { data, .. } => {
+                    return Msg::error(
+                        ErrorCode::Io,
+                        format!(
+                            "{:?}: {} bytes of the shard where {want} belong",
+                            s.name,
+                            data.len()
+                        ),
+                    )
+                }
+                other => return other,
+            };
+            if run.cache {
+                lock(&self.inner.exec_data).put(copy, &s.name, s.version, d.clone());
+            }
+            datas.push(d);
+        }
+        OsdCounters::bump(&self.inner.counters.exec_shard_runs);
+        self.run_part_here(&slots[0], datas, run, part).await
+    }
+
+    /// Runs `part` of a shard-local run here on a decoded copy: each object read whole at
+    /// the version the run saw, the part's stripe units taken out.
+    #[allow(clippy::too_many_arguments)]
+    async fn decoded_part_run(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        mapping: &PgMapping,
+        layout: &spindle_map::ec::EcLayout,
+        names: &[String],
+        slots: &[ObjectListing],
+        run: &ShardRun,
+        part: Part,
+    ) -> Result<(u64, Vec<u8>), Msg> {
+        let mut datas = Vec::with_capacity(names.len());
+        for (name, s) in names.iter().zip(slots) {
+            match self.ec_read_whole(epoch, pgid, mapping, layout, name).await {
+                Msg::ObjReply { version, data, .. } if version == s.version => {
+                    datas.push(Arc::new(part.extract(&data)))
+                }
+                Msg::ObjReply { .. } => {
+                    return Err(Msg::error(
+                        ErrorCode::Again,
+                        format!("{name} changed during the run"),
+                    ))
+                }
+                other => return Err(other),
+            }
+        }
+        match self.run_part_here(&slots[0], datas, run, part).await {
+            Msg::ObjReply {
+                size_bytes, data, ..
+            } => Ok((size_bytes, data)),
+            other => Err(other),
+        }
+    }
+
+    /// The program of `run` on `datas` (part `part` of each object), on an execution
+    /// thread; answered as a run is (`ObjReply`: `size_bytes` the return value).
+    async fn run_part_here(
+        &self,
+        first: &ObjectListing,
+        datas: Vec<Arc<Vec<u8>>>,
+        run: &ShardRun,
+        part: Part,
+    ) -> Msg {
+        let bytes_in: u64 = datas.iter().map(|d| d.len() as u64).sum();
+        let limits = Limits {
+            wall: std::time::Duration::from_millis(spindle_types::limits::EXEC_WALL_MS),
+            ..Limits::default()
+        };
+        let program = run.program.clone();
+        let args = run.args.clone();
+        let engine = run.engine;
+        let out = match self
+            .inner
+            .exec_pool
+            .run(move || {
+                let slices: Vec<&[u8]> = datas.iter().map(|d| d.as_slice()).collect();
+                program.run_part(engine, &slices, part, &args, &limits)
+            })
+            .await
+        {
+            None => return busy(),
+            Some(Err(_)) => return internal_gone(),
+            Some(Ok(Err(e))) => {
+                // Counted once per run, by the primary (`exec_op`).
+                tracing::info!("osd.{}: program part {}: {e}", self.inner.id, part.index);
+                return failed(e);
+            }
+            Some(Ok(Ok(out))) => out,
+        };
+        let c = &self.inner.counters;
+        OsdCounters::add(&c.exec_instructions, out.instructions);
+        OsdCounters::add(&c.exec_bytes_in, bytes_in);
+        Msg::ObjReply {
+            version: first.version,
+            size_bytes: out.ret,
+            data: out.output,
+            listing: Vec::new(),
         }
     }
 

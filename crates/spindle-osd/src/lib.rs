@@ -1416,6 +1416,7 @@ impl Osd {
             | Msg::PgCleanQuery { .. }
             | Msg::ScrubPg { .. }
             | Msg::ShardRead { .. }
+            | Msg::ShardExec { .. }
             | Msg::ScrubQuery { .. } => {
                 if inc.epoch < epoch {
                     reply.send(
@@ -1452,6 +1453,7 @@ impl Osd {
             | Msg::PgSetLog { pool, pg, .. }
             | Msg::PgMark { pool, pg, .. }
             | Msg::ShardRead { pool, pg, .. }
+            | Msg::ShardExec { pool, pg, .. }
             | Msg::ScrubQuery { pool, pg, .. } => Some(PgId {
                 pool: *pool,
                 pg: *pg,
@@ -1564,6 +1566,7 @@ impl Osd {
                 self.serve_replication(msg, rid, epoch, block_crcs, reply)
             }
             msg @ Msg::ShardRead { .. } => self.serve_shard(msg, rid, epoch, reply),
+            msg @ Msg::ShardExec { .. } => self.serve_shard_exec(msg, rid, epoch, reply),
             msg @ (Msg::PgQuery { .. }
             | Msg::PgList { .. }
             | Msg::PgMark { .. }

@@ -227,6 +227,8 @@ fn counter_help(name: &str) -> &'static str {
         "exec_instructions" => "Program instructions run",
         "exec_bytes_in" => "Object bytes programs ran against",
         "exec_cache_hits" => "Objects programs read from the data cache",
+        "exec_shard_runs" => "Shard-local program parts run on a data shard held here",
+        "exec_shard_decoded" => "Shard-local program parts run on a decoded copy",
         _ => "A storage daemon counter",
     }
 }

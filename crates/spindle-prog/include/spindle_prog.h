@@ -41,6 +41,17 @@ struct spindle_input {
      * one placement group (names sharing a placement key, `{key}`). */
     uint64_t n_objects;
     const struct spindle_object *objects;
+    /* Which part of its objects the run sees. A whole-object run: part 0 of 1. A
+     * shard-local run on an erasure-coded pool (`spindle exec --shards`): data shard
+     * `part` of `parts` (the pool's k), i.e. of each object the stripe units part,
+     * part + parts, part + 2 * parts, ... of `stripe_unit` bytes each, back to back (the
+     * last cut at the object's end). Byte b of a part is byte
+     * (b / stripe_unit) * parts * stripe_unit + part * stripe_unit + b % stripe_unit of the
+     * object. Columns of one width whose row group is one placement key line up: row i of
+     * a part is the same row in every column. */
+    uint64_t part;
+    uint64_t parts;
+    uint64_t stripe_unit;
 };
 
 /* Appends `len` bytes to the program's output; 0, or the run stops (output limit). */

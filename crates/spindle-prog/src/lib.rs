@@ -89,8 +89,61 @@ pub fn object_vm_addr(i: usize) -> u64 {
 }
 
 /// Bytes of the input header before the object table: data, data_len, args, args_len,
-/// n_objects, objects.
-const INPUT_HEADER_BYTES: u64 = 48;
+/// n_objects, objects, part, parts, stripe_unit.
+const INPUT_HEADER_BYTES: u64 = 72;
+
+/// Which part of its objects a run sees (`in->part`, `in->parts`, `in->stripe_unit`).
+///
+/// A whole-object run sees part 0 of 1. A shard-local run on an erasure-coded pool sees
+/// data shard `index` of `count` (the pool's k): of each object, the stripe units
+/// `index`, `index + count`, `index + 2 * count`, ... of `unit_bytes` each, back to back
+/// (the last one cut at the object's end). Byte `b` of a part is byte
+/// `(b / unit) * count * unit + index * unit + b % unit` of the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Part {
+    pub index: u64,
+    pub count: u64,
+    pub unit_bytes: u64,
+}
+
+impl Part {
+    /// The whole object.
+    pub const WHOLE: Part = Part {
+        index: 0,
+        count: 1,
+        unit_bytes: 0,
+    };
+
+    /// How many bytes of an object of `object_bytes` this part holds.
+    pub fn len_of(&self, object_bytes: u64) -> u64 {
+        if self.count <= 1 || self.unit_bytes == 0 {
+            return object_bytes;
+        }
+        let stripe = self.count * self.unit_bytes;
+        let full = object_bytes / stripe;
+        let rest = object_bytes % stripe;
+        let tail = rest
+            .saturating_sub(self.index * self.unit_bytes)
+            .min(self.unit_bytes);
+        full * self.unit_bytes + tail
+    }
+
+    /// This part's bytes of a whole object `object` (stripe units gathered).
+    pub fn extract(&self, object: &[u8]) -> Vec<u8> {
+        if self.count <= 1 || self.unit_bytes == 0 {
+            return object.to_vec();
+        }
+        let unit = self.unit_bytes as usize;
+        let stripe = unit * self.count as usize;
+        let mut out = Vec::with_capacity(self.len_of(object.len() as u64) as usize);
+        let mut at = self.index as usize * unit;
+        while at < object.len() {
+            out.extend_from_slice(&object[at..(at + unit).min(object.len())]);
+            at += stripe;
+        }
+        out
+    }
+}
 
 /// What one run may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -724,8 +777,8 @@ impl Program {
         self.run_objects(engine, &[data], args, limits)
     }
 
-    /// Runs the program against several objects (`objects[0]` is `in->data`; all are in
-    /// `in->objects`), at most [`OBJECTS_MAX`].
+    /// Runs the program against several whole objects (`objects[0]` is `in->data`; all
+    /// are in `in->objects`), at most [`OBJECTS_MAX`].
     pub fn run_objects(
         &self,
         engine: Engine,
@@ -733,6 +786,25 @@ impl Program {
         args: &[u8],
         limits: &Limits,
     ) -> Result<RunOutput, ProgError> {
+        self.run_part(engine, objects, Part::WHOLE, args, limits)
+    }
+
+    /// Runs the program against `part` of several objects (`objects` holds that part's
+    /// bytes of each).
+    pub fn run_part(
+        &self,
+        engine: Engine,
+        objects: &[&[u8]],
+        part: Part,
+        args: &[u8],
+        limits: &Limits,
+    ) -> Result<RunOutput, ProgError> {
+        if part.count == 0 || part.index >= part.count {
+            return Err(ProgError::BadInput(format!(
+                "part {} of {}: no such part",
+                part.index, part.count
+            )));
+        }
         let Some(data) = objects.first().copied() else {
             return Err(ProgError::BadInput(
                 "a run needs at least one object".into(),
@@ -765,7 +837,11 @@ impl Program {
             args.len() as u64,
             objects.len() as u64,
             ebpf::MM_INPUT_START + INPUT_HEADER_BYTES,
+            part.index,
+            part.count,
+            part.unit_bytes,
         ];
+        const _: () = assert!(INPUT_HEADER_BYTES == 9 * 8);
         for w in words {
             input.extend_from_slice(&w.to_le_bytes());
         }
@@ -1029,6 +1105,36 @@ mod tests {
         assert_eq!(filter_column(&col, 4, 1, 3, 7, &mut r, None), 7);
         assert_eq!(r, [0b0110_1011, 0b11]);
         assert_eq!(filter_column(&col, 4, 2, 0b10, 0, &mut r, None), 6);
+    }
+
+    /// The parts of an object, each its stripe units gathered, are the object's bytes
+    /// dealt round-robin by unit: every byte in exactly one part, at the offset the header
+    /// says, and each part as long as `len_of` says.
+    #[test]
+    fn parts_deal_the_stripe_units_round_robin() {
+        for (count, unit) in [(1u64, 4096u64), (2, 4096), (3, 16), (4, 1)] {
+            for size in [0usize, 1, 15, 16, 17, 47, 48, 49, 100, 8191, 8192, 20_000] {
+                let object: Vec<u8> = (0..size).map(|i| (i * 7 + i / 251) as u8).collect();
+                let mut seen = 0;
+                for index in 0..count {
+                    let part = Part {
+                        index,
+                        count,
+                        unit_bytes: unit,
+                    };
+                    let bytes = part.extract(&object);
+                    assert_eq!(bytes.len() as u64, part.len_of(size as u64));
+                    for (b, &x) in bytes.iter().enumerate() {
+                        let b = b as u64;
+                        let at = (b / unit) * count * unit + index * unit + b % unit;
+                        assert_eq!(object[at as usize], x, "{count}x{unit} size {size}");
+                    }
+                    seen += bytes.len();
+                }
+                assert_eq!(seen, size);
+            }
+        }
+        assert_eq!(Part::WHOLE.len_of(5), 5);
     }
 
     /// Every width and operation against a plain scalar filter, on odd lengths and edge

@@ -6,7 +6,7 @@ use thiserror::Error;
 /// "SPND" in little endian.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"SPND");
 /// The protocol version this crate speaks.
-pub const VERSION: u16 = 9;
+pub const VERSION: u16 = 10;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 40;
 /// Default bound on a frame's payload (`spindle_types::limits::FRAME_PAYLOAD_BYTES_MAX`:

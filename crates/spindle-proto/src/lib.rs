@@ -5,7 +5,7 @@
 //! ```text
 //! offset size field
 //!      0    4 magic        "SPND" (0x444e5053 little endian)
-//!      4    2 version      protocol version, currently 1
+//!      4    2 version      protocol version (`frame::VERSION`)
 //!      6    2 kind         message kind (the message layer's code)
 //!      8    2 flags        must be 0 in version 1
 //!     10    2 reserved     must be 0

@@ -152,6 +152,9 @@ pub struct ExecOp {
     pub jit: bool,
     /// Read the objects through the daemon's data cache (and fill it).
     pub cache: bool,
+    /// On an erasure-coded pool, run on each data shard's part of the objects, on the
+    /// daemon holding it (answered with `ExecParts`); else ignored (whole objects).
+    pub shards: bool,
     /// The program's arguments (at most [`EXEC_ARGS_MAX`] bytes).
     pub args: Vec<u8>,
     /// Other objects the program sees after the first (at most [`EXEC_OBJECTS_MAX`] - 1).
@@ -300,6 +303,8 @@ mod wire {
     pub(super) struct Listing;
     /// A counted list of object names.
     pub(super) struct Names(pub &'static str);
+    /// A counted list of u64 values, at most `.1`.
+    pub(super) struct U64s(pub &'static str, pub usize);
     pub(super) struct ScrubEntries;
     pub(super) struct Code;
 
@@ -400,7 +405,7 @@ mod wire {
                 ObjOp::Exec(e) => {
                     w.u8(4);
                     w.bytes(&e.program)
-                        .u8(e.jit as u8 | (e.cache as u8) << 1)
+                        .u8(e.jit as u8 | (e.cache as u8) << 1 | (e.shards as u8) << 2)
                         .bytes(&e.args)
                         .u32(e.more.len() as u32);
                     for n in &e.more {
@@ -425,7 +430,7 @@ mod wire {
                         value: id.len() as u64,
                     })?;
                     let flags = r.u8("exec flags")?;
-                    if flags > 3 {
+                    if flags > 7 {
                         return Err(CodecError::Invalid {
                             what: "exec flags",
                             value: flags as u64,
@@ -447,6 +452,7 @@ mod wire {
                         program,
                         jit: flags & 1 != 0,
                         cache: flags & 2 != 0,
+                        shards: flags & 4 != 0,
                         args,
                         more,
                         elf: take_bulk(bulk),
@@ -610,6 +616,26 @@ mod wire {
                 names.push(name(r)?);
             }
             Ok(names)
+        }
+    }
+    impl Field for U64s {
+        type Value = Vec<u64>;
+        fn put(&self, w: &mut Writer, v: &Vec<u64>) {
+            w.u32(v.len() as u32);
+            for x in v {
+                w.u64(*x);
+            }
+        }
+        fn get(&self, r: &mut Reader, _: &mut Option<Vec<u8>>) -> Result<Vec<u64>, CodecError> {
+            let n = r.u32(self.0)?;
+            if n as usize > self.1 {
+                return Err(CodecError::TooLong {
+                    what: self.0,
+                    len: n as u64,
+                    max: self.1 as u64,
+                });
+            }
+            (0..n).map(|_| r.u64(self.0)).collect()
         }
     }
     impl Field for ScrubEntries {
@@ -878,6 +904,18 @@ messages! {
         listing: Vec<ObjectListing> = Listing,
     };
 
+    /// Answer to a shard-local program run (`ExecOp::shards`) on an erasure-coded group:
+    /// one result per data shard, in shard order. `rets[i]` is the program's return value
+    /// on shard i and its output the next `lens[i]` bytes of `data` (the outputs back to
+    /// back); `version` and `listing` as in `ObjReply`.
+    ExecParts = 22, "exec_parts" {
+        version: Ver = V,
+        rets: Vec<u64> = U64s("part count", spindle_types::limits::POOL_SIZE_MAX as usize),
+        lens: Vec<u64> = U64s("part count", spindle_types::limits::POOL_SIZE_MAX as usize),
+        data: Vec<u8> = Bulk,
+        listing: Vec<ObjectListing> = Listing,
+    };
+
     // ---- primary -> replicas (replication and peering) ----
     RepWrite = 30, "rep_write" {
         pool: u32 = U32("pool"),
@@ -916,6 +954,24 @@ messages! {
         version: Ver = V,
         offset: u64 = U64("offset"),
         len: u64 = U64("length"),
+    };
+    /// Primary -> the daemon holding data shard `part` of `parts` of a group: run a program
+    /// on that shard's part of `objects` (`name` the slot object, `version` its version,
+    /// `size_bytes` the object's size), reply `ObjReply` as a run does (`size_bytes` the
+    /// return value, `data` the output). A slot at another version is `Conflict`; a program
+    /// the daemon does not hold (and `elf` empty) `ProgramUnknown`.
+    ShardExec = 61, "shard_exec" {
+        pool: u32 = U32("pool"),
+        pg: u32 = U32("pg"),
+        objects: Vec<ObjectListing> = Listing,
+        program: Vec<u8> = Bytes("program id", 32),
+        jit: bool = Flag("jit"),
+        cache: bool = Flag("cache"),
+        args: Vec<u8> = Bytes("program args", EXEC_ARGS_MAX),
+        part: u32 = U32("part"),
+        parts: u32 = U32("parts"),
+        stripe_unit: u64 = U64("stripe unit"),
+        elf: Vec<u8> = Bulk,
     };
     /// Install the full state of an object (`version == None`: it must not exist).
     ObjState = 35, "obj_state" {

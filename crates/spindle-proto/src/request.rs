@@ -172,6 +172,7 @@ requests! {
     PgCleanQuery => typed::Ok,
     // Erasure-code shard protocol.
     ShardRead => typed::ObjReply,
+    ShardExec => typed::ObjReply,
     // Scrub protocol.
     ScrubQuery => typed::ScrubMap,
 }
@@ -229,7 +230,7 @@ mod tests {
             .copied()
             .filter(|k| reply_kind(*k).is_some())
             .collect();
-        assert_eq!(requests.len(), 19);
+        assert_eq!(requests.len(), 20);
         for k in [
             MsgKind::Ok,
             MsgKind::Error,

@@ -12,7 +12,7 @@ use spindle_cluster::{
     write_atomic, Target,
 };
 use spindle_mon::reply::pg_summary;
-use spindle_mon::{Admin, OsdVerb, PoolCreated, RatioSet};
+use spindle_mon::{Admin, OsdVerb, RatioSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -268,25 +268,8 @@ pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
                 pg_count,
                 ..
             } => {
-                let p = parse_erasure_profile(&profile, min_size)?;
-                // The matrix goes by name: the monitor names the known ones if it is not.
-                let r: PoolCreated = client
-                    .command_as(
-                        [
-                            "pool",
-                            "create-ec",
-                            &name,
-                            &p.k.to_string(),
-                            &p.m.to_string(),
-                            &p.min_size.to_string(),
-                            &p.matrix,
-                            &p.stripe_unit.to_string(),
-                            &pg_count.to_string(),
-                        ]
-                        .map(String::from)
-                        .to_vec(),
-                    )
-                    .await?;
+                let p = spindle_cluster::parse_erasure_profile(&profile, min_size)?;
+                let r = spindle_cluster::create_ec_pool(&client, &name, &p, pg_count).await?;
                 println!(
                     "created erasure-coded pool '{name}' (k={}, m={}, {}, stripe unit {} B, \
                      min_size {}; id {}, epoch {})",
@@ -337,49 +320,6 @@ pub fn pool(command: PoolCommand, target: Target) -> anyhow::Result<()> {
 }
 
 /// A parsed `--erasure` profile.
-#[derive(Debug, PartialEq)]
-pub struct ErasureProfile {
-    pub k: u32,
-    pub m: u32,
-    pub matrix: String,
-    pub stripe_unit: u32,
-    pub min_size: u32,
-}
-
-/// Parses `k=4,m=2[,matrix=..][,stripe-unit=..][,min-size=..]`.
-pub fn parse_erasure_profile(text: &str, min_size: Option<u32>) -> anyhow::Result<ErasureProfile> {
-    let (mut k, mut m, mut matrix, mut stripe_unit, mut ms) =
-        (None, None, "isal-rs".to_string(), 4096u32, min_size);
-    for part in text.split(',').filter(|p| !p.is_empty()) {
-        let (key, value) = part
-            .split_once('=')
-            .with_context(|| format!("'{part}' in the erasure profile is not key=value"))?;
-        let num = |v: &str| {
-            v.parse::<u32>()
-                .with_context(|| format!("{key} must be a number, got '{v}'"))
-        };
-        match key.trim() {
-            "k" => k = Some(num(value)?),
-            "m" => m = Some(num(value)?),
-            "matrix" => matrix = value.to_string(),
-            "stripe-unit" | "stripe_unit" => stripe_unit = num(value)?,
-            "min-size" | "min_size" => ms = Some(num(value)?),
-            other => anyhow::bail!(
-                "unknown erasure profile key '{other}' (k, m, matrix, stripe-unit, min-size)"
-            ),
-        }
-    }
-    let k = k.context("the erasure profile needs k=<data shards>")?;
-    let m = m.context("the erasure profile needs m=<parity shards>")?;
-    Ok(ErasureProfile {
-        k,
-        m,
-        matrix,
-        stripe_unit,
-        min_size: ms.unwrap_or((k + 1).min(k + m)),
-    })
-}
-
 pub fn osd(command: OsdCommand, target: Target) -> anyhow::Result<()> {
     match command {
         OsdCommand::Run(args) => crate::daemon::osd_run(args),

@@ -55,6 +55,11 @@ pub struct ExecArgs {
     /// Read objects through the daemons' data cache (and fill it).
     #[arg(long)]
     pub cache: bool,
+    /// On an erasure-coded pool, run once per data shard on the daemon holding it, over
+    /// that shard's stripe units of the objects (`in->part` of `in->parts`); each part is
+    /// reported. Ignored on replicated pools.
+    #[arg(long)]
+    pub shards: bool,
     /// Arguments as little-endian u64 values, in order (`--arg 5 --arg 9`).
     #[arg(long = "arg")]
     pub args_u64: Vec<u64>,
@@ -156,6 +161,7 @@ pub fn exec(a: ExecArgs) -> anyhow::Result<()> {
     let opts = ExecOptions {
         jit: matches!(a.engine, EngineArg::Jit),
         cache: a.cache,
+        shards: a.shards,
     };
     runtime()?.block_on(async {
         let client = a.target.client().await?;
@@ -195,12 +201,31 @@ pub fn exec(a: ExecArgs) -> anyhow::Result<()> {
                             "ret": r.ret,
                             "output_bytes": r.output.len(),
                         });
+                        if !r.parts.is_empty() {
+                            line["parts"] = r
+                                .each_part()
+                                .iter()
+                                .map(|(ret, out)| {
+                                    serde_json::json!({"ret": ret, "output_bytes": out.len()})
+                                })
+                                .collect::<Vec<_>>()
+                                .into();
+                        }
                         if r.output.len() <= 256 {
                             line["output_hex"] = hex(&r.output).into();
                         }
                         line.to_string()
                     } else {
-                        format!("{what}: returned {}, {} bytes out", r.ret, r.output.len())
+                        let parts = if r.parts.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" (the sum of {} shard parts)", r.parts.len())
+                        };
+                        format!(
+                            "{what}: returned {}, {} bytes out{parts}",
+                            r.ret,
+                            r.output.len()
+                        )
                     };
                     // The report goes beside the output, never into it.
                     if to_stdout {

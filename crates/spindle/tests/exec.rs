@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{run_ok, spindle, Cluster};
+use common::{counter, run_ok, spindle, wait_counter, Cluster};
 use spindle_client::{ClientError, ExecOptions, ProgramCode};
 
 const POOL: &str = "default";
@@ -42,6 +42,20 @@ uint64_t spindle_main(const struct spindle_input *in) {
 }
 "#;
 
+/// What a part of a run sees: part, parts, stripe unit, then the u32 values at indexes 0,
+/// unit / 4 - 1 and unit / 4 of its data (u64 each); returns its length.
+const WHOAMI: &str = r#"
+#include "spindle_prog.h"
+uint64_t spindle_main(const struct spindle_input *in) {
+    uint64_t w[6] = {in->part, in->parts, in->stripe_unit, 0, 0, 0};
+    const uint32_t *v = (const uint32_t *)in->data;
+    uint64_t n = in->data_len / 4, at[3] = {0, in->stripe_unit / 4 - 1, in->stripe_unit / 4};
+    for (int i = 0; i < 3; i++)
+        if (at[i] < n) w[3 + i] = v[at[i]];
+    spindle_emit(w, sizeof w);
+    return in->data_len;
+}
+"#;
 const LOOP: &str = r#"
 #include "spindle_prog.h"
 uint64_t spindle_main(const struct spindle_input *in) {
@@ -122,34 +136,6 @@ fn sum(v: &[u32]) -> u64 {
 
 fn u64_of(out: &[u8]) -> u64 {
     u64::from_le_bytes(out[..8].try_into().expect("8 bytes of output"))
-}
-
-/// A daemon counter summed over every daemon (`status --json`).
-fn counter(c: &Cluster, name: &str) -> u64 {
-    let s = c.status();
-    s["osds"]
-        .as_array()
-        .expect("osds")
-        .iter()
-        .filter_map(|o| o["counters"][name].as_u64())
-        .sum()
-}
-
-/// Waits for a daemon counter (summed) to reach `at_least`: counters travel with
-/// heartbeats.
-async fn wait_counter(c: &Cluster, name: &str, at_least: u64) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    loop {
-        let now = counter(c, name);
-        if now >= at_least {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name} is {now}, expected at least {at_least}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -273,6 +259,7 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
                 ExecOptions {
                     jit: true,
                     cache: false,
+                    shards: false,
                 },
             )
             .await
@@ -306,11 +293,121 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
         }
     }
 
+    // Shard-local runs on the erasure-coded pool: one part per data shard, run by the daemon
+    // holding it, over that shard's stripe units; together they are the whole run.
+    let (k, unit) = match client.map().pool_by_name(EC_POOL).unwrap().kind.clone() {
+        spindle_map::PoolKind::Erasure {
+            k,
+            stripe_unit_bytes,
+            ..
+        } => (k as usize, stripe_unit_bytes as usize),
+        other => panic!("{other:?}"),
+    };
+    let shard_runs = counter(&c, "exec_shard_runs");
+    for (jit, cache) in [(true, false), (false, false), (true, true)] {
+        let opts = ExecOptions {
+            jit,
+            cache,
+            shards: true,
+        };
+        let min = 1u64 << 20;
+        let want: u64 = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, _)| **x as u64 >= min)
+            .map(|(x, y)| *x as u64 * *y as u64)
+            .sum();
+        let r = client
+            .exec(
+                EC_POOL,
+                &["t.{rg3}.a", "t.{rg3}.b"],
+                &dot,
+                &min.to_le_bytes(),
+                opts,
+            )
+            .await
+            .unwrap();
+        let parts = r.each_part();
+        assert_eq!(parts.len(), k, "one part per data shard");
+        assert!(parts.iter().all(|(n, _)| *n > 0), "every shard holds rows");
+        assert_eq!(r.ret, 200_000, "the parts' rows add up to the object's");
+        let total: u64 = parts.iter().map(|(_, o)| u64_of(o)).sum();
+        assert_eq!(total, want, "jit={jit} cache={cache}");
+        // The same program on a replicated pool: one whole-object run.
+        let r = client
+            .exec(
+                POOL,
+                &["t.{rg3}.a", "t.{rg3}.b"],
+                &dot,
+                &min.to_le_bytes(),
+                opts,
+            )
+            .await
+            .unwrap();
+        assert!(r.parts.is_empty());
+        assert_eq!(u64_of(&r.output), want);
+    }
+    wait_counter(&c, "exec_shard_runs", shard_runs + 3 * k as u64).await;
+    // `spindle exec --shards`: each part reported, the return values summed.
+    let mut args = vec!["exec", "sum", "--pool", EC_POOL, "--shards", "--json"];
+    args.extend(sums.iter().map(|(n, _, _)| n.as_str()));
+    let out = common::ok(&c, &args);
+    for (line, (name, n, s)) in out.lines().zip(&sums) {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(line["ret"], *n, "{name}: {line}");
+        assert_eq!(line["parts"].as_array().map(Vec::len), Some(k), "{line}");
+        let hex = line["output_hex"].as_str().unwrap();
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        let total: u64 = bytes.chunks_exact(8).map(u64_of).sum();
+        assert_eq!(total, *s, "{name}: the parts' sums add up");
+    }
+    // What a part sees: its index, k, the stripe unit, and the object's stripe units
+    // `part`, `part + k`, ... back to back.
+    let whoami = program(WHOAMI);
+    let v = column(77, 50_000);
+    client
+        .write_full(EC_POOL, "striped", u32s(&v))
+        .await
+        .unwrap();
+    let r = client
+        .exec(
+            EC_POOL,
+            &["striped"],
+            &whoami,
+            &[],
+            ExecOptions {
+                shards: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let bytes = u32s(&v);
+    for (i, (ret, out)) in r.each_part().into_iter().enumerate() {
+        let words: Vec<u64> = out.chunks_exact(8).map(u64_of).collect();
+        assert_eq!(&words[..3], &[i as u64, k as u64, unit as u64], "part {i}");
+        let mine: Vec<u8> = bytes
+            .chunks(unit)
+            .skip(i)
+            .step_by(k)
+            .flatten()
+            .copied()
+            .collect();
+        assert_eq!(ret, mine.len() as u64, "part {i}: length");
+        let want = [0, unit / 4 - 1, unit / 4]
+            .map(|at| u32::from_le_bytes(mine[at * 4..at * 4 + 4].try_into().unwrap()) as u64);
+        assert_eq!(&words[3..6], &want, "part {i}: values");
+    }
+
     // The data cache: a second cached run reads no object; a rewrite is seen at once.
     for pool in [POOL, EC_POOL] {
         let cached = ExecOptions {
             jit: true,
             cache: true,
+            shards: false,
         };
         let v1 = column(100, 100_000);
         client.write_full(pool, "cached", u32s(&v1)).await.unwrap();
@@ -358,6 +455,24 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
             sum(&v3),
             "{pool}: stale data after a write"
         );
+        // Shard-local and cached: each part's cached bytes are dropped by a write too.
+        let shards = ExecOptions {
+            shards: true,
+            ..cached
+        };
+        for v in [&v3, &v1] {
+            if v == &v1 {
+                client.write_full(pool, "cached", u32s(v)).await.unwrap();
+            }
+            for _ in 0..2 {
+                let r = client
+                    .exec(pool, &["cached"], &sum_p, &[], shards)
+                    .await
+                    .unwrap();
+                let total: u64 = r.each_part().iter().map(|(_, o)| u64_of(o)).sum();
+                assert_eq!(total, sum(v), "{pool}: shard-local cached run");
+            }
+        }
     }
 
     // Hostile programs: each refused or stopped with its reason; the daemons serve on.
@@ -375,7 +490,17 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
             for jit in [true, false] {
                 let started = std::time::Instant::now();
                 let r = client
-                    .exec(pool, &["col1"], &p, &[], ExecOptions { jit, cache: false })
+                    .exec(
+                        pool,
+                        &["col1"],
+                        &p,
+                        &[],
+                        ExecOptions {
+                            jit,
+                            cache: false,
+                            shards: false,
+                        },
+                    )
                     .await;
                 match r {
                     Err(ClientError::Program(m)) => {
@@ -401,6 +526,28 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
     }
     wait_counter(&c, "exec_failed", 2 * (6 * 2 + 1)).await;
 
+    // Objects of the erasure-coded pool with a data shard on osd.2 (killed next), for the
+    // shard-local runs below.
+    let map = client.map();
+    let ec = map.pool_by_name(EC_POOL).unwrap();
+    let placement = spindle_map::Placement::compute(&map);
+    let on_osd2: Vec<(String, Vec<u32>)> = (0..200)
+        .map(|i| format!("deg{i}"))
+        .filter(|n| {
+            let pg = spindle_map::object_pg(n, ec.pg_count);
+            let shard = placement.pg(ec.id, pg).unwrap().shard_of(2);
+            shard.is_some_and(|s| (s as usize) < k)
+        })
+        .take(3)
+        .map(|n| {
+            let v = column(n.len() as u32 * 31, 40_000);
+            (n, v)
+        })
+        .collect();
+    assert_eq!(on_osd2.len(), 3, "objects with a data shard on osd.2");
+    for (n, v) in &on_osd2 {
+        client.write_full(EC_POOL, n, u32s(v)).await.unwrap();
+    }
     // One daemon down: runs still answer (the replicated copy elsewhere; the erasure-coded
     // objects decoded from the shards left).
     c.kill_osd(2);
@@ -414,6 +561,30 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
             assert_eq!((r.ret, u64_of(&r.output)), (*n, *s), "{pool} {name}");
         }
     }
+    // Shard-local with a data shard's daemon down: its part runs on a decoded copy.
+    let decoded = counter(&c, "exec_shard_decoded");
+    let degraded: Vec<(String, u64, u64)> = on_osd2
+        .iter()
+        .map(|(n, v)| (n.clone(), v.len() as u64, sum(v)))
+        .collect();
+    for (name, n, s) in sums.iter().chain(&degraded) {
+        let r = client
+            .exec(
+                EC_POOL,
+                &[name.as_str()],
+                &sum_p,
+                &[],
+                ExecOptions {
+                    shards: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("shard-local {name} with osd.2 down: {e}"));
+        let total: u64 = r.each_part().iter().map(|(_, o)| u64_of(o)).sum();
+        assert_eq!((r.ret, total), (*n, *s), "shard-local {name}");
+    }
+    wait_counter(&c, "exec_shard_decoded", decoded + degraded.len() as u64).await;
     let _ = run_ok(spindle().args(["down", "--dir"]).arg(&c.dir));
     // The compiled programs' directory (the cluster's own is removed with `c`).
     let _ = std::fs::remove_dir_all(&dir);

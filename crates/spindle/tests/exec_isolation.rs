@@ -132,6 +132,7 @@ async fn io_keeps_its_latency_while_programs_spin_on_every_daemon() {
                         ExecOptions {
                             jit: true,
                             cache: true,
+                            shards: false,
                         },
                     )
                     .await;

@@ -1,13 +1,13 @@
 //! SSB Q3.3 at scale factor 1 (issue #23) on a real cluster: the lineorder columns loaded
 //! into a replicated and an erasure-coded pool, the query run every way (pulled, filter
 //! offloaded, fully offloaded; interpreter and JIT; with and without the daemons' data
-//! cache), each answer equal to DuckDB's on Parquet files of the same data (DuckDB from
-//! the Python package `scripts/setup.sh` installs in `.venv`), then again with a daemon
-//! down.
+//! cache; shard-local on the erasure-coded pool), each answer equal to DuckDB's on Parquet
+//! files of the same data (DuckDB from the Python package `scripts/setup.sh` installs in
+//! `.venv`), then again with a daemon down (its shards' parts run on decoded copies).
 
 mod common;
 
-use common::{run_ok, spindle, Cluster};
+use common::{counter, run_ok, spindle, wait_counter, Cluster};
 use spindle_bench::ssb::{self, Config, Names, Programs, SsbData};
 
 const EC_POOL: &str = "ssbec";
@@ -64,7 +64,8 @@ async fn q33_answers_equal_duckdb_in_every_configuration_on_both_pools_and_with_
         let (client, names, programs, duck) = (&client, &names, &programs, &duck);
         async move {
             for pool in ["default", EC_POOL] {
-                for config in Config::all() {
+                // Shard-local on the erasure-coded pool.
+                for config in Config::all(pool == EC_POOL) {
                     let r = ssb::q33(client, pool, names, config, programs, 8)
                         .await
                         .unwrap_or_else(|e| panic!("{phase} {pool} {}: {e}", config.label()));
@@ -89,9 +90,17 @@ async fn q33_answers_equal_duckdb_in_every_configuration_on_both_pools_and_with_
             }
         }
     };
+    // On the erasure-coded pool the offloaded runs are shard-local: each data shard's
+    // daemon runs the program on its own stripe units.
+    let shard_runs = counter(&c, "exec_shard_runs");
     run_all("all up").await;
+    let groups = data.row_groups() as u64;
+    wait_counter(&c, "exec_shard_runs", shard_runs + 8 * groups * 2).await;
     c.kill_osd(1);
     c.wait_osd_up(1, false);
+    // With osd.1 down, the parts of its data shards run on decoded copies.
+    let decoded = counter(&c, "exec_shard_decoded");
     run_all("osd.1 down").await;
+    wait_counter(&c, "exec_shard_decoded", decoded + 1).await;
     let _ = run_ok(spindle().args(["down", "--dir"]).arg(&c.dir));
 }

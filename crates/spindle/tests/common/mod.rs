@@ -640,3 +640,31 @@ impl Drop for NbdProc {
         self.kill9();
     }
 }
+
+/// A daemon counter summed over every daemon (`status --json`).
+pub fn counter(c: &Cluster, name: &str) -> u64 {
+    let s = c.status();
+    s["osds"]
+        .as_array()
+        .expect("osds")
+        .iter()
+        .filter_map(|o| o["counters"][name].as_u64())
+        .sum()
+}
+
+/// Waits for a daemon counter (summed) to reach `at_least`: counters travel with
+/// heartbeats.
+pub async fn wait_counter(c: &Cluster, name: &str, at_least: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let now = counter(c, name);
+        if now >= at_least {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} is {now}, expected at least {at_least}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
