@@ -512,6 +512,19 @@ impl Osd {
                 Err(m) => return m,
             }
         }
+        // Each part may emit up to the output limit; k of them together may not fit in one
+        // reply.
+        if data.len() > spindle_types::limits::MESSAGE_DATA_BYTES_MAX {
+            return Msg::error(
+                ErrorCode::ProgramFailed,
+                format!(
+                    "the {k} parts emitted {} bytes together, more than one answer carries ({} \
+                     bytes): emit less per part, or run on whole objects",
+                    data.len(),
+                    spindle_types::limits::MESSAGE_DATA_BYTES_MAX
+                ),
+            );
+        }
         Msg::ExecParts {
             version: listing[0].version,
             rets,
