@@ -820,27 +820,18 @@ impl Osd {
         layout: &EcLayout,
         name: &str,
     ) -> Msg {
-        if name.contains('\0') || name.len() > spindle_types::limits::EC_OBJECT_NAME_BYTES_MAX {
-            return err(ErrorCode::NotFound, format!("{name}: no such object"));
-        }
-        let lock = self.ec_object_lock(pgid, name);
-        let msg = {
-            let _held = lock.lock().await;
-            let read = ObjOp::Read {
-                offset: 0,
-                len: spindle_types::limits::OBJECT_BYTES_MAX,
-            };
-            self.ec_locked_op(epoch, pgid, mapping, layout, name, read)
-                .await
-                .0
+        let read = ObjOp::Read {
+            offset: 0,
+            len: spindle_types::limits::OBJECT_BYTES_MAX,
         };
-        self.ec_object_unlock(pgid, name, lock);
-        msg
+        self.ec_op_locked(epoch, pgid, mapping, layout, name, read)
+            .await
     }
 
     /// For a shard-local program run: the object's current slot object (its stored
-    /// name), size and version, looked at under the object's lock (so never a write in
-    /// progress), the group active and the object recovered on every copy.
+    /// name), size and version. The size and version are settled under the object's lock
+    /// (never a write in progress; the group active, the object recovered on every copy);
+    /// the slot named after it must still be at that version, else `Again`.
     pub(crate) async fn ec_exec_slot(
         &self,
         epoch: u64,
@@ -849,35 +840,48 @@ impl Osd {
         layout: &EcLayout,
         name: &str,
     ) -> Result<(String, u64, Ver), Msg> {
+        match self
+            .ec_op_locked(epoch, pgid, mapping, layout, name, ObjOp::Stat)
+            .await
+        {
+            Msg::ObjReply {
+                version,
+                size_bytes,
+                ..
+            } => {
+                let own = self.copy_pgid(pgid, self.inner.id);
+                match self.current_slot(own, name) {
+                    Some(c) if c.version == version => Ok((c.stored(name), size_bytes, version)),
+                    _ => Err(err(ErrorCode::Again, format!("{name}: changed, try again"))),
+                }
+            }
+            other => Err(other),
+        }
+    }
+
+    /// A read or stat of an object of an erasure-coded group, under its lock, for a
+    /// program run (a name no object can have is `NotFound`).
+    async fn ec_op_locked(
+        &self,
+        epoch: u64,
+        pgid: PgId,
+        mapping: &PgMapping,
+        layout: &EcLayout,
+        name: &str,
+        op: ObjOp,
+    ) -> Msg {
         if name.contains('\0') || name.len() > spindle_types::limits::EC_OBJECT_NAME_BYTES_MAX {
-            return Err(err(ErrorCode::NotFound, format!("{name}: no such object")));
+            return err(ErrorCode::NotFound, format!("{name}: no such object"));
         }
         let lock = self.ec_object_lock(pgid, name);
-        let r = {
+        let msg = {
             let _held = lock.lock().await;
-            match self
-                .ec_locked_op(epoch, pgid, mapping, layout, name, ObjOp::Stat)
+            self.ec_locked_op(epoch, pgid, mapping, layout, name, op)
                 .await
                 .0
-            {
-                Msg::ObjReply {
-                    version,
-                    size_bytes,
-                    ..
-                } => {
-                    let own = self.copy_pgid(pgid, self.inner.id);
-                    match self.current_slot(own, name) {
-                        Some(c) if c.version == version => {
-                            Ok((c.stored(name), size_bytes, version))
-                        }
-                        _ => Err(err(ErrorCode::Again, format!("{name}: changed, try again"))),
-                    }
-                }
-                other => Err(other),
-            }
         };
         self.ec_object_unlock(pgid, name, lock);
-        r
+        msg
     }
 
     /// The primary's operation lock of an object (made on first use).

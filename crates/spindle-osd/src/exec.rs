@@ -227,8 +227,8 @@ impl ExecPool {
     }
 }
 
-/// What a shard-local run runs, shared by its parts.
-pub(crate) struct ShardRun {
+/// What a run runs (shared by the parts of a shard-local run).
+pub(crate) struct RunSpec {
     program: Arc<Program>,
     /// The program's object file if the client sent it (else empty): passed on to the
     /// daemons holding the shards.
@@ -301,19 +301,19 @@ impl Osd {
         let mut names = Vec::with_capacity(1 + more.len());
         names.push(name);
         names.extend(more);
+        let run = RunSpec {
+            program,
+            elf,
+            engine: if jit {
+                Engine::Jit
+            } else {
+                Engine::Interpreter
+            },
+            cache,
+            args: Arc::new(args),
+        };
         if shards {
             if let Source::Ec { mapping, layout } = &source {
-                let run = ShardRun {
-                    program,
-                    elf,
-                    engine: if jit {
-                        Engine::Jit
-                    } else {
-                        Engine::Interpreter
-                    },
-                    cache,
-                    args: Arc::new(args),
-                };
                 return self
                     .exec_shards(epoch, pgid, mapping, layout, &names, run)
                     .await;
@@ -340,42 +340,20 @@ impl Osd {
             })
             .collect();
         let version = objects[0].0;
-        let bytes_in: u64 = objects.iter().map(|(_, d)| d.len() as u64).sum();
-        let limits = Limits {
-            wall: std::time::Duration::from_millis(spindle_types::limits::EXEC_WALL_MS),
-            ..Limits::default()
-        };
-        let engine = if jit {
-            Engine::Jit
-        } else {
-            Engine::Interpreter
-        };
         let datas: Vec<Arc<Vec<u8>>> = objects.into_iter().map(|(_, d)| d).collect();
-        let run = self
-            .inner
-            .exec_pool
-            .run(move || {
-                let slices: Vec<&[u8]> = datas.iter().map(|d| d.as_slice()).collect();
-                program.run_objects(engine, &slices, &args, &limits)
-            })
-            .await;
-        let out = match run {
-            None => return busy(),
-            Some(Err(_)) => return internal_gone(),
-            Some(Ok(Err(e))) => {
-                tracing::info!("osd.{}: program run in pg {pgid}: {e}", self.inner.id);
-                return failed(e);
+        match self.run_here(datas, &run, Part::WHOLE).await {
+            Ok((ret, output)) => Msg::ObjReply {
+                version,
+                size_bytes: ret,
+                data: output,
+                listing,
+            },
+            Err(m) => {
+                if let Msg::Error { message, .. } = &m {
+                    tracing::info!("osd.{}: program run in pg {pgid}: {message}", self.inner.id);
+                }
+                m
             }
-            Some(Ok(Ok(out))) => out,
-        };
-        let c = &self.inner.counters;
-        OsdCounters::add(&c.exec_instructions, out.instructions);
-        OsdCounters::add(&c.exec_bytes_in, bytes_in);
-        Msg::ObjReply {
-            version,
-            size_bytes: out.ret,
-            data: out.output,
-            listing,
         }
     }
 
@@ -431,7 +409,7 @@ impl Osd {
         mapping: &PgMapping,
         layout: &spindle_map::ec::EcLayout,
         names: &[String],
-        run: ShardRun,
+        run: RunSpec,
     ) -> Msg {
         let mut slots = Vec::with_capacity(names.len());
         let mut listing = Vec::with_capacity(names.len());
@@ -542,7 +520,7 @@ impl Osd {
         osd: u32,
         copy: PgId,
         slots: &[ObjectListing],
-        run: &ShardRun,
+        run: &RunSpec,
         part: Part,
     ) -> Msg {
         let msg = Msg::ShardExec {
@@ -611,7 +589,7 @@ impl Osd {
                     Ok(id) => match osd.resolve_program(id, Arc::new(elf)).await {
                         Err(m) => m,
                         Ok(program) => {
-                            let run = ShardRun {
+                            let run = RunSpec {
                                 program,
                                 elf: Arc::new(Vec::new()),
                                 engine: if jit {
@@ -644,7 +622,7 @@ impl Osd {
         &self,
         copy: PgId,
         slots: &[ObjectListing],
-        run: &ShardRun,
+        run: &RunSpec,
         part: Part,
     ) -> Msg {
         let mut datas = Vec::with_capacity(slots.len());
@@ -677,7 +655,15 @@ impl Osd {
             datas.push(d);
         }
         OsdCounters::bump(&self.inner.counters.exec_shard_runs);
-        self.run_part_here(&slots[0], datas, run, part).await
+        match self.run_here(datas, run, part).await {
+            Ok((ret, output)) => Msg::ObjReply {
+                version: slots[0].version,
+                size_bytes: ret,
+                data: output,
+                listing: Vec::new(),
+            },
+            Err(m) => m,
+        }
     }
 
     /// Runs `part` of a shard-local run here on a decoded copy: each object read whole at
@@ -691,7 +677,7 @@ impl Osd {
         layout: &spindle_map::ec::EcLayout,
         names: &[String],
         slots: &[ObjectListing],
-        run: &ShardRun,
+        run: &RunSpec,
         part: Part,
     ) -> Result<(u64, Vec<u8>), Msg> {
         let mut datas = Vec::with_capacity(names.len());
@@ -709,23 +695,18 @@ impl Osd {
                 other => return Err(other),
             }
         }
-        match self.run_part_here(&slots[0], datas, run, part).await {
-            Msg::ObjReply {
-                size_bytes, data, ..
-            } => Ok((size_bytes, data)),
-            other => Err(other),
-        }
+        self.run_here(datas, run, part).await
     }
 
-    /// The program of `run` on `datas` (part `part` of each object), on an execution
-    /// thread; answered as a run is (`ObjReply`: `size_bytes` the return value).
-    async fn run_part_here(
+    /// The program of `run` on `datas` (part `part` of each object) on an execution
+    /// thread: its return value and output, or the reply saying why not (a refused or
+    /// stopped program is `ProgramFailed`, counted once per run by the primary).
+    async fn run_here(
         &self,
-        first: &ObjectListing,
         datas: Vec<Arc<Vec<u8>>>,
-        run: &ShardRun,
+        run: &RunSpec,
         part: Part,
-    ) -> Msg {
+    ) -> Result<(u64, Vec<u8>), Msg> {
         let bytes_in: u64 = datas.iter().map(|d| d.len() as u64).sum();
         let limits = Limits {
             wall: std::time::Duration::from_millis(spindle_types::limits::EXEC_WALL_MS),
@@ -743,24 +724,15 @@ impl Osd {
             })
             .await
         {
-            None => return busy(),
-            Some(Err(_)) => return internal_gone(),
-            Some(Ok(Err(e))) => {
-                // Counted once per run, by the primary (`exec_op`).
-                tracing::info!("osd.{}: program part {}: {e}", self.inner.id, part.index);
-                return failed(e);
-            }
+            None => return Err(busy()),
+            Some(Err(_)) => return Err(internal_gone()),
+            Some(Ok(Err(e))) => return Err(failed(e)),
             Some(Ok(Ok(out))) => out,
         };
         let c = &self.inner.counters;
         OsdCounters::add(&c.exec_instructions, out.instructions);
         OsdCounters::add(&c.exec_bytes_in, bytes_in);
-        Msg::ObjReply {
-            version: first.version,
-            size_bytes: out.ret,
-            data: out.output,
-            listing: Vec::new(),
-        }
+        Ok((out.ret, out.output))
     }
 
     /// One object of a run at its current version: from the data cache when asked and

@@ -130,6 +130,15 @@ fn column(seed: u32, n: usize) -> Vec<u32> {
         .collect()
 }
 
+/// What `DOT` computes: the sum of a[i] * b[i] over rows whose a is at least `min`.
+fn dot_of(a: &[u32], b: &[u32], min: u64) -> u64 {
+    a.iter()
+        .zip(b)
+        .filter(|(x, _)| **x as u64 >= min)
+        .map(|(x, y)| *x as u64 * *y as u64)
+        .sum()
+}
+
 fn sum(v: &[u32]) -> u64 {
     v.iter().map(|&x| x as u64).sum()
 }
@@ -244,12 +253,7 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
             .await
             .unwrap();
         let min = 1u64 << 20;
-        let want: u64 = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, _)| **x as u64 >= min)
-            .map(|(x, y)| *x as u64 * *y as u64)
-            .sum();
+        let want = dot_of(&a, &b, min);
         let r = client
             .exec(
                 pool,
@@ -311,12 +315,7 @@ async fn programs_run_next_to_the_data_on_replicated_and_erasure_coded_pools() {
             shards: true,
         };
         let min = 1u64 << 20;
-        let want: u64 = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, _)| **x as u64 >= min)
-            .map(|(x, y)| *x as u64 * *y as u64)
-            .sum();
+        let want = dot_of(&a, &b, min);
         let r = client
             .exec(
                 EC_POOL,
