@@ -238,6 +238,28 @@ pub(crate) struct RunSpec {
     args: Arc<Vec<u8>>,
 }
 
+impl RunSpec {
+    fn new(
+        program: Arc<Program>,
+        elf: Arc<Vec<u8>>,
+        jit: bool,
+        cache: bool,
+        args: Vec<u8>,
+    ) -> RunSpec {
+        RunSpec {
+            program,
+            elf,
+            engine: if jit {
+                Engine::Jit
+            } else {
+                Engine::Interpreter
+            },
+            cache,
+            args: Arc::new(args),
+        }
+    }
+}
+
 /// Where a run's objects are read from.
 pub(crate) enum Source {
     /// A replicated group: this copy, repaired from `peers` on a checksum failure.
@@ -301,17 +323,7 @@ impl Osd {
         let mut names = Vec::with_capacity(1 + more.len());
         names.push(name);
         names.extend(more);
-        let run = RunSpec {
-            program,
-            elf,
-            engine: if jit {
-                Engine::Jit
-            } else {
-                Engine::Interpreter
-            },
-            cache,
-            args: Arc::new(args),
-        };
+        let run = RunSpec::new(program, elf, jit, cache, args);
         if shards {
             if let Source::Ec { mapping, layout } = &source {
                 return self
@@ -589,17 +601,7 @@ impl Osd {
                     Ok(id) => match osd.resolve_program(id, Arc::new(elf)).await {
                         Err(m) => m,
                         Ok(program) => {
-                            let run = RunSpec {
-                                program,
-                                elf: Arc::new(Vec::new()),
-                                engine: if jit {
-                                    Engine::Jit
-                                } else {
-                                    Engine::Interpreter
-                                },
-                                cache,
-                                args: Arc::new(args),
-                            };
+                            let run = RunSpec::new(program, Arc::new(Vec::new()), jit, cache, args);
                             let part = Part {
                                 index: part as u64,
                                 count: parts as u64,
