@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import os
+import weakref
 from typing import Any, Optional, Sequence
 
 from . import _native
@@ -44,8 +45,10 @@ _native._register_errors(dict(_ALL_ERRORS))
 atexit.register(_native._at_exit)
 
 OBJECT_BYTES_MAX: int = _native.OBJECT_BYTES_MAX
+Blob = _native.Blob
 
 __all__ = [
+    "Blob",
     "Client",
     "Image",
     "OBJECT_BYTES_MAX",
@@ -89,24 +92,53 @@ def _check_uint(what: str, value: Any) -> int:
     return value
 
 
-def _future_callback(loop: asyncio.AbstractEventLoop, fut: asyncio.Future):
-    """A callback(error, value) for the native client that settles `fut` on `loop`."""
+class _Port:
+    """Where the operations started from one event loop end: the native side queues each
+    end without taking the GIL and wakes the loop through one descriptor; the loop takes
+    every end queued so far at once and settles their futures."""
 
-    def settle(err: Optional[BaseException], value: Any) -> None:
-        if fut.done():
-            return
-        if err is not None:
-            fut.set_exception(err)
-        else:
-            fut.set_result(value)
+    __slots__ = ("_queue", "_futures", "_next", "__weakref__")
 
-    def callback(err: Optional[BaseException], value: Any) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue = _native.CompletionQueue()
+        self._futures: dict[int, asyncio.Future] = {}
+        self._next = 0
+        loop.add_reader(self._queue.fileno(), self._settle)
+
+    def start(self, loop: asyncio.AbstractEventLoop, call: Any, *args: Any) -> asyncio.Future:
+        """``call(*args, target)``, a native ``*_cb`` method; a future of its end."""
+        fut = loop.create_future()
+        self._next += 1
+        token = self._next
+        self._futures[token] = fut
         try:
-            loop.call_soon_threadsafe(settle, err, value)
-        except RuntimeError:
-            pass  # the loop is closed: nobody waits any more
+            call(*args, self._queue.target(token))
+        except BaseException:
+            del self._futures[token]
+            raise
+        return fut
 
-    return callback
+    def _settle(self) -> None:
+        for token, err, value in self._queue.take():
+            fut = self._futures.pop(token, None)
+            if fut is None or fut.done():
+                continue  # cancelled meanwhile
+            if err is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(value)
+
+
+_ports: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Port]" = weakref.WeakKeyDictionary()
+
+
+def _start_on_loop(call: Any, *args: Any) -> asyncio.Future:
+    """Starts a native ``*_cb`` call; a future of its end on the running loop."""
+    loop = asyncio.get_running_loop()
+    port = _ports.get(loop)
+    if port is None:
+        port = _ports[loop] = _Port(loop)
+    return port.start(loop, call, *args)
 
 
 class Client:
@@ -284,10 +316,7 @@ class Client:
     # -- asyncio ----------------------------------------------------------------------
 
     def _start(self, method: str, *args: Any) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        getattr(self._c, method)(*args, _future_callback(loop, fut))
-        return fut
+        return _start_on_loop(getattr(self._c, method), *args)
 
     async def put_async(
         self, pool: str, name: str, data: bytes, *, offset: Optional[int] = None
@@ -301,6 +330,16 @@ class Client:
     ) -> bytes:
         return await self._start(
             "get_cb", _check_str("pool", pool), _check_str("name", name), offset, length
+        )
+
+    async def get_blob_async(
+        self, pool: str, name: str, *, offset: int = 0, length: Optional[int] = None
+    ) -> Blob:
+        """:meth:`get_async` without copying the bytes into a ``bytes`` object: a
+        :class:`Blob` that ``numpy.asarray`` views in place (read-only) and ``bytes()``
+        copies. For large reads whose bytes go on to NumPy (a Zarr store's chunks)."""
+        return await self._start(
+            "get_blob_cb", _check_str("pool", pool), _check_str("name", name), offset, length
         )
 
     async def delete_async(self, pool: str, name: str, *, missing_ok: bool = False) -> None:
@@ -330,12 +369,20 @@ class Client:
         jit: bool = True,
         cache: bool = False,
         in_flight: int = 256,
+        group_output_bytes: Optional[int] = None,
     ) -> list[Optional[tuple[int, bytes]]]:
         """Runs ``program`` once per ``(object, args)`` item, up to ``in_flight`` runs at
         a time, all scheduled by the client's runtime (one Python callback for the whole
         batch). Returns, in the items' order, ``(ret, output)`` per run, or ``None`` where
-        the object does not exist; any other failure raises."""
+        the object does not exist; any other failure raises.
+
+        With ``group_output_bytes``, items of one placement group with the same arguments
+        share a run (up to 16 objects: fewer messages and program starts); the program
+        must then emit exactly that many bytes per object it sees, in the run's order
+        (``in->objects``), and each item gets its share with the run's return value."""
         batch = [(_check_str("object", n), _as_bytes(a)) for n, a in items]
+        if group_output_bytes is not None:
+            group_output_bytes = _check_uint("group_output_bytes", group_output_bytes)
         return await self._start(
             "exec_batch_cb",
             _check_str("pool", pool),
@@ -344,6 +391,7 @@ class Client:
             jit,
             cache,
             _check_uint("in_flight", in_flight),
+            group_output_bytes,
         )
 
     async def exec_async(
@@ -368,10 +416,7 @@ class Client:
 
 
 def _start_native(obj: Any, method: str, *args: Any) -> asyncio.Future:
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    getattr(obj, method)(*args, _future_callback(loop, fut))
-    return fut
+    return _start_on_loop(getattr(obj, method), *args)
 
 
 class Image:

@@ -141,6 +141,8 @@ enum Value {
         size_bytes: u64,
         version: String,
     },
+    /// Bytes handed to Python without a copy (a `Blob`).
+    Blob(Vec<u8>),
     Listing(Vec<(String, u64)>),
     Exec {
         ret: u64,
@@ -170,6 +172,7 @@ impl Value {
         Ok(match self {
             Value::None => py.None(),
             Value::Bytes(b) => PyBytes::new(py, &b).into_any().unbind(),
+            Value::Blob(data) => Py::new(py, Blob { data })?.into_any(),
             Value::Stat {
                 size_bytes,
                 version,
@@ -246,10 +249,129 @@ fn _at_exit(py: Python<'_>) {
     });
 }
 
-/// Starts `op` on the runtime; `callback(error, value)` gets its end.
+/// Where the operations started from one asyncio event loop end: a runtime thread
+/// queues each end here, without Python, and wakes the loop through a socket (one byte
+/// when the queue stops being empty); the loop takes every end queued so far in one call
+/// (`take`), which makes the Python objects. No runtime thread waits for the GIL while the
+/// loop runs Python code, and a burst of ends costs the loop one wake-up. `spindle/__init__.py`
+/// keeps one queue per event loop.
+#[pyclass(module = "spindle._native", frozen)]
+struct CompletionQueue {
+    inner: Arc<QueueInner>,
+}
+
+struct QueueInner {
+    ended: Mutex<Vec<(u64, Result<Value, Failure>)>>,
+    wake_tx: std::os::unix::net::UnixStream,
+    wake_rx: std::os::unix::net::UnixStream,
+}
+
+impl QueueInner {
+    fn push(&self, token: u64, r: Result<Value, Failure>) {
+        let was_empty = {
+            let mut ended = match self.ended.lock() {
+                Ok(e) => e,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            ended.push((token, r));
+            ended.len() == 1
+        };
+        if was_empty {
+            // Non-blocking: a full socket already holds a wake-up the loop has not read.
+            let _ = std::io::Write::write(&mut &self.wake_tx, &[1]);
+        }
+    }
+}
+
+#[pymethods]
+impl CompletionQueue {
+    #[new]
+    fn new() -> PyResult<CompletionQueue> {
+        let (wake_tx, wake_rx) = std::os::unix::net::UnixStream::pair()?;
+        wake_tx.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        Ok(CompletionQueue {
+            inner: Arc::new(QueueInner {
+                ended: Mutex::new(Vec::new()),
+                wake_tx,
+                wake_rx,
+            }),
+        })
+    }
+
+    /// The descriptor that becomes readable when ends are queued (for `loop.add_reader`).
+    fn fileno(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.inner.wake_rx.as_raw_fd()
+    }
+
+    /// The target to pass as the callback of a `*_cb` call: its end is queued here under
+    /// `token`.
+    fn target(&self, token: u64) -> Completion {
+        Completion {
+            queue: self.inner.clone(),
+            token,
+        }
+    }
+
+    /// Every end queued so far, as `(token, error, value)`, oldest first.
+    fn take(&self, py: Python<'_>) -> PyResult<Vec<Ended>> {
+        // The wake-ups first: an end queued after this read and before the queue is
+        // emptied below is taken now, and its wake-up only costs an empty call.
+        let mut sink = [0u8; 256];
+        while let Ok(n) = std::io::Read::read(&mut &self.inner.wake_rx, &mut sink) {
+            if n < sink.len() {
+                break;
+            }
+        }
+        let ended = {
+            let mut e = match self.inner.ended.lock() {
+                Ok(e) => e,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            std::mem::take(&mut *e)
+        };
+        let mut out = Vec::with_capacity(ended.len());
+        for (token, r) in ended {
+            let (err, val) = match r.map(|v| v.into_py(py)) {
+                Ok(Ok(v)) => (py.None(), v),
+                Ok(Err(e)) => (e.into_value(py).into_any(), py.None()),
+                Err(f) => (f.into_pyerr(py).into_value(py).into_any(), py.None()),
+            };
+            out.push((token, err, val));
+        }
+        Ok(out)
+    }
+}
+
+/// An operation's end as `take` gives it: (token, error or None, value or None).
+type Ended = (u64, Py<PyAny>, Py<PyAny>);
+
+/// One operation's place in a `CompletionQueue` (from `CompletionQueue.target`), given to
+/// a `*_cb` call instead of a callable.
+#[pyclass(module = "spindle._native", frozen)]
+struct Completion {
+    queue: Arc<QueueInner>,
+    token: u64,
+}
+
+/// Starts `op` on the runtime; its end goes to `callback`: a `Completion` (queued, see
+/// `CompletionQueue`) or a callable, called `callback(error, value)` from a runtime
+/// thread.
 fn start(op: Op, callback: Py<PyAny>) -> PyResult<()> {
     use std::sync::atomic::Ordering::SeqCst;
     let rt = runtime()?;
+    let queued = Python::attach(|py| {
+        callback
+            .bind(py)
+            .cast::<Completion>()
+            .ok()
+            .map(|c| (c.get().queue.clone(), c.get().token))
+    });
+    if let Some((queue, token)) = queued {
+        rt.spawn(async move { queue.push(token, op.await) });
+        return Ok(());
+    }
     rt.spawn(async move {
         let r = op.await;
         // Counted before the check, so `_at_exit` either sees this callback or this
@@ -275,6 +397,128 @@ fn start(op: Op, callback: Py<PyAny>) -> PyResult<()> {
         CALLBACKS_ACTIVE.fetch_sub(1, SeqCst);
     });
     Ok(())
+}
+
+/// The items of one run of a batch (their indices), each with its run or None.
+type GroupRuns = Vec<(usize, Option<Run>)>;
+
+/// The runs of a batch whose items may share a run: the indices of the items, grouped by
+/// placement group (`pg_of`) and arguments, in the items' order, at most
+/// `EXEC_OBJECTS_MAX` per run.
+fn batch_groups(items: &[(String, Vec<u8>)], pg_of: impl Fn(&str) -> u32) -> Vec<Vec<usize>> {
+    let max = spindle_types::limits::EXEC_OBJECTS_MAX;
+    let mut open: std::collections::HashMap<(u32, &[u8]), usize> = Default::default();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, (name, args)) in items.iter().enumerate() {
+        let key = (pg_of(name), args.as_slice());
+        match open.get(&key) {
+            Some(&g) if groups[g].len() < max => groups[g].push(i),
+            _ => {
+                open.insert(key, groups.len());
+                groups.push(vec![i]);
+            }
+        }
+    }
+    groups
+}
+
+/// One run of a batch: the items `group` of `items` (one, or several of one placement
+/// group with the same arguments when `per_object` output bytes are given), each with its
+/// run, or None where its object does not exist.
+async fn exec_group(
+    c: &spindle_client::Client,
+    pool: &str,
+    items: &[(String, Vec<u8>)],
+    group: &[usize],
+    code: &ProgramCode,
+    options: ExecOptions,
+    per_object: Option<usize>,
+) -> Result<GroupRuns, Failure> {
+    let Some(&first) = group.first() else {
+        return Ok(Vec::new());
+    };
+    let args = &items[first].1;
+    if group.len() > 1 {
+        let names: Vec<&str> = group.iter().map(|&i| items[i].0.as_str()).collect();
+        match c.exec(pool, &names, code, args, options).await {
+            Ok(r) => {
+                let each = per_object.unwrap_or(0);
+                if r.output.len() != each * group.len() {
+                    return Err(ClientError::Program(format!(
+                        "a run of {} objects emitted {} bytes, not {each} per object",
+                        group.len(),
+                        r.output.len()
+                    ))
+                    .into());
+                }
+                return Ok(group
+                    .iter()
+                    .zip(r.output.chunks_exact(each.max(1)))
+                    .map(|(&i, out)| (i, Some((r.ret, out.to_vec()))))
+                    .collect());
+            }
+            // Some object of the group is missing: run them one by one.
+            Err(ClientError::NotFound(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut runs = Vec::with_capacity(group.len());
+    for &i in group {
+        let run = match c
+            .exec(pool, &[items[i].0.as_str()], code, &items[i].1, options)
+            .await
+        {
+            Ok(r) => {
+                if per_object.is_some_and(|each| each != r.output.len()) {
+                    return Err(ClientError::Program(format!(
+                        "a run of 1 object emitted {} bytes, not {}",
+                        r.output.len(),
+                        per_object.unwrap_or(0)
+                    ))
+                    .into());
+                }
+                Some((r.ret, r.output))
+            }
+            Err(ClientError::NotFound(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        runs.push((i, run));
+    }
+    Ok(runs)
+}
+
+/// Bytes read from the cluster, held as the client received them: no copy into a Python
+/// `bytes`. NumPy views them in place (`numpy.asarray(blob)`: a read-only uint8 array that
+/// keeps the blob alive, through `__array_interface__`); `bytes(blob)` copies them.
+#[pyclass(module = "spindle._native", frozen)]
+struct Blob {
+    data: Vec<u8>,
+}
+
+#[pymethods]
+impl Blob {
+    fn __len__(&self) -> usize {
+        self.data.len()
+    }
+
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.data)
+    }
+
+    /// NumPy's array interface (version 3): the bytes, read-only, in place.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", (self.data.len(),))?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.data.as_ptr() as usize, true))?;
+        d.set_item("version", 3)?;
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<spindle Blob of {} bytes>", self.data.len())
+    }
 }
 
 /// A connection to a cluster. Made by `Client.connect`; thread-safe; `close()` ends it.
@@ -386,6 +630,11 @@ impl Client {
 
 impl Client {
     /// Runs `program` once per `(object, args)` item, `in_flight` at a time, in order.
+    /// A batch of runs (see `exec_batch_cb`). With `group_output_bytes` set, items of one
+    /// placement group with the same arguments run together, up to
+    /// `EXEC_OBJECTS_MAX` objects per run, and the program must emit that many bytes per
+    /// object in the run's order; a group whose run finds an object missing is run item
+    /// by item.
     fn op_exec_batch(
         &self,
         pool: String,
@@ -393,31 +642,55 @@ impl Client {
         program: Vec<u8>,
         options: ExecOptions,
         in_flight: usize,
+        group_output_bytes: Option<usize>,
     ) -> Op {
         use futures::StreamExt;
         let c = self.client();
         Box::pin(async move {
             let c = c?;
+            let groups: Vec<Vec<usize>> = match group_output_bytes {
+                None => (0..items.len()).map(|i| vec![i]).collect(),
+                Some(_) => {
+                    let map = c.map();
+                    let pg_count = map
+                        .pool_by_name(&pool)
+                        .ok_or_else(|| ClientError::NoSuchPool(pool.clone()))?
+                        .pg_count;
+                    batch_groups(&items, |name| spindle_map::object_pg(name, pg_count))
+                }
+            };
             let code = Arc::new(ProgramCode::new(program));
             let pool: Arc<str> = pool.into();
+            let items = Arc::new(items);
             // Each run owns what it uses (a stream of borrowing futures is not `Send`
             // for every lifetime, which the boxed operation needs).
-            let runs: Vec<Result<Option<Run>, ClientError>> =
-                futures::stream::iter(items.into_iter().map(move |(name, args)| {
-                    let (c, code, pool) = (c.clone(), code.clone(), pool.clone());
+            let done: Vec<Result<GroupRuns, Failure>> =
+                futures::stream::iter(groups.into_iter().map(|group| {
+                    let (c, code, pool, items) =
+                        (c.clone(), code.clone(), pool.clone(), items.clone());
                     async move {
-                        match c.exec(&pool, &[name.as_str()], &code, &args, options).await {
-                            Ok(r) => Ok(Some((r.ret, r.output))),
-                            Err(ClientError::NotFound(_)) => Ok(None),
-                            Err(e) => Err(e),
-                        }
+                        exec_group(
+                            &c,
+                            &pool,
+                            &items,
+                            &group,
+                            &code,
+                            options,
+                            group_output_bytes,
+                        )
+                        .await
                     }
                 }))
                 .buffered(in_flight)
                 .collect()
                 .await;
-            let runs: Result<Vec<_>, ClientError> = runs.into_iter().collect();
-            Ok(Value::Runs(runs?))
+            let mut runs: Vec<Option<Run>> = vec![None; items.len()];
+            for group in done {
+                for (i, run) in group? {
+                    runs[i] = run;
+                }
+            }
+            Ok(Value::Runs(runs))
         })
     }
 
@@ -826,6 +1099,29 @@ impl Client {
         block(py, self.op_get(pool, name, offset, length))
     }
 
+    /// As `get_cb`, the bytes as a `Blob` (no copy).
+    #[pyo3(signature = (pool, name, offset, length, callback))]
+    fn get_blob_cb(
+        &self,
+        pool: String,
+        name: String,
+        offset: u64,
+        length: Option<u64>,
+        callback: Py<PyAny>,
+    ) -> PyResult<()> {
+        check_name("name", &name)?;
+        let op = self.op_get(pool, name, offset, length);
+        start(
+            Box::pin(async move {
+                match op.await? {
+                    Value::Bytes(b) => Ok(Value::Blob(b)),
+                    other => Ok(other),
+                }
+            }),
+            callback,
+        )
+    }
+
     #[pyo3(signature = (pool, name, offset, length, callback))]
     fn get_cb(
         &self,
@@ -954,6 +1250,11 @@ impl Client {
     /// Runs `program` once per `(object, args)` item of `items`, up to `in_flight` at a
     /// time, and calls back with a list in the items' order: `(ret, output)` per run, or
     /// None where the object does not exist. Any other failure fails the batch.
+    ///
+    /// With `group_output_bytes`, items of one placement group with the same arguments run
+    /// together (up to 16 objects per run: fewer messages and program starts), and the
+    /// program must emit exactly that many bytes per object, in the run's order; each item
+    /// gets its share, with the run's return value.
     #[allow(clippy::too_many_arguments)]
     fn exec_batch_cb(
         &self,
@@ -963,8 +1264,14 @@ impl Client {
         jit: bool,
         cache: bool,
         in_flight: usize,
+        group_output_bytes: Option<usize>,
         callback: Py<PyAny>,
     ) -> PyResult<()> {
+        if group_output_bytes == Some(0) {
+            return Err(PyValueError::new_err(
+                "group_output_bytes: at least 1 (the bytes the program emits per object)",
+            ));
+        }
         if in_flight == 0 || in_flight > EXEC_BATCH_IN_FLIGHT_MAX {
             return Err(PyValueError::new_err(format!(
                 "in_flight {in_flight}: 1 to {EXEC_BATCH_IN_FLIGHT_MAX}"
@@ -981,6 +1288,7 @@ impl Client {
                     shards: false,
                 },
                 in_flight,
+                group_output_bytes,
             ),
             callback,
         )
@@ -1053,6 +1361,9 @@ impl Client {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Image>()?;
+    m.add_class::<Blob>()?;
+    m.add_class::<CompletionQueue>()?;
+    m.add_class::<Completion>()?;
     m.add_function(wrap_pyfunction!(_register_errors, m)?)?;
     m.add_function(wrap_pyfunction!(_at_exit, m)?)?;
     m.add("OBJECT_BYTES_MAX", spindle_client::OBJECT_BYTES_MAX)?;

@@ -139,6 +139,53 @@ async def test_exec_batch_runs_in_order_with_missing_objects(client):
         client.delete("default", n)
 
 
+async def test_exec_batch_groups_objects_of_a_placement_group(client):
+    """With group_output_bytes, items of one placement group with the same request share
+    a run (its return value counts every object of it), and every item still gets its own
+    results, in order, with missing objects as None (their groups run item by item)."""
+    import struct
+
+    from spindle import _native
+    from spindle.zarr import _request
+
+    names = [f"py/group{i}" for i in range(300)]
+    for i, n in enumerate(names):
+        if i % 37 != 5:  # some never written
+            await client.put_async("default", n, struct.pack("<4i", i, -i, 2 * i, 7))
+    whole = _request(5, (4,), (0,), (4,))
+    head = _request(5, (4,), (0,), (2,))  # the first two values: a different request
+    items = [(n, head if i % 10 == 0 else whole) for i, n in enumerate(names)]
+    grouped = await client.exec_batch_async(
+        "default", items, _native.REDUCE_PROGRAM, in_flight=16, group_output_bytes=32
+    )
+    single = await client.exec_batch_async("default", items, _native.REDUCE_PROGRAM, in_flight=16)
+    assert len(grouped) == len(single) == 300
+    shared = 0
+    for i, (g, s) in enumerate(zip(grouped, single)):
+        if i % 37 == 5:
+            assert g is None and s is None, i
+            continue
+        assert g[1] == s[1], i
+        count, total, lo, hi = struct.unpack("<4q", g[1])
+        want = [i, -i] if i % 10 == 0 else [i, -i, 2 * i, 7]
+        assert (count, total, lo, hi) == (len(want), sum(want), min(want), max(want)), i
+        assert s[0] == len(want)
+        shared += g[0] > len(want)
+    # 300 objects over the pool's placement groups: most share their run with others.
+    assert shared > 150, shared
+    # The program emits 32 bytes per object, not 16: refused, not split wrongly.
+    with pytest.raises(spindle.ProgramFailed):
+        await client.exec_batch_async(
+            "default", items, _native.REDUCE_PROGRAM, group_output_bytes=16
+        )
+    with pytest.raises(ValueError):
+        await client.exec_batch_async(
+            "default", items, _native.REDUCE_PROGRAM, group_output_bytes=0
+        )
+    for i, n in enumerate(names):
+        await client.delete_async("default", n, missing_ok=True)
+
+
 def test_the_interpreter_exits_cleanly_after_many_callbacks(cluster):
     # A runtime thread still giving the GIL back after a callback while the interpreter
     # finalizes aborted the process ("PyGILState_Release ... finalizing"): this script
@@ -167,3 +214,100 @@ for n in (16, 64, 256):
                              timeout=120)
         assert out.returncode == 0, out.stderr
         assert "Fatal Python error" not in out.stderr
+
+
+async def test_get_blob_views_the_bytes_without_a_copy(client):
+    """get_blob_async gives the object's bytes as a Blob: numpy views them in place,
+    read-only, and the view keeps them alive; bytes() copies them; ranges and missing
+    objects behave as get_async's."""
+    import gc
+
+    import numpy as np
+
+    data = bytes(range(256)) * 4096  # 1 MiB
+    await client.put_async("default", "py/blob", data)
+    blob = await client.get_blob_async("default", "py/blob")
+    assert isinstance(blob, spindle.Blob) and len(blob) == len(data)
+    view = np.asarray(blob)
+    assert view.dtype == np.uint8 and view.shape == (len(data),)
+    assert not view.flags.writeable
+    with pytest.raises(ValueError):
+        view[0] = 1
+    assert bytes(blob) == data
+    assert np.asarray(blob).ctypes.data == view.ctypes.data  # the same bytes, not a copy
+    del blob
+    gc.collect()
+    assert view.tobytes() == data  # the view holds the blob
+    part = await client.get_blob_async("default", "py/blob", offset=1000, length=10)
+    assert bytes(part) == data[1000:1010]
+    assert len(await client.get_blob_async("default", "py/blob", offset=len(data))) == 0
+    with pytest.raises(spindle.NotFound):
+        await client.get_blob_async("default", "py/no-such-blob")
+    await client.delete_async("default", "py/blob")
+
+
+def test_ends_reach_each_event_loop_and_cancelled_calls_are_let_go(client):
+    """Operations started from two event loops in two threads, through one client, end
+    on their own loops (each loop has its own queue of ends); a call refused before it
+    starts leaves nothing waiting; a cancelled call's end is let go when it arrives."""
+    import threading
+
+    from spindle import _ports
+
+    results: dict[int, list] = {}
+
+    def loop_thread(k: int) -> None:
+        async def main() -> None:
+            names = [f"py/loops/{k}/{i}" for i in range(100)]
+            await asyncio.gather(
+                *(client.put_async("default", n, n.encode()) for n in names)
+            )
+            got = await asyncio.gather(*(client.get_async("default", n) for n in names))
+            ok = [g == n.encode() for g, n in zip(got, names)]
+            loop = asyncio.get_running_loop()
+            port = _ports[loop]
+            with pytest.raises(TypeError):
+                await client.get_async("default", 7)  # refused before it starts
+            with pytest.raises(ValueError):
+                await client.exec_batch_async("default", [], b"", in_flight=0)
+            cancelled = asyncio.ensure_future(client.get_async("default", names[0]))
+            await asyncio.sleep(0)
+            cancelled.cancel()
+            await asyncio.sleep(0.2)  # its end arrives, finds it cancelled
+            assert await client.get_async("default", names[1]) == names[1].encode()
+            assert port._futures == {}, "nothing left waiting"
+            await asyncio.gather(
+                *(client.delete_async("default", n) for n in names)
+            )
+            results[k] = ok  # last: any failure above leaves it unset
+
+        asyncio.run(main())
+
+    threads = [threading.Thread(target=loop_thread, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results == {0: [True] * 100, 1: [True] * 100}
+
+
+def test_event_loops_come_and_go_without_keeping_descriptors(client):
+    """Each event loop's queue of ends (a socket pair) goes with the loop: 100 loops, one
+    after another, each ending operations, leave the process's descriptors flat."""
+    import gc
+
+    client.put("default", "py/loops-fds", b"x")
+
+    async def one() -> None:
+        assert await client.get_async("default", "py/loops-fds") == b"x"
+
+    def fds() -> int:
+        gc.collect()
+        return len(os.listdir("/proc/self/fd"))
+
+    asyncio.run(one())
+    before = fds()
+    for _ in range(100):
+        asyncio.run(one())
+    assert fds() <= before + 2, (before, fds())
+    client.delete("default", "py/loops-fds")

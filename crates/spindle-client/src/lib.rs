@@ -301,9 +301,22 @@ pub struct Client {
 use spindle_types::sync::lock;
 
 /// Result of one attempt.
+/// First pause before a request answered `Busy` is sent again, in microseconds (doubled
+/// at each `Busy` up to [`BUSY_RETRY_US_MAX`], plus up to as much again at random).
+const BUSY_RETRY_US_MIN: u64 = 1_000;
+/// Longest pause before a `Busy` request is sent again, in microseconds (before the
+/// random part). The first pauses are short (a queue of short runs drains in
+/// milliseconds); this bound keeps requests waiting behind long runs to at most 20 tries a
+/// second each.
+const BUSY_RETRY_US_MAX: u64 = 50_000;
+const _: () = assert!(BUSY_RETRY_US_MIN > 0 && BUSY_RETRY_US_MIN <= BUSY_RETRY_US_MAX);
+
 enum Attempt {
     Done(Msg),
     Retry(String),
+    /// Retry after a short pause: the daemon is well but its queue for this kind of work
+    /// is full (`Busy`). The map is not in question, so it is neither awaited nor fetched.
+    RetrySoon(String),
     /// Retry, but the primary may have applied the operation: it answered `Again` (for a
     /// write: "not acknowledged", some copies failed after it applied the write
     /// locally) or its reply was lost.
@@ -807,6 +820,7 @@ impl Client {
         let started = Instant::now();
         let mut deadline = started + Duration::from_millis(timeout_ms);
         let mut backoff_ms = 5u64;
+        let mut busy_us = BUSY_RETRY_US_MIN;
         // Encoded (and checksummed) once; retries only change the frame header.
         let mut msg: Option<Prepared> = None;
         let mut make = Some(make);
@@ -852,9 +866,14 @@ impl Client {
                     self.attempt(&ms, pg, primary, &addr, m, deadline).await
                 }
             };
+            let mut soon = false;
             let last = match attempt {
                 Attempt::Done(reply) => return Ok(reply),
                 Attempt::Retry(why) => why,
+                Attempt::RetrySoon(why) => {
+                    soon = true;
+                    why
+                }
                 Attempt::RetryMaybeApplied(why) => {
                     *maybe_applied = true;
                     why
@@ -869,6 +888,14 @@ impl Client {
             }
             tracing::debug!("retrying {name}: {last}");
             self.inner.stats.retried();
+            if soon {
+                // 1 to 2 ms, growing to 50 to 100: runs ahead of this one mostly end in
+                // milliseconds; the random half spreads the retries of a batch out.
+                let pause_us = busy_us + rand::random::<u64>() % busy_us;
+                tokio::time::sleep(Duration::from_micros(pause_us).min(deadline - now)).await;
+                busy_us = (busy_us * 2).min(BUSY_RETRY_US_MAX);
+                continue;
+            }
             let epoch = ms.map.epoch;
             if self.epoch() == epoch {
                 // Wait a little for a new map, then ask for one.
@@ -966,7 +993,12 @@ impl Client {
                 ..
             } => Attempt::RetryMaybeApplied(format!("osd.{primary}: Again: {message}")),
             Msg::Error {
-                code: code @ (ErrorCode::NotPrimary | ErrorCode::Busy),
+                code: ErrorCode::Busy,
+                message,
+                ..
+            } => Attempt::RetrySoon(format!("osd.{primary}: Busy: {message}")),
+            Msg::Error {
+                code: code @ ErrorCode::NotPrimary,
                 message,
                 ..
             } => Attempt::Retry(format!("osd.{primary}: {code:?}: {message}")),

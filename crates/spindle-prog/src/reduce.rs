@@ -85,6 +85,12 @@ struct FloatAcc {
     nan: bool,
 }
 
+/// Independent lanes of the float loop: partial sums, minima and maxima that the compiler
+/// keeps in vector registers (16 f64 lanes: four AVX2 registers per accumulator, enough
+/// independent additions to hide their latency). 64 KiB of f32 reduce in about 5 us with
+/// AVX2, 10 without, against 45-55 with one running minimum and maximum (session 30).
+const FLOAT_LANES: usize = 16;
+
 macro_rules! float_acc {
     ($name:ident, $t:ty, $w:expr) => {
         struct $name(FloatAcc);
@@ -97,28 +103,43 @@ macro_rules! float_acc {
                     nan: false,
                 })
             }
+            #[inline(always)]
             fn add_run(&mut self, run: &[u8]) {
                 let a = &mut self.0;
-                // Four partial sums: fewer rounding steps in a row, and room to vectorise.
-                let mut s = [0f64; 4];
-                let mut chunks = run.chunks_exact(4 * $w);
+                // Comparisons that skip NaN (a NaN is noted apart and wins at the end), so
+                // each lane is a plain vector min, max and add.
+                let mut s = [0f64; FLOAT_LANES];
+                let mut lo = [f64::INFINITY; FLOAT_LANES];
+                let mut hi = [f64::NEG_INFINITY; FLOAT_LANES];
+                let mut nan = [0u64; FLOAT_LANES];
+                let mut chunks = run.chunks_exact(FLOAT_LANES * $w);
                 for c in &mut chunks {
+                    let mut v = [0f64; FLOAT_LANES];
                     for (k, e) in c.chunks_exact($w).enumerate() {
-                        let v = <$t>::from_le_bytes(e.try_into().expect("width")) as f64;
-                        s[k] += v;
-                        a.min = a.min.min(v);
-                        a.max = a.max.max(v);
-                        a.nan |= v.is_nan();
+                        v[k] = <$t>::from_le_bytes(e.try_into().expect("width")) as f64;
+                    }
+                    for k in 0..FLOAT_LANES {
+                        s[k] += v[k];
+                        lo[k] = if v[k] < lo[k] { v[k] } else { lo[k] };
+                        hi[k] = if v[k] > hi[k] { v[k] } else { hi[k] };
+                        nan[k] |= u64::from(v[k].is_nan());
                     }
                 }
                 for e in chunks.remainder().chunks_exact($w) {
                     let v = <$t>::from_le_bytes(e.try_into().expect("width")) as f64;
                     s[0] += v;
-                    a.min = a.min.min(v);
-                    a.max = a.max.max(v);
-                    a.nan |= v.is_nan();
+                    lo[0] = if v < lo[0] { v } else { lo[0] };
+                    hi[0] = if v > hi[0] { v } else { hi[0] };
+                    nan[0] |= u64::from(v.is_nan());
                 }
-                a.sum += (s[0] + s[1]) + (s[2] + s[3]);
+                let mut sum = 0.0;
+                for k in 0..FLOAT_LANES {
+                    sum += s[k];
+                    a.min = if lo[k] < a.min { lo[k] } else { a.min };
+                    a.max = if hi[k] > a.max { hi[k] } else { a.max };
+                    a.nan |= nan[k] != 0;
+                }
+                a.sum += sum;
             }
             fn finish(self, count: u64) -> Reduced {
                 let a = self.0;
@@ -159,6 +180,7 @@ macro_rules! int_acc {
                     max: <$t>::MIN,
                 }
             }
+            #[inline(always)]
             fn add_run(&mut self, run: &[u8]) {
                 for e in run.chunks_exact($w) {
                     let v = <$t>::from_le_bytes(e.try_into().expect("width"));
@@ -248,8 +270,37 @@ pub fn reduce_box(
     })
 }
 
-/// Walks the box's rows (the last dimension is contiguous) in C order.
+/// Walks the box's rows (the last dimension is contiguous) in C order, with AVX2 where
+/// the CPU has it (the same code compiled twice).
 fn reduce_with<A: Acc>(
+    data: &[u8],
+    w: usize,
+    shape: &[u64],
+    start: &[u64],
+    stop: &[u64],
+) -> Reduced {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { reduce_with_avx2::<A>(data, w, shape, start, stop) };
+    }
+    reduce_rows::<A>(data, w, shape, start, stop)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn reduce_with_avx2<A: Acc>(
+    data: &[u8],
+    w: usize,
+    shape: &[u64],
+    start: &[u64],
+    stop: &[u64],
+) -> Reduced {
+    reduce_rows::<A>(data, w, shape, start, stop)
+}
+
+#[inline(always)]
+fn reduce_rows<A: Acc>(
     data: &[u8],
     w: usize,
     shape: &[u64],
@@ -372,6 +423,73 @@ mod tests {
             .collect();
         let r = reduce_box(&d, 2, &shape, &start, &stop).unwrap();
         assert_eq!(f64::from_bits(r.sum), picked.iter().sum::<i64>() as f64);
+    }
+
+    /// The lane-wise float loop against one running value, for every length around the
+    /// lane count, a NaN at every position, and infinities of both signs; in both
+    /// compilations (portable, and AVX2 where the CPU has it).
+    #[test]
+    fn float_lanes_agree_with_a_running_value_at_every_length_and_nan_position() {
+        fn plain(v: &[f64]) -> (f64, f64, f64, bool) {
+            let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+            for &x in v {
+                lo = lo.min(x);
+                hi = hi.max(x);
+            }
+            (v.iter().sum(), lo, hi, v.iter().any(|x| x.is_nan()))
+        }
+        type Reducer = fn(&[u8], usize, &[u64], &[u64], &[u64]) -> Reduced;
+        let mut ways: Vec<(&str, Reducer)> = vec![
+            ("portable", reduce_rows::<F32Acc>),
+            ("dispatched", reduce_with::<F32Acc>),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            ways.push(("avx2", |d, w, sh, a, b| unsafe {
+                reduce_with_avx2::<F32Acc>(d, w, sh, a, b)
+            }));
+        }
+        for n in 1..(3 * FLOAT_LANES + 3) {
+            let base: Vec<f32> = (0..n).map(|i| ((i * 37 % 23) as f32) - 11.5).collect();
+            let mut cases = vec![base.clone()];
+            for p in 0..n {
+                let mut v = base.clone();
+                v[p] = f32::NAN;
+                cases.push(v);
+            }
+            let mut v = base.clone();
+            v[n / 2] = f32::INFINITY;
+            v[n - 1] = f32::NEG_INFINITY;
+            cases.push(v);
+            for v in cases {
+                let want = plain(&v.iter().map(|&x| x as f64).collect::<Vec<_>>());
+                let d = f32s(&v);
+                for (name, f) in &ways {
+                    let r = f(&d, 4, &[n as u64], &[0], &[n as u64]);
+                    let (sum, lo, hi) = (
+                        f64::from_bits(r.sum),
+                        f64::from_bits(r.min),
+                        f64::from_bits(r.max),
+                    );
+                    assert_eq!(r.count, n as u64, "{name} n={n}");
+                    if want.3 {
+                        assert!(
+                            sum.is_nan() && lo.is_nan() && hi.is_nan(),
+                            "{name} n={n} {v:?}"
+                        );
+                    } else {
+                        assert_eq!((lo, hi), (want.1, want.2), "{name} n={n} {v:?}");
+                        assert!(
+                            sum == want.0
+                                || (sum - want.0).abs() <= 1e-9 * want.0.abs().max(1.0)
+                                || (sum.is_nan() && want.0.is_nan()),
+                            "{name} n={n}: {sum} vs {}",
+                            want.0
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

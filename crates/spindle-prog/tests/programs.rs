@@ -3,7 +3,7 @@
 //! the interpreter and the JIT; hostile ones are refused at load or stopped by a limit
 //! with an error that says which.
 
-use spindle_prog::{Engine, Limits, ProgError, Program};
+use spindle_prog::{Engine, Limits, Part, ProgError, Program};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -322,6 +322,39 @@ fn the_zarr_reduce_program_reduces_a_box_of_a_chunk() {
             .run(engine, &ints, &reduce_args(4, &[4], &[0], &[5]), &small())
             .unwrap_err();
         assert!(e.to_string().contains("spindle_reduce"), "{engine:?}: {e}");
+    }
+}
+
+/// A run over several chunks (a batch groups chunks of one placement group): 32 bytes of
+/// results per object, in the run's order, each equal to that chunk's own run; the
+/// return value counts them all.
+#[test]
+fn the_zarr_reduce_program_reduces_each_object_of_a_run() {
+    let p = Program::load(&build_file("programs/zarr_reduce.c")).unwrap();
+    let chunks: Vec<Vec<u8>> = (0..5)
+        .map(|k| {
+            (0..1000)
+                .map(|i| ((i * 31 + k * 977) % 211) as f32 - 100.25)
+                .flat_map(|v| v.to_le_bytes())
+                .collect()
+        })
+        .collect();
+    let args = reduce_args(1, &[1000], &[0], &[1000]);
+    let objects: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+    for engine in BOTH {
+        let out = p
+            .run_part(engine, &objects, Part::WHOLE, &args, &small())
+            .unwrap();
+        assert_eq!(out.ret, 5000, "{engine:?}");
+        assert_eq!(out.output.len(), 5 * 32, "{engine:?}");
+        for (k, c) in chunks.iter().enumerate() {
+            let one = p.run(engine, c, &args, &small()).unwrap();
+            assert_eq!(
+                out.output[k * 32..(k + 1) * 32],
+                one.output[..],
+                "{engine:?} {k}"
+            );
+        }
     }
 }
 
