@@ -236,11 +236,20 @@ class Client:
         *,
         jit: bool = True,
         cache: bool = False,
+        shards: bool = False,
     ) -> dict:
         """Runs the eBPF object file ``program`` next to ``objects``:
-        ``{"ret": int, "output": bytes}``."""
+        ``{"ret": int, "output": bytes, "parts": list}``.
+
+        With ``shards=True`` on an erasure-coded pool the program runs once per data shard,
+        on the daemon holding it, over that shard's stripe units of each object
+        (``in->part``, ``in->parts``, ``in->stripe_unit``): ``parts`` is ``(ret, output)``
+        per shard in shard order, ``ret`` their sum and ``output`` theirs back to back. On
+        a replicated pool, and without ``shards``, the run sees whole objects and
+        ``parts`` is empty."""
         return self._c.exec(
-            _check_str("pool", pool), list(objects), _as_bytes(program), _as_bytes(args), jit, cache
+            _check_str("pool", pool), list(objects), _as_bytes(program), _as_bytes(args), jit,
+            cache, shards,
         )
 
     # -- images -----------------------------------------------------------------------
@@ -403,7 +412,9 @@ class Client:
         *,
         jit: bool = True,
         cache: bool = False,
+        shards: bool = False,
     ) -> dict:
+        """:meth:`exec` from a coroutine."""
         return await self._start(
             "exec_cb",
             _check_str("pool", pool),
@@ -412,6 +423,7 @@ class Client:
             _as_bytes(args),
             jit,
             cache,
+            shards,
         )
 
 

@@ -60,6 +60,7 @@ class Client:
         args: bytes = b"",
         jit: bool = True,
         cache: bool = False,
+        shards: bool = False,
     ) -> dict[str, Any]: ...
     def exec_cb(
         self,
@@ -69,6 +70,18 @@ class Client:
         args: bytes,
         jit: bool,
         cache: bool,
+        shards: bool,
+        callback: _Callback,
+    ) -> None: ...
+    def exec_batch_cb(
+        self,
+        pool: str,
+        items: list[tuple[str, bytes]],
+        program: bytes,
+        jit: bool,
+        cache: bool,
+        in_flight: int,
+        group_output_bytes: Optional[int],
         callback: _Callback,
     ) -> None: ...
     def image_create(

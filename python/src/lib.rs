@@ -147,6 +147,8 @@ enum Value {
     Exec {
         ret: u64,
         output: Vec<u8>,
+        /// A shard-local run's parts: (return value, output) per data shard.
+        parts: Vec<(u64, Vec<u8>)>,
     },
     Image(Arc<OpenImage>),
     Images(Vec<ImageInfo>),
@@ -183,10 +185,15 @@ impl Value {
                 d.into_any().unbind()
             }
             Value::Listing(items) => items.into_pyobject(py)?.into_any().unbind(),
-            Value::Exec { ret, output } => {
+            Value::Exec { ret, output, parts } => {
                 let d = PyDict::new(py);
                 d.set_item("ret", ret)?;
                 d.set_item("output", PyBytes::new(py, &output))?;
+                let list = pyo3::types::PyList::empty(py);
+                for (r, out) in parts {
+                    list.append((r, PyBytes::new(py, &out)))?;
+                }
+                d.set_item("parts", list)?;
                 d.into_any().unbind()
             }
             Value::Image(open) => Py::new(
@@ -599,30 +606,23 @@ impl Client {
         objects: Vec<String>,
         program: Vec<u8>,
         args: Vec<u8>,
-        jit: bool,
-        cache: bool,
+        options: ExecOptions,
     ) -> Op {
         let c = self.client();
         Box::pin(async move {
             let c = c?;
             let code = ProgramCode::new(program);
             let names: Vec<&str> = objects.iter().map(|s| s.as_str()).collect();
-            let r = c
-                .exec(
-                    &pool,
-                    &names,
-                    &code,
-                    &args,
-                    ExecOptions {
-                        jit,
-                        cache,
-                        shards: false,
-                    },
-                )
-                .await?;
+            let r = c.exec(&pool, &names, &code, &args, options).await?;
+            let parts = r
+                .parts
+                .iter()
+                .map(|(ret, range)| (*ret, r.output[range.clone()].to_vec()))
+                .collect();
             Ok(Value::Exec {
                 ret: r.ret,
                 output: r.output,
+                parts,
             })
         })
     }
@@ -1208,8 +1208,11 @@ impl Client {
     }
 
     /// Runs the eBPF object file `program` on the daemon holding `objects` (one, or up to
-    /// 16 sharing a placement key): `{"ret": int, "output": bytes}`.
-    #[pyo3(signature = (pool, objects, program, args=Vec::new(), jit=true, cache=false))]
+    /// 16 sharing a placement key): `{"ret": int, "output": bytes, "parts": [...]}`. With
+    /// `shards` on an erasure-coded pool, once per data shard on the daemon holding it
+    /// (`parts`: `(ret, output)` per shard; `ret` their sum, `output` theirs back to back);
+    /// `parts` is empty for a whole-object run.
+    #[pyo3(signature = (pool, objects, program, args=Vec::new(), jit=true, cache=false, shards=false))]
     #[allow(clippy::too_many_arguments)]
     fn exec(
         &self,
@@ -1220,11 +1223,13 @@ impl Client {
         args: Vec<u8>,
         jit: bool,
         cache: bool,
+        shards: bool,
     ) -> PyResult<Py<PyAny>> {
         if objects.is_empty() {
             return Err(PyValueError::new_err("exec needs at least one object"));
         }
-        block(py, self.op_exec(pool, objects, program, args, jit, cache))
+        let options = ExecOptions { jit, cache, shards };
+        block(py, self.op_exec(pool, objects, program, args, options))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1236,13 +1241,15 @@ impl Client {
         args: Vec<u8>,
         jit: bool,
         cache: bool,
+        shards: bool,
         callback: Py<PyAny>,
     ) -> PyResult<()> {
         if objects.is_empty() {
             return Err(PyValueError::new_err("exec needs at least one object"));
         }
+        let options = ExecOptions { jit, cache, shards };
         start(
-            self.op_exec(pool, objects, program, args, jit, cache),
+            self.op_exec(pool, objects, program, args, options),
             callback,
         )
     }

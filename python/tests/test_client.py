@@ -311,3 +311,40 @@ def test_event_loops_come_and_go_without_keeping_descriptors(client):
         asyncio.run(one())
     assert fds() <= before + 2, (before, fds())
     client.delete("default", "py/loops-fds")
+
+
+async def test_exec_runs_on_the_data_shards_of_an_erasure_coded_object(client):
+    """shards=True on the erasure-coded pool (k=2, stripe units of 4 KiB): the reduction
+    program runs once per data shard over that shard's stripe units, so each part reduces
+    exactly the units dealt to it (units 0 and 2 to shard 0, 1 and 3 to shard 1), and the
+    parts add up to the whole object. On the replicated pool the run is whole-object."""
+    import struct
+
+    import numpy as np
+
+    from spindle import _native
+    from spindle.zarr import _request
+
+    values = (np.arange(4096, dtype=np.float32) * 0.5 - 700.0)  # 4 stripe units of 1024
+    client.put("ec", "py/shards", values.tobytes())
+    client.put("default", "py/shards", values.tobytes())
+    req = _request(1, (2048,), (0,), (2048,))  # f32, one part's 2048 values
+    units = values.reshape(4, 1024)
+    want = [np.concatenate([units[0], units[2]]), np.concatenate([units[1], units[3]])]
+    for r in (
+        client.exec("ec", ["py/shards"], _native.REDUCE_PROGRAM, req, shards=True),
+        await client.exec_async("ec", ["py/shards"], _native.REDUCE_PROGRAM, req, shards=True),
+    ):
+        assert len(r["parts"]) == 2
+        assert r["ret"] == 4096 and r["output"] == b"".join(o for _, o in r["parts"])
+        for (ret, out), part in zip(r["parts"], want):
+            count, total, lo, hi = struct.unpack("<Q3d", out)
+            assert (ret, count) == (2048, 2048)
+            assert total == float(part.astype(np.float64).sum())
+            assert (lo, hi) == (float(part.min()), float(part.max()))
+    whole = client.exec("default", ["py/shards"], _native.REDUCE_PROGRAM, req, shards=True)
+    assert whole["parts"] == [] and whole["ret"] == 2048
+    count, total, _, _ = struct.unpack("<Q3d", whole["output"])
+    assert total == float(values[:2048].astype(np.float64).sum())
+    for pool in ("ec", "default"):
+        client.delete(pool, "py/shards")
