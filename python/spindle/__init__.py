@@ -338,7 +338,7 @@ class Client:
         self, pool: str, name: str, *, offset: int = 0, length: Optional[int] = None
     ) -> bytes:
         return await self._start(
-            "get_cb", _check_str("pool", pool), _check_str("name", name), offset, length
+            "get_cb", _check_str("pool", pool), _check_str("name", name), offset, length, False
         )
 
     async def get_blob_async(
@@ -348,7 +348,7 @@ class Client:
         :class:`Blob` that ``numpy.asarray`` views in place (read-only) and ``bytes()``
         copies. For large reads whose bytes go on to NumPy (a Zarr store's chunks)."""
         return await self._start(
-            "get_blob_cb", _check_str("pool", pool), _check_str("name", name), offset, length
+            "get_cb", _check_str("pool", pool), _check_str("name", name), offset, length, True
         )
 
     async def delete_async(self, pool: str, name: str, *, missing_ok: bool = False) -> None:

@@ -37,10 +37,13 @@ class Client:
     def closed(self) -> bool: ...
     def get(self, pool: str, name: str, offset: int = 0, length: Optional[int] = None) -> bytes: ...
     def get_cb(
-        self, pool: str, name: str, offset: int, length: Optional[int], callback: _Callback
-    ) -> None: ...
-    def get_blob_cb(
-        self, pool: str, name: str, offset: int, length: Optional[int], callback: _Callback
+        self,
+        pool: str,
+        name: str,
+        offset: int,
+        length: Optional[int],
+        blob: bool,
+        callback: _Callback,
     ) -> None: ...
     def put(self, pool: str, name: str, data: bytes, offset: Optional[int] = None) -> None: ...
     def put_cb(

@@ -543,12 +543,25 @@ impl Client {
             .ok_or(Failure::Closed)
     }
 
-    fn op_get(&self, pool: String, name: String, offset: u64, length: Option<u64>) -> Op {
+    /// A read: the bytes as a `bytes` object, or with `blob` as a `Blob` (no copy).
+    fn op_get(
+        &self,
+        pool: String,
+        name: String,
+        offset: u64,
+        length: Option<u64>,
+        blob: bool,
+    ) -> Op {
         let c = self.client();
         Box::pin(async move {
             let c = c?;
             let len = length.unwrap_or(spindle_client::OBJECT_BYTES_MAX);
-            Ok(Value::Bytes(c.read(&pool, &name, offset, len).await?))
+            let data = c.read(&pool, &name, offset, len).await?;
+            Ok(if blob {
+                Value::Blob(data)
+            } else {
+                Value::Bytes(data)
+            })
         })
     }
 
@@ -1096,43 +1109,22 @@ impl Client {
         length: Option<u64>,
     ) -> PyResult<Py<PyAny>> {
         check_name("name", &name)?;
-        block(py, self.op_get(pool, name, offset, length))
+        block(py, self.op_get(pool, name, offset, length, false))
     }
 
-    /// As `get_cb`, the bytes as a `Blob` (no copy).
-    #[pyo3(signature = (pool, name, offset, length, callback))]
-    fn get_blob_cb(
-        &self,
-        pool: String,
-        name: String,
-        offset: u64,
-        length: Option<u64>,
-        callback: Py<PyAny>,
-    ) -> PyResult<()> {
-        check_name("name", &name)?;
-        let op = self.op_get(pool, name, offset, length);
-        start(
-            Box::pin(async move {
-                match op.await? {
-                    Value::Bytes(b) => Ok(Value::Blob(b)),
-                    other => Ok(other),
-                }
-            }),
-            callback,
-        )
-    }
-
-    #[pyo3(signature = (pool, name, offset, length, callback))]
+    /// `get` started on the runtime; with `blob` the bytes come as a `Blob` (no copy).
+    #[pyo3(signature = (pool, name, offset, length, blob, callback))]
     fn get_cb(
         &self,
         pool: String,
         name: String,
         offset: u64,
         length: Option<u64>,
+        blob: bool,
         callback: Py<PyAny>,
     ) -> PyResult<()> {
         check_name("name", &name)?;
-        start(self.op_get(pool, name, offset, length), callback)
+        start(self.op_get(pool, name, offset, length, blob), callback)
     }
 
     /// Writes `data` as the whole object (`offset` None) or at `offset` in it.
