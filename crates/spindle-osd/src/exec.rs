@@ -36,8 +36,18 @@ pub const EXEC_QUEUE_MAX: usize = 256;
 /// (with 64, a 64 KiB-chunk reduction spent most of its time in clients' pauses after
 /// `Busy`: 20.9 s against 6.5 s, session 30).
 pub const EXEC_RUNS_ADMITTED_MAX: usize = 256;
+/// Object bytes the admitted runs of one daemon may hold at once. The run count alone
+/// would allow 256 runs of 16 objects of 32 MiB, 128 GiB. 1 GiB: twice the largest run
+/// (16 x 32 MiB), and 256 runs of 4 MiB, four times what a Zarr reduction of 1 MiB chunks
+/// holds with a full client batch in flight.
+pub const EXEC_HELD_BYTES_MAX: u64 = 1 << 30;
 // An admitted run always finds room in the queue (program loads aside).
 const _: () = assert!(EXEC_RUNS_ADMITTED_MAX <= EXEC_QUEUE_MAX);
+// The largest run is admitted when nothing else is held (else it would be `Busy` forever).
+const _: () = assert!(
+    spindle_types::limits::EXEC_OBJECTS_MAX as u64 * spindle_types::limits::OBJECT_BYTES_MAX
+        <= EXEC_HELD_BYTES_MAX
+);
 /// Nice value of the execution threads where `SCHED_IDLE` is refused (the runtime's
 /// threads keep 0).
 const EXEC_THREAD_NICE: i32 = 10;
@@ -183,20 +193,51 @@ pub(crate) struct ExecPool {
     tx: Mutex<Option<std::sync::mpsc::SyncSender<Job>>>,
     /// Places held by runs ([`ExecPool::reserve`]).
     admitted: Arc<std::sync::atomic::AtomicUsize>,
+    /// Object bytes held by runs, at most [`EXEC_HELD_BYTES_MAX`].
+    held_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// A run's place among the [`EXEC_RUNS_ADMITTED_MAX`] admitted, given back when dropped.
+/// A run's place among the [`EXEC_RUNS_ADMITTED_MAX`] admitted, and its share of the
+/// [`EXEC_HELD_BYTES_MAX`] object bytes; both given back when dropped.
 pub(crate) struct ExecPlace {
     admitted: Arc<std::sync::atomic::AtomicUsize>,
+    held_bytes: Arc<std::sync::atomic::AtomicU64>,
+    bytes: u64,
+}
+
+impl ExecPlace {
+    /// Makes the place's share `total_bytes` if it is more than the share taken (an
+    /// object was larger than when it was sized, or its size was unknown); false (the
+    /// share unchanged) if that would pass [`EXEC_HELD_BYTES_MAX`].
+    pub(crate) fn cover(&mut self, total_bytes: u64) -> bool {
+        if total_bytes <= self.bytes {
+            return true;
+        }
+        if !take_bytes(&self.held_bytes, total_bytes - self.bytes) {
+            return false;
+        }
+        self.bytes = total_bytes;
+        true
+    }
 }
 
 impl Drop for ExecPlace {
     fn drop(&mut self) {
-        let before = self
-            .admitted
-            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        use std::sync::atomic::Ordering::AcqRel;
+        let before = self.admitted.fetch_sub(1, AcqRel);
         debug_assert!(before > 0, "a place given back twice");
+        let before = self.held_bytes.fetch_sub(self.bytes, AcqRel);
+        debug_assert!(before >= self.bytes, "bytes given back twice");
     }
+}
+
+/// Adds `bytes` to `held` unless the sum would pass [`EXEC_HELD_BYTES_MAX`].
+fn take_bytes(held: &std::sync::atomic::AtomicU64, bytes: u64) -> bool {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    held.fetch_update(AcqRel, Acquire, |n| {
+        n.checked_add(bytes).filter(|t| *t <= EXEC_HELD_BYTES_MAX)
+    })
+    .is_ok()
 }
 
 impl ExecPool {
@@ -234,22 +275,29 @@ impl ExecPool {
         ExecPool {
             tx: Mutex::new(Some(tx)),
             admitted: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            held_bytes: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
     }
 
-    /// A place for one run, taken before its objects are read; None when
-    /// [`EXEC_RUNS_ADMITTED_MAX`] runs hold one (the run is then answered `Busy` without
-    /// a read that would be thrown away).
-    pub(crate) fn reserve(&self) -> Option<ExecPlace> {
+    /// A place for one run that will hold `bytes` of objects (as far as known: see
+    /// [`ExecPlace::cover`]), taken before its objects are read; None when
+    /// [`EXEC_RUNS_ADMITTED_MAX`] runs hold one or the bytes would pass
+    /// [`EXEC_HELD_BYTES_MAX`] (the run is then answered `Busy` without a read that would
+    /// be thrown away).
+    pub(crate) fn reserve(&self, bytes: u64) -> Option<ExecPlace> {
         use std::sync::atomic::Ordering::{AcqRel, Acquire};
         self.admitted
             .fetch_update(AcqRel, Acquire, |n| {
                 (n < EXEC_RUNS_ADMITTED_MAX).then_some(n + 1)
             })
             .ok()?;
-        Some(ExecPlace {
+        // From here the place is held: dropping it gives the count back.
+        let mut place = ExecPlace {
             admitted: self.admitted.clone(),
-        })
+            held_bytes: self.held_bytes.clone(),
+            bytes: 0,
+        };
+        place.cover(bytes).then_some(place)
     }
 
     /// Runs `f` on an execution thread; None when the queue is full (or the pool gone).
@@ -373,7 +421,17 @@ impl Osd {
                     .await;
             }
         }
-        let Some(_place) = self.inner.exec_pool.reserve() else {
+        // Sized before the reads from this daemon's metadata (a replicated object's size;
+        // an erasure-coded one's is known once decoded), made exact after them.
+        let sized_bytes: u64 = match &source {
+            Source::Replicated { .. } => names
+                .iter()
+                .filter_map(|n| self.inner.store.stat(pgid, n))
+                .map(|m| m.size_bytes)
+                .sum(),
+            Source::Ec { .. } => 0,
+        };
+        let Some(mut place) = self.inner.exec_pool.reserve(sized_bytes) else {
             return busy();
         };
         // Read at once (their disk reads overlap).
@@ -398,6 +456,9 @@ impl Osd {
             .collect();
         let version = objects[0].0;
         let datas: Vec<Arc<Vec<u8>>> = objects.into_iter().map(|(_, d)| d).collect();
+        if !place.cover(datas.iter().map(|d| d.len() as u64).sum()) {
+            return busy();
+        }
         match self.run_here(datas, &run, Part::WHOLE).await {
             Ok((ret, output)) => Msg::ObjReply {
                 version,
@@ -672,7 +733,8 @@ impl Osd {
         run: &RunSpec,
         part: Part,
     ) -> Msg {
-        let Some(_place) = self.inner.exec_pool.reserve() else {
+        let part_bytes = slots.iter().map(|s| part.len_of(s.size_bytes)).sum();
+        let Some(_place) = self.inner.exec_pool.reserve(part_bytes) else {
             return busy();
         };
         let mut datas = Vec::with_capacity(slots.len());
@@ -730,6 +792,14 @@ impl Osd {
         run: &RunSpec,
         part: Part,
     ) -> Result<(u64, Vec<u8>), Msg> {
+        // Whole objects are read (at the sizes the run saw: a changed object fails below).
+        let Some(_place) = self
+            .inner
+            .exec_pool
+            .reserve(slots.iter().map(|s| s.size_bytes).sum())
+        else {
+            return Err(busy());
+        };
         let mut datas = Vec::with_capacity(names.len());
         for (name, s) in names.iter().zip(slots) {
             match self.ec_read_whole(epoch, pgid, mapping, layout, name).await {
@@ -845,7 +915,11 @@ impl Osd {
 fn busy() -> Msg {
     Msg::error(
         ErrorCode::Busy,
-        format!("every execution thread is busy and {EXEC_QUEUE_MAX} runs wait"),
+        format!(
+            "every execution thread is busy: {EXEC_RUNS_ADMITTED_MAX} runs or \
+             {} MiB of their objects are taken in",
+            EXEC_HELD_BYTES_MAX >> 20
+        ),
     )
 }
 
@@ -873,16 +947,47 @@ mod tests {
     fn places_are_bounded_and_given_back() {
         let pool = ExecPool::new(1, 100, 0);
         let mut held: Vec<ExecPlace> = (0..EXEC_RUNS_ADMITTED_MAX)
-            .map(|_| pool.reserve().expect("a place below the bound"))
+            .map(|_| pool.reserve(0).expect("a place below the bound"))
             .collect();
-        assert!(pool.reserve().is_none(), "a place beyond the bound");
+        assert!(pool.reserve(0).is_none(), "a place beyond the bound");
         drop(held.pop());
-        let again = pool.reserve();
+        let again = pool.reserve(0);
         assert!(again.is_some(), "a place given back is taken again");
-        assert!(pool.reserve().is_none());
+        assert!(pool.reserve(0).is_none());
         drop(held);
         drop(again);
-        assert!(pool.reserve().is_some(), "all places back");
+        assert!(pool.reserve(0).is_some(), "all places back");
+    }
+
+    #[test]
+    fn held_bytes_are_bounded_and_given_back() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let pool = ExecPool::new(1, 100, 0);
+        let largest_run_bytes = spindle_types::limits::EXEC_OBJECTS_MAX as u64
+            * spindle_types::limits::OBJECT_BYTES_MAX;
+        let a = pool
+            .reserve(largest_run_bytes)
+            .expect("the largest run alone");
+        let mut b = pool
+            .reserve(EXEC_HELD_BYTES_MAX - largest_run_bytes - 10)
+            .expect("up to the bound");
+        assert!(pool.reserve(11).is_none(), "bytes beyond the bound");
+        // A refused run gives its place back: the count is unchanged.
+        assert_eq!(pool.admitted.load(Relaxed), 2);
+        let mut c = pool.reserve(10).expect("exactly at the bound");
+        assert!(c.cover(10), "a share already covered");
+        assert!(!c.cover(11), "growing past the bound");
+        assert_eq!(pool.held_bytes.load(Relaxed), EXEC_HELD_BYTES_MAX);
+        drop(a);
+        assert!(c.cover(10 + largest_run_bytes), "growing into freed bytes");
+        assert!(!c.cover(11 + largest_run_bytes), "one byte past the bound");
+        assert!(!b.cover(EXEC_HELD_BYTES_MAX), "no room for that");
+        drop(b);
+        drop(c);
+        assert_eq!(pool.held_bytes.load(Relaxed), 0, "every byte back");
+        assert_eq!(pool.admitted.load(Relaxed), 0, "every place back");
+        assert!(pool.reserve(EXEC_HELD_BYTES_MAX).is_some());
+        assert!(pool.reserve(EXEC_HELD_BYTES_MAX + 1).is_none());
     }
 
     #[test]
