@@ -13,6 +13,7 @@
 //!   tell a race (gen changed: retry) from corruption (gen unchanged).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -34,6 +35,20 @@ pub(crate) struct ObjState {
 }
 
 impl ObjState {
+    /// Sets the object's size, keeping `total` (the store's `Counters::data_bytes`: the
+    /// sizes of every object in the PG map) in step. Only for objects in the map; a removed
+    /// object's size is taken out of `total` by whoever removes it.
+    pub fn set_size(&mut self, new: u64, total: &AtomicU64) {
+        let old = self.size;
+        if new > old {
+            total.fetch_add(new - old, Relaxed);
+        } else if old > new {
+            let before = total.fetch_sub(old - new, Relaxed);
+            debug_assert!(before >= old - new, "data_bytes below an object's size");
+        }
+        self.size = new;
+    }
+
     pub fn is_inline(&self) -> bool {
         self.file_id == 0
     }

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{assert_matches, rt, Model};
+use common::{assert_matches, assert_stats_match, rt, Model};
 use proptest::prelude::*;
 use spindle_store::{Mutation, PgId, Store, StoreConfig, StoreError, Version};
 
@@ -44,7 +44,9 @@ fn mut_strategy() -> impl Strategy<Value = MutSpec> {
         )
             .prop_map(|(l, b)| MutSpec::Full(l, b)),
         (0u64..20000, 0usize..9000, any::<u8>()).prop_map(|(o, l, b)| MutSpec::Write(o, l, b)),
-        (0u64..20000).prop_map(MutSpec::Truncate),
+        // Any size, and sizes on a checksum block's edge (a path of their own).
+        prop_oneof![3 => 0u64..20000, 1 => (0u64..5).prop_map(|b| b * 4096)]
+            .prop_map(MutSpec::Truncate),
         Just(MutSpec::Delete),
     ]
 }
@@ -132,6 +134,7 @@ proptest! {
                     };
                     model.apply(pg, &name(obj), v, &m);
                     s.apply(pg, &name(obj), v, m).wait().unwrap();
+                    assert_stats_match(s, &model);
                 }
                 Step::Stale { pg, obj } => {
                     let pg = PgId { pool: 1, pg };

@@ -365,6 +365,17 @@ impl Run {
             };
         }
         self.uncertain.clear();
+        // The totals `stats` keeps as objects change (not walked) are the model's.
+        let s = store.stats();
+        let bytes: u64 = self.model.values().map(|d| d.len() as u64).sum();
+        if (s.objects, s.data_bytes) != (self.model.len() as u64, bytes) {
+            return Err(self.fail(format!(
+                "{what}: stats say {} objects of {} bytes, the model {} of {bytes}",
+                s.objects,
+                s.data_bytes,
+                self.model.len()
+            )));
+        }
         Ok(())
     }
 

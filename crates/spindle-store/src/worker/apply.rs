@@ -350,6 +350,7 @@ impl Worker {
                 self.removed_pgs.insert(pg);
                 if let Some(p) = removed {
                     for (name, e) in p.objects {
+                        self.uncount(&e);
                         self.begin_write(&e);
                         let id = e.lock().file_id;
                         if id != 0 {
@@ -361,6 +362,13 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Takes the size of `e`, just removed from the PG map, out of `Counters::data_bytes`.
+    fn uncount(&self, e: &Arc<ObjEntry>) {
+        let size = e.lock().size;
+        let before = self.sh.counters.data_bytes.fetch_sub(size, Relaxed);
+        debug_assert!(before >= size, "data_bytes below a removed object's size");
     }
 
     /// Marks `e` as being written (readers wait or retry).
@@ -406,6 +414,7 @@ impl Worker {
             p.objects.remove(name)
         };
         if let Some(e) = removed {
+            self.uncount(&e);
             self.begin_write(&e);
             let id = e.lock().file_id;
             if id != 0 {
@@ -516,7 +525,7 @@ impl Worker {
     }
 
     /// Grows `st` to `new` bytes of zeros (CRCs only; the file grows by the caller).
-    pub(super) fn grow_crcs(st: &mut ObjState, new: u64) {
+    pub(super) fn grow_crcs(st: &mut ObjState, new: u64, total: &std::sync::atomic::AtomicU64) {
         let old = st.size;
         if new <= old {
             return;
@@ -532,7 +541,7 @@ impl Worker {
         for b in block_count(old)..block_count(new) {
             st.crcs.push(zero_crc(block_len(new, b)));
         }
-        st.size = new;
+        st.set_size(new, total);
     }
 
     pub(super) fn write_at(
@@ -571,7 +580,7 @@ impl Worker {
         }
         {
             let mut st = e.lock();
-            Self::grow_crcs(&mut st, new);
+            Self::grow_crcs(&mut st, new, &self.sh.counters.data_bytes);
             for (b, crc) in new_crcs {
                 if let Some(c) = st.crcs.get_mut(b as usize) {
                     *c = crc;
@@ -611,13 +620,13 @@ impl Worker {
             let mut st = e.lock();
             st.crcs.truncate(b as usize);
             st.crcs.push(crc);
-            st.size = new;
+            st.set_size(new, &self.sh.counters.data_bytes);
         } else if new < old {
             let mut st = e.lock();
             st.crcs.truncate(block_count(new) as usize);
-            st.size = new;
+            st.set_size(new, &self.sh.counters.data_bytes);
         } else {
-            Self::grow_crcs(&mut e.lock(), new);
+            Self::grow_crcs(&mut e.lock(), new, &self.sh.counters.data_bytes);
         }
         file.set_len(new)?;
         Ok(())
@@ -639,7 +648,7 @@ impl Worker {
         {
             let mut st = e.lock();
             st.crcs = crcs_of(&data);
-            st.size = new;
+            st.set_size(new, &self.sh.counters.data_bytes);
         }
         self.submit_write(&file, 0, &data)
     }

@@ -233,7 +233,7 @@ impl Worker {
             let old = st.file_id;
             st.file_id = file_id;
             st.inline = None;
-            st.size = size;
+            st.set_size(size, &self.sh.counters.data_bytes);
             st.crcs = crcs;
             st.version = version;
             old

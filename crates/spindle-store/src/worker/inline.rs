@@ -155,7 +155,7 @@ impl Worker {
             })
             .collect();
         st.crcs = crcs;
-        st.size = new;
+        st.set_size(new, &self.sh.counters.data_bytes);
         st.inline = Some(Arc::new(data));
         Ok(())
     }

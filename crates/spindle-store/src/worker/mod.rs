@@ -231,6 +231,11 @@ impl Worker {
             reusable: Vec::new(),
         };
         w.journal_zeroed = journal_len - journal_len % JOURNAL_ALIGN as u64;
+        // The sizes of the objects loaded from the metadata database; replay and every
+        // write after it keep the total (`ObjState::set_size`, removals).
+        sh.counters
+            .data_bytes
+            .store(walk_data_bytes(&sh.pgs_read()), Relaxed);
         let replayed = if fresh { 0 } else { w.replay()? };
         w.remove_orphans()?;
         if let Err(e) = w.checkpoint() {
@@ -249,6 +254,13 @@ impl Worker {
         }
         let (objects, pg_count) = {
             let pgs = sh.pgs_read();
+            let data_bytes = walk_data_bytes(&pgs);
+            debug_assert_eq!(
+                sh.counters.data_bytes.load(Relaxed),
+                data_bytes,
+                "data_bytes kept through replay differs from the objects' sizes"
+            );
+            sh.counters.data_bytes.store(data_bytes, Relaxed);
             (
                 pgs.values().map(|p| p.objects.len()).sum::<usize>(),
                 pgs.len(),
@@ -513,6 +525,14 @@ fn pg_entry(
         ck_dirty: true,
         ..Default::default()
     })
+}
+
+/// The sizes of every object in the PG map together (a walk of every object: at open only).
+fn walk_data_bytes(pgs: &BTreeMap<PgId, crate::state::PgState>) -> u64 {
+    pgs.values()
+        .flat_map(|p| p.objects.values())
+        .map(|e| e.lock().size)
+        .sum()
 }
 
 fn crcs_of_file(file: &dyn crate::disk::DiskFile, size: u64) -> io::Result<Vec<u32>> {

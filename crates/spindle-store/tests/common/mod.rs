@@ -119,8 +119,27 @@ pub fn rt() -> tokio::runtime::Runtime {
 
 /// Asserts that the store equals the model: PG set, infos, logs, listings, object bytes
 /// (read whole and verified).
+/// `Store::stats`' object count and data bytes (kept as objects change, not walked) are
+/// the model's.
+pub fn assert_stats_match(store: &Store, model: &Model) {
+    let s = store.stats();
+    let objects: u64 = model.pgs.values().map(|p| p.objects.len() as u64).sum();
+    let bytes: u64 = model
+        .pgs
+        .values()
+        .flat_map(|p| p.objects.values())
+        .map(|(d, _)| d.len() as u64)
+        .sum();
+    assert_eq!(
+        (s.objects, s.data_bytes),
+        (objects, bytes),
+        "stats: (objects, data_bytes)"
+    );
+}
+
 pub fn assert_matches(store: &Store, model: &Model, rt: &tokio::runtime::Runtime) {
     assert_eq!(store.pgs(), model.nonempty_pgs(), "pgs()");
+    assert_stats_match(store, model);
     for (pg, mp) in &model.pgs {
         assert_eq!(
             store.pg_info(*pg),
