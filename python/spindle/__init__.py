@@ -118,7 +118,15 @@ class _Port:
             raise
         return fut
 
+    def release(self) -> None:
+        """Lets the queue go, for a loop that was closed: its socket pair closes once no
+        operation still running holds it."""
+        self._queue = None
+        self._futures.clear()
+
     def _settle(self) -> None:
+        if self._queue is None:
+            return
         for token, err, value in self._queue.take():
             fut = self._futures.pop(token, None)
             if fut is None or fut.done():
@@ -137,6 +145,14 @@ def _start_on_loop(call: Any, *args: Any) -> asyncio.Future:
     loop = asyncio.get_running_loop()
     port = _ports.get(loop)
     if port is None:
+        # A closed loop lives on in reference cycles until the cyclic garbage collector
+        # runs, and its port (held by `_ports`) with it: the ports of loops closed since
+        # the last new one are let go now, so the descriptors of a process that makes loop
+        # after loop (`asyncio.run` in a loop) stay flat.
+        for old in [lp for lp in list(_ports.keys()) if lp.is_closed()]:
+            stale = _ports.pop(old, None)
+            if stale is not None:
+                stale.release()
         port = _ports[loop] = _Port(loop)
     return port.start(loop, call, *args)
 

@@ -293,23 +293,39 @@ def test_ends_reach_each_event_loop_and_cancelled_calls_are_let_go(client):
 
 def test_event_loops_come_and_go_without_keeping_descriptors(client):
     """Each event loop's queue of ends (a socket pair) goes with the loop: 100 loops, one
-    after another, each ending operations, leave the process's descriptors flat."""
+    after another, each ending operations and leaving one cancelled, keep the process's
+    descriptors flat. A 15-minute soak once found a socket pair kept for each loop closed
+    while a cancelled call was still under way; the cyclic garbage collector is off here,
+    so nothing but the package itself may let such a queue go."""
     import gc
 
     client.put("default", "py/loops-fds", b"x")
 
     async def one() -> None:
         assert await client.get_async("default", "py/loops-fds") == b"x"
+        with pytest.raises(spindle.NotFound):
+            await client.get_async("default", "py/loops-fds-missing")
+        # A call cancelled at once: the loop closes before its end arrives, so the end is
+        # never taken and its future (which holds the loop) stays with the loop's queue.
+        cancelled = asyncio.ensure_future(client.get_async("default", "py/loops-fds"))
+        await asyncio.sleep(0)
+        cancelled.cancel()
 
     def fds() -> int:
-        gc.collect()
         return len(os.listdir("/proc/self/fd"))
 
-    asyncio.run(one())
-    before = fds()
-    for _ in range(100):
+    gc.collect()
+    gc.disable()
+    try:
         asyncio.run(one())
-    assert fds() <= before + 2, (before, fds())
+        before = fds()
+        for _ in range(100):
+            asyncio.run(one())
+        after = fds()
+    finally:
+        gc.enable()
+    # The last loop's queue may stay until the next loop starts an operation.
+    assert after <= before + 2, (before, after)
     client.delete("default", "py/loops-fds")
 
 
