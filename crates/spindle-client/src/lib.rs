@@ -1056,7 +1056,18 @@ impl Client {
             .request_noting(pool, name, None, request, maybe_applied)
             .await;
         spindle_trace::record(spindle_trace::Stage::ClientWriteRpc, start);
-        Ok(Self::reply::<typed::ObjRequest>(reply?, name)?.version)
+        match Self::reply::<typed::ObjRequest>(reply?, name) {
+            Ok(r) => Ok(r.version),
+            // An attempt cut short before this client was fenced may have been applied by
+            // a primary that did not have the fencing map yet: such a write is ordered
+            // before the new holder's, but "refused" would not be the whole truth.
+            Err(ClientError::Fenced(m)) if *maybe_applied => Err(ClientError::Fenced(format!(
+                "{m}; an earlier attempt of this write was cut short before the fence reached \
+                 its primary and may have been applied there (ordered before the new holder's \
+                 writes)"
+            ))),
+            Err(e) => Err(e),
+        }
     }
 
     /// Replaces the whole object (creates it).

@@ -581,6 +581,12 @@ async fn connection_loss_and_cancellation_in_the_middle_of_large_writes_lose_not
 /// Fencing at the daemons: once client B takes over the image lock client A held, every
 /// primary refuses A's writes (`Fenced`, final: not retried until the timeout), while B
 /// writes on; A's refused write changed nothing.
+///
+/// B writes each object before A tries: B's requests carry the fencing epoch, so the
+/// primary has that map before A's write reaches it. (Without that, a primary still on the
+/// older map may apply A's write, and A's attempt fail only later, when a replica with the
+/// newer map refuses the copy; the retry is then refused as fenced, the write stays,
+/// ordered before B's, and the client's error says that it may have landed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_client_writes_nothing() {
     let cluster = Cluster::start("fenced").await;
@@ -599,21 +605,22 @@ async fn a_fenced_client_writes_nothing() {
     b.lock_acquire(POOL, "vm", 30_000, "B", true).await.unwrap();
     for i in 0..8 {
         let name = format!("img.vm.{i:016x}");
+        b.write(POOL, &name, 4096, vec![0xb; 4096]).await.unwrap();
         let started = Instant::now();
         let e = a.write(POOL, &name, 0, vec![0xee; 4096]).await.unwrap_err();
         assert!(
-            matches!(e, spindle_client::ClientError::Fenced(_)),
+            matches!(&e, spindle_client::ClientError::Fenced(m) if !m.contains("may have")),
             "{name}: {e:?}"
         );
         assert!(started.elapsed() < Duration::from_secs(5), "not retried");
-        b.write(POOL, &name, 4096, vec![0xb; 4096]).await.unwrap();
+        b.write(POOL, &name, 8192, vec![0xb; 4096]).await.unwrap();
         let got = b.read_full(POOL, &name).await.unwrap();
         assert_eq!(
             &got[..4096],
             &[0xa; 4096][..],
             "{name}: the fenced write landed"
         );
-        assert_eq!(&got[4096..], &[0xb; 4096][..]);
+        assert_eq!(&got[4096..], &[0xb; 8192][..]);
     }
     // The daemons count them (reported with their next heartbeats).
     let started = Instant::now();
