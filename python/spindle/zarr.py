@@ -354,24 +354,37 @@ class Reduction(dict):
 # Codecs the reduction program decodes on the daemons (`zarr_reduce.c`).
 _CODEC_RAW = 0
 _CODEC_ZSTD = 1
+_CODEC_BLOSC = 2
+# Blosc's inner codecs the daemons decode (`spindle-prog`'s `blosc.rs`); blosclz and
+# snappy chunks are reduced here.
+_BLOSC_INNER = frozenset({"lz4", "lz4hc", "zlib", "zstd"})
 
 
 def _pushdown_codec(array) -> Optional[int]:
-    """How the daemons decode the array's chunks: raw, or zarr's zstd codec (its default
-    for numbers); None when they cannot (other compressors, filters)."""
+    """How the daemons decode the array's chunks: raw, zarr's zstd codec (its default for
+    numbers), or its blosc codec with an lz4, lz4hc, zlib or zstd inner codec (any
+    shuffle); None when they cannot (other compressors, filters)."""
     if array.filters:
         return None
     compressors = tuple(array.compressors)
     if not compressors:
         return _CODEC_RAW
-    if len(compressors) == 1 and type(compressors[0]).__name__ == "ZstdCodec":
+    if len(compressors) != 1:
+        return None
+    codec = compressors[0]
+    kind = type(codec).__name__
+    if kind == "ZstdCodec":
         return _CODEC_ZSTD
+    if kind == "BloscCodec":
+        cname = getattr(codec.cname, "value", codec.cname)
+        return _CODEC_BLOSC if cname in _BLOSC_INNER else None
     return None
 
 
 def _pushdown_dtype(array) -> Optional[int]:
     """The dtype code when the daemons can reduce the array's chunks as stored: a regular
-    chunk grid, no sharding, no filter, no compressor but zstd, little-endian bytes."""
+    chunk grid, no sharding, no filter, no compressor but zstd or blosc (see
+    `_pushdown_codec`), little-endian bytes."""
     import numpy as np
 
     if array.metadata.zarr_format != 3 or array.shards is not None:
@@ -444,7 +457,8 @@ def _decode(dt, r: tuple[int, int, int, int]):
 async def reduce_async(array, selection=None, *, jit: bool = True) -> Reduction:
     """Count, sum, min, max and mean of ``array`` (a zarr v3 array in a
     :class:`SpindleStore`) or of ``selection`` (a tuple of slices with step 1), computed
-    next to the data: each chunk, raw or zstd-compressed, is decoded and reduced by a
+    next to the data: each chunk, raw, zstd- or blosc-compressed (lz4, lz4hc, zlib or zstd
+    inside), is decoded and reduced by a
     program on the daemon that holds it, which answers 32 bytes. Chunks never written count
     with the fill value; arrays the daemons cannot reduce as stored (other compressors,
     filters, sharded, big-endian, other dtypes) are read and reduced here. Floats sum in double precision (NaN

@@ -122,4 +122,10 @@ extern int64_t spindle_reduce(struct spindle_reduce *r);
 extern uint64_t spindle_zstd_decompress(const void *src, uint64_t src_len, void *dst,
                                         uint64_t dst_cap);
 
+/* As spindle_zstd_decompress, for one Blosc 1 frame (Zarr's `blosc` codec) with the lz4,
+ * lz4hc, zlib or zstd inner codec and any shuffle; a frame of another inner codec
+ * (blosclz, snappy) stops the run. */
+extern uint64_t spindle_blosc_decompress(const void *src, uint64_t src_len, void *dst,
+                                         uint64_t dst_cap);
+
 #endif

@@ -17,6 +17,7 @@
 //! budget stops loops, the stack is [`STACK_FRAMES_MAX`] frames of 4 KiB, scratch memory
 //! and output stop at their limits, and wall time is checked at every helper call.
 
+pub mod blosc;
 pub mod object;
 pub mod reduce;
 
@@ -169,13 +170,14 @@ impl Default for Limits {
 }
 
 /// The helpers programs may call (`include/spindle_prog.h`).
-pub const HELPERS: [&str; 6] = [
+pub const HELPERS: [&str; 7] = [
     "spindle_emit",
     "spindle_read",
     "spindle_alloc",
     "spindle_filter",
     "spindle_reduce",
     "spindle_zstd_decompress",
+    "spindle_blosc_decompress",
 ];
 
 /// A run's state, seen by the VM and the helpers.
@@ -434,14 +436,39 @@ impl RunContext {
     /// does not fit in `dst_cap` bytes, stops the run with the decoder's reason (the work
     /// is bounded by `dst_cap`, itself bounded by the run's scratch memory).
     fn zstd_decompress(&mut self, src: u64, src_len: u64, dst: u64, dst_cap: u64) -> HelperResult {
+        self.decompress(
+            "spindle_zstd_decompress",
+            [src, src_len, dst, dst_cap],
+            |from, to| zstd::bulk::decompress_to_buffer(from, to).map_err(|e| e.to_string()),
+        )
+    }
+
+    /// `spindle_blosc_decompress(src, src_len, dst, dst_cap)`: as
+    /// `spindle_zstd_decompress`, for one Blosc 1 frame ([`blosc`]).
+    fn blosc_decompress(&mut self, src: u64, src_len: u64, dst: u64, dst_cap: u64) -> HelperResult {
+        self.decompress(
+            "spindle_blosc_decompress",
+            [src, src_len, dst, dst_cap],
+            |from, to| blosc::decompress(from, to).map_err(|e| e.to_string()),
+        )
+    }
+
+    /// A decoding helper's checks: both ranges mapped, and disjoint; `decode` gets them as
+    /// slices and returns the decoded length or why it failed (which stops the run).
+    fn decompress(
+        &mut self,
+        helper: &str,
+        [src, src_len, dst, dst_cap]: [u64; 4],
+        decode: impl FnOnce(&[u8], &mut [u8]) -> Result<usize, String>,
+    ) -> HelperResult {
         self.check_time()?;
         // Disjoint in the VM's address space means disjoint on the host (each region is
         // one host buffer, mapped linearly).
         let overlap = src < dst.saturating_add(dst_cap) && dst < src.saturating_add(src_len);
         if overlap && src_len > 0 && dst_cap > 0 {
-            return self.stop(ProgError::BadHelperCall(
-                "spindle_zstd_decompress: source and destination overlap".into(),
-            ));
+            return self.stop(ProgError::BadHelperCall(format!(
+                "{helper}: source and destination overlap"
+            )));
         }
         let (from, to) = match (
             self.host(AccessType::Load, src, src_len),
@@ -457,10 +484,10 @@ impl RunContext {
                 std::slice::from_raw_parts_mut(to, dst_cap as usize),
             )
         };
-        match zstd::bulk::decompress_to_buffer(from, to) {
+        match decode(from, to) {
             Ok(n) => Ok(n as u64),
             Err(e) => self.stop(ProgError::BadHelperCall(format!(
-                "spindle_zstd_decompress: {e} ({src_len} bytes in, room for {dst_cap})"
+                "{helper}: {e} ({src_len} bytes in, room for {dst_cap})"
             ))),
         }
     }
@@ -668,6 +695,20 @@ declare_builtin_function!(
     }
 );
 
+declare_builtin_function!(
+    HelperBlosc,
+    fn rust(
+        ctx: &mut RunContext,
+        src: u64,
+        src_len: u64,
+        dst: u64,
+        dst_cap: u64,
+        _e: u64,
+    ) -> Result<u64, Box<dyn std::error::Error>> {
+        ctx.blosc_decompress(src, src_len, dst, dst_cap)
+    }
+);
+
 /// The loader every program shares: the VM's configuration and the helpers.
 fn loader() -> Result<Arc<BuiltinProgram<RunContext>>, ProgError> {
     let config = Config {
@@ -687,6 +728,7 @@ fn loader() -> Result<Arc<BuiltinProgram<RunContext>>, ProgError> {
         HelperFilter::register(&mut l, "spindle_filter"),
         HelperReduce::register(&mut l, "spindle_reduce"),
         HelperZstd::register(&mut l, "spindle_zstd_decompress"),
+        HelperBlosc::register(&mut l, "spindle_blosc_decompress"),
     ];
     for (r, name) in registered.into_iter().zip(HELPERS) {
         r.map_err(|e| ProgError::Verify(format!("registering helper {name}: {e}")))?;

@@ -433,3 +433,93 @@ fn the_zarr_reduce_program_decodes_zstd_chunks() {
         assert!(e.to_string().contains("overlap"), "{engine:?}: {e}");
     }
 }
+
+/// A Blosc 1 frame of `raw` (8-byte elements, byte-shuffled, one zstd stream per block of
+/// `block_bytes`), built by hand from the format's description; Python's tests decode
+/// frames made by numcodecs' own c-blosc.
+fn blosc_zstd_frame(raw: &[u8], block_bytes: usize) -> Vec<u8> {
+    let typesize = 8usize;
+    let blocks = raw.len().div_ceil(block_bytes);
+    // Shuffle, inner codec 4 (zstd), streams not split.
+    let mut f = vec![2u8, 1, 0x01 | 0x10 | (4 << 5), typesize as u8];
+    f.extend((raw.len() as u32).to_le_bytes());
+    f.extend((block_bytes as u32).to_le_bytes());
+    f.extend(0u32.to_le_bytes());
+    let starts = f.len();
+    f.resize(starts + 4 * blocks, 0);
+    for (b, block) in raw.chunks(block_bytes).enumerate() {
+        let at = f.len() as u32;
+        f[starts + 4 * b..starts + 4 * b + 4].copy_from_slice(&at.to_le_bytes());
+        let n = block.len() / typesize;
+        let mut shuffled = block.to_vec();
+        for j in 0..n {
+            for i in 0..typesize {
+                shuffled[i * n + j] = block[j * typesize + i];
+            }
+        }
+        let c = zstd::bulk::compress(&shuffled, 3).unwrap();
+        f.extend((c.len() as u32).to_le_bytes());
+        f.extend(c);
+    }
+    let total = f.len() as u32;
+    f[12..16].copy_from_slice(&total.to_le_bytes());
+    f
+}
+
+/// A Blosc chunk (zarr's `blosc` codec) is decoded next to the data by the
+/// `spindle_blosc_decompress` helper and reduced to the same results as the raw chunk; a
+/// corrupt frame and too little room stop the run with the helper's reason.
+#[test]
+fn the_zarr_reduce_program_decodes_blosc_chunks() {
+    let p = Program::load(&build_file("programs/zarr_reduce.c")).unwrap();
+    assert!(p
+        .helpers_used
+        .contains(&"spindle_blosc_decompress".to_string()));
+    let vals: Vec<f64> = (0..32_768)
+        .map(|i| ((i * 7919) % 1000) as f64 / 8.0)
+        .collect();
+    let raw: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    // Three blocks, the last one short.
+    let packed = blosc_zstd_frame(&raw, 100_000);
+    assert!(packed.len() < raw.len() / 2, "compressible test data");
+    let shape = [256u64, 128];
+    let plain = p
+        .run(
+            Engine::Jit,
+            &raw,
+            &reduce_args(2, &shape, &[0, 0], &shape),
+            &small(),
+        )
+        .unwrap();
+    let args = |decoded_len: u64| {
+        let mut a = reduce_args(2, &shape, &[0, 0], &shape);
+        a.extend_from_slice(&2u64.to_le_bytes());
+        a.extend_from_slice(&decoded_len.to_le_bytes());
+        a
+    };
+    for engine in BOTH {
+        let out = p
+            .run(engine, &packed, &args(raw.len() as u64), &small())
+            .unwrap();
+        assert_eq!(out.output, plain.output, "{engine:?}");
+        assert_eq!(out.ret, 32_768);
+    }
+    let stops = |data: &[u8], args: &[u8], what: &str| {
+        for engine in BOTH {
+            let e = p.run(engine, data, args, &small()).unwrap_err();
+            assert!(e.to_string().contains(what), "{engine:?}: {e}");
+        }
+    };
+    let mut corrupt = packed.clone();
+    corrupt.truncate(corrupt.len() - 3);
+    stops(
+        &corrupt,
+        &args(raw.len() as u64),
+        "spindle_blosc_decompress",
+    );
+    stops(
+        &packed,
+        &args(raw.len() as u64 / 2),
+        "the decoded buffer is",
+    );
+}
