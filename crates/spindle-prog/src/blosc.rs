@@ -92,8 +92,13 @@ pub fn header(src: &[u8]) -> Result<Header, BloscError> {
         block_bytes: le32(src, 8)?,
         frame_bytes: le32(src, 12)?,
     };
-    if src[0] == 0 || src[0] > 4 {
-        return Err(BloscError::Corrupt(format!("format version {}", src[0])));
+    // Blosc 1 writes versions 1 and 2; Blosc 2 frames (3 and up) have another header
+    // layout, and decoding them as Blosc 1 would give wrong bytes, not an error.
+    if !(1..=2).contains(&src[0]) {
+        return Err(BloscError::Corrupt(format!(
+            "format version {} (Blosc 1 frames are versions 1 and 2)",
+            src[0]
+        )));
     }
     if h.flags & FLAG_RESERVED != 0 {
         return Err(BloscError::Corrupt(format!("flags {:#04x}", h.flags)));
@@ -311,6 +316,12 @@ mod tests {
         let mut out = vec![0u8; 1000];
         assert_eq!(decompress(&f, &mut out), Ok(1000));
         assert_eq!(out, data);
+        // A Blosc 2 frame's version is refused.
+        let mut v3 = f.clone();
+        v3[0] = 3;
+        assert!(
+            matches!(decompress(&v3, &mut out), Err(BloscError::Corrupt(m)) if m.contains("version 3"))
+        );
         // Too little room.
         let mut small = vec![0u8; 999];
         assert!(matches!(
